@@ -1,0 +1,30 @@
+// flashkv bench decode: D1-D6 on the GPU, timed, checked against the reference, as JSON rows.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "workloads.h"
+
+namespace flashkv::cli {
+
+struct DecodeBenchOptions {
+  std::vector<std::string> workloads;  // ids to run; empty: every decode workload
+  std::vector<std::string> shapes;     // empty: gqa-32-8 and mha-32-32
+  std::vector<DType> dtypes = {DType::f16, DType::bf16};
+  int head_dim = 128;
+  int page_size = 16;
+  int reps = 30;
+  std::string workloads_file;
+};
+
+// Runs the decode benchmark; prints one line per configuration; returns the result rows.
+nlohmann::json bench_decode(const DecodeBenchOptions& opts, const Ceilings& ceil, Stream s);
+
+// plan() CPU time at batch 1, 64, 256, 1024 (kv 2048 each, GQA 32/8): rows {batch, plan_us}.
+nlohmann::json bench_plan_time(Stream s);
+
+}  // namespace flashkv::cli

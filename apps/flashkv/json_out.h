@@ -1,0 +1,17 @@
+// Writing CLI results as JSON files.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace flashkv::cli {
+
+// Writes `j` (pretty-printed) to `path` when path is not empty; throws flashkv::Error on failure.
+void write_json_if(const std::string& path, const nlohmann::json& j);
+// "2026-11-29T10:00:00Z"
+std::string utc_now_iso();
+// Short commit of the source tree the binary was built from ($FLASHKV_COMMIT or git), or "unknown".
+std::string source_commit();
+
+}  // namespace flashkv::cli

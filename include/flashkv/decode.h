@@ -1,0 +1,99 @@
+// Batch decode attention over a paged KV cache: plan on the CPU, run on the GPU.
+//
+//   BatchDecodeConfig cfg{.max_batch = 256, .num_qo_heads = 32, .head_dim = 128};
+//   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+//   BatchDecode dec(cfg, ws.data(), ws.size());
+//   dec.plan(indptr_host, last_page_len_host, batch, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, {}, stream);
+//   dec.run(q, paged_kv, out, lse, stream);  // allocates nothing, never synchronizes
+//
+// The workspace is sized once for the worst case, so its pointers never move: a CUDA graph that
+// captured run() (after a plan() with enable_cuda_graph) replays correctly after any later plan()
+// with a batch of at most max_batch requests. LSE outputs are natural-log (attention.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "flashkv/attention.h"
+#include "flashkv/paged_kv.h"
+#include "flashkv/runtime.h"
+#include "flashkv/tensor.h"
+
+namespace flashkv {
+
+struct BatchDecodeConfig {
+  int max_batch = 256;     // requests per plan(), at most
+  int num_qo_heads = 32;   // at most (sizes the partial-state buffer)
+  int head_dim = 128;      // at most
+  int device = 0;
+  int num_sms_to_use = 0;  // 0: all SMs; fewer leaves room for overlapped work
+  int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k)
+};
+
+struct DecodePlanOptions {
+  float sm_scale = 0.0f;        // 0: 1/sqrt(head_dim)
+  int fixed_split_size = 0;     // > 0: split each request's KV in chunks of this many tokens,
+                                // independent of the rest of the batch (batch-invariant output)
+  bool disable_split_kv = false;
+  bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
+  // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
+  // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
+  // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.
+  const int32_t* kv_indices_host = nullptr;
+  int64_t num_pages = 0;
+};
+
+class BatchDecode {
+ public:
+  static size_t workspace_bytes(const BatchDecodeConfig& cfg);
+
+  // `workspace` is device memory of at least workspace_bytes(cfg) bytes, owned by the caller.
+  BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t workspace_bytes);
+  ~BatchDecode();
+  BatchDecode(const BatchDecode&) = delete;
+  BatchDecode& operator=(const BatchDecode&) = delete;
+
+  // Host page-table arrays: kv_indptr[batch + 1], kv_last_page_len[batch]. Compiles (JIT) the
+  // kernel for this configuration on first use, schedules, and copies the plan into the
+  // workspace asynchronously on `stream`.
+  void plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
+            int num_qo_heads, int num_kv_heads, int head_dim, int page_size, DType q_dtype,
+            DType kv_dtype, DType o_dtype, const DecodePlanOptions& opts = {},
+            Stream stream = nullptr);
+
+  // q[batch, H_qo, D], out[batch, H_qo, D], lse f32[batch, H_qo] (optional: undefined view).
+  // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are
+  // those given to plan()). Enqueued on `stream`.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+           const TensorView& lse, Stream stream = nullptr);
+
+  // Statistics of the last plan (for benchmarks and tests).
+  struct PlanInfo {
+    int num_ctas = 0;
+    int num_work_items = 0;
+    int num_split_tiles = 0;
+    int64_t chunk_bound = 0;
+    double plan_us = 0.0;  // CPU time of the last plan()
+  };
+  PlanInfo plan_info() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One request over contiguous KV: q[H_qo, D], k/v [kv_len, H_kv, D] (NHD) or [H_kv, kv_len, D]
+// (HND), out[H_qo, D], lse f32[H_qo] optional. Host tensors run on the CPU reference. On the GPU
+// this plans on every call and uses a workspace the library keeps per device (allocated on first
+// use): convenient, but not for CUDA-graph capture — use BatchDecode there.
+void single_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const TensorView& lse, KVLayout layout = KVLayout::NHD,
+                   const AttentionOptions& opts = {}, Stream stream = nullptr);
+
+// Batch decode on host tensors or, for CUDA tensors, through a BatchDecode with the library's
+// per-device workspace (plans on every call; index tensors must then be on the host too).
+void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                  const TensorView& lse, const AttentionOptions& opts = {}, Stream stream = nullptr);
+
+}  // namespace flashkv

@@ -1,0 +1,285 @@
+// Batch decode over a paged KV cache on CUDA cores (query tile 1), persistent over the plan.
+//
+// One CTA runs the work items the scheduler gave it (DecodePlanPtrs). A work item is one request,
+// one KV head, a range of KV tokens; GQA head-group fusion: the CTA serves all `kGroup` query
+// heads of that KV head, so each KV byte is read from memory once. KV tiles of kTile tokens are
+// gathered page by page into shared memory with a kStages-deep cp.async pipeline; scores and the
+// online softmax stay in registers. Thread layout (kThreads = 128):
+//   tx (fastest, kBdx lanes): 8 consecutive elements (16 bytes) of the head dimension
+//   ty (kBdy):                query head within the group (kHeadsPerThread heads per thread)
+//   tz (kBdz):                token lane: lane tz handles tokens tz, tz + kBdz, ... of a tile
+// The kBdz partial softmax states of each head are merged (⊕) through shared memory at the end.
+#pragma once
+
+#include "attention/decode_params.cuh"
+#include "attention/state.cuh"
+#include "primitives/cp_async.cuh"
+#include "primitives/types.cuh"
+
+namespace flashkv {
+
+constexpr int pow2_floor(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+
+template <class QT, class KVT, class OT, int HEAD_DIM, int GROUP, int PAGE_SIZE>
+struct DecodeConfig {
+  using q_t = QT;
+  using kv_t = KVT;
+  using o_t = OT;
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kGroup = GROUP;
+  static constexpr int kPageSize = PAGE_SIZE;
+  static constexpr int kVec = 16 / sizeof(KVT);          // elements per 16-byte load
+  static constexpr int kBdx = HEAD_DIM / kVec;           // lanes across the head dimension
+  static constexpr int kThreads = 128;
+  static constexpr int kRows = kThreads / kBdx;
+  static constexpr int kBdy = cmin(pow2_floor(GROUP), kRows);
+  static constexpr int kHeadsPerThread = (GROUP + kBdy - 1) / kBdy;
+  static constexpr int kBdz = kRows / kBdy;
+  // ~16 KB of K+V per stage: enough bytes in flight per SM with 4 stages to cover HBM latency.
+  static constexpr int kTile = 4096 / HEAD_DIM * (2 / (int)sizeof(KVT));
+  static constexpr int kTokensPerLane = kTile / kBdz;
+  static constexpr int kInner = cmin(kTokensPerLane, 8);  // tokens scored per softmax update
+  static constexpr int kStages = 4;
+  static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
+  static constexpr int kSmemBytes = 2 * kStages * kStageElems * (int)sizeof(KVT);
+
+  static_assert(HEAD_DIM % kVec == 0 && kBdx <= 32 && 32 % kBdx == 0,
+                "head_dim must be 64, 128 or 256 for 16-bit KV");
+  static_assert(GROUP >= 1 && GROUP <= 64, "GQA group size must be in [1, 64]");
+  static_assert(kTile % kBdz == 0 && kTokensPerLane % kInner == 0, "tile must split over token lanes");
+  static_assert((kTile * kBdx) % kThreads == 0, "a stage must split evenly over the threads");
+  static_assert(kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
+                "the final cross-lane merge must fit in the pipeline's shared memory");
+};
+
+// Issues the cp.async loads of KV tile `tile` of a work item into pipeline stage `stage`.
+template <class C>
+__device__ __forceinline__ void decode_load_tile(const DecodeParams& p, const DecodeWorkItem& w,
+                                                 int tile, typename C::kv_t* k_smem,
+                                                 typename C::kv_t* v_smem, int stage) {
+  typedef typename C::kv_t kv_t;
+  constexpr int kLoads = C::kTile * C::kBdx / C::kThreads;
+  const int len = w.kv_end - w.kv_start;
+  const kv_t* kg = static_cast<const kv_t*>(p.k);
+  const kv_t* vg = static_cast<const kv_t*>(p.v);
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int vi = threadIdx.x + j * C::kThreads;
+    const int t_local = vi / C::kBdx;  // token within the tile
+    const int lane = vi % C::kBdx;
+    const int t = tile * C::kTile + t_local;  // token within the chunk
+    bool valid = t < len;
+    long long off = 0;
+    if (valid) {
+      const int pos = w.kv_start + t;  // token within the request
+      const int page = p.kv_indices[w.page_base + pos / C::kPageSize];
+      valid = (unsigned long long)page < (unsigned long long)p.num_pages;  // never read outside the cache
+      off = (long long)page * p.page_stride + (long long)(pos % C::kPageSize) * p.token_stride +
+            (long long)w.kv_head * p.head_stride + lane * C::kVec;
+    }
+    const int s_off = stage * C::kStageElems + t_local * C::kHeadDim + lane * C::kVec;
+    cp_async_16(k_smem + s_off, kg + (valid ? off : 0), valid);
+    cp_async_16(v_smem + s_off, vg + (valid ? off : 0), valid);
+  }
+}
+
+// Runs one work item: attention of the group's query heads over the item's KV range.
+template <class C>
+__device__ __forceinline__ void decode_work_item(const DecodeParams& p, const DecodeWorkItem& w,
+                                                 typename C::kv_t* k_smem, typename C::kv_t* v_smem) {
+  typedef typename C::kv_t kv_t;
+  constexpr int H = C::kHeadsPerThread;
+  constexpr int V = C::kVec;
+  const int tx = threadIdx.x % C::kBdx;
+  const int row = threadIdx.x / C::kBdx;
+  const int ty = row % C::kBdy;
+  const int tz = row / C::kBdy;
+
+  // Query heads of this thread, pre-scaled so logits come out in base 2.
+  float q[H][V];
+  bool head_ok[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    const int g = ty + h * C::kBdy;
+    head_ok[h] = g < C::kGroup;
+    const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
+    const typename C::q_t* qp = static_cast<const typename C::q_t*>(p.q) +
+                                (long long)w.request * p.q_stride_n + (long long)qo_head * p.q_stride_h + tx * V;
+    Vec16<typename C::q_t>::to_floats(*reinterpret_cast<const uint4*>(qp), q[h]);
+#pragma unroll
+    for (int i = 0; i < V; ++i) q[h][i] *= p.sm_scale_log2;
+  }
+
+  SoftmaxState<V> st[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) st[h].init();
+
+  const int len = w.kv_end - w.kv_start;
+  const int num_tiles = (len + C::kTile - 1) / C::kTile;
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < num_tiles) decode_load_tile<C>(p, w, s, k_smem, v_smem, s);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int next = tile + C::kStages - 1;
+    if (next < num_tiles) decode_load_tile<C>(p, w, next, k_smem, v_smem, next % C::kStages);
+    cp_async_commit();
+    cp_async_wait<C::kStages - 1>();
+    __syncthreads();
+    const kv_t* ks = k_smem + (tile % C::kStages) * C::kStageElems;
+    const kv_t* vs = v_smem + (tile % C::kStages) * C::kStageElems;
+#pragma unroll
+    for (int i0 = 0; i0 < C::kTokensPerLane; i0 += C::kInner) {
+      float s[H][C::kInner];
+      float kf[C::kInner][V];
+#pragma unroll
+      for (int i = 0; i < C::kInner; ++i) {
+        const int t_local = (i0 + i) * C::kBdz + tz;
+        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(ks + t_local * C::kHeadDim + tx * V), kf[i]);
+      }
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+#pragma unroll
+        for (int i = 0; i < C::kInner; ++i) {
+          float acc = 0.f;
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc = fmaf(q[h][e], kf[i][e], acc);
+#pragma unroll
+          for (int off = C::kBdx / 2; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+          const int t = tile * C::kTile + (i0 + i) * C::kBdz + tz;
+          s[h][i] = t < len ? acc : neg_inf();
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < C::kInner; ++i) {
+        const int t_local = (i0 + i) * C::kBdz + tz;
+        float vf[V];
+        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(vs + t_local * C::kHeadDim + tx * V), vf);
+        if (i == 0) {
+#pragma unroll
+          for (int h = 0; h < H; ++h) st[h].rescale_for(s[h], C::kInner);
+        }
+#pragma unroll
+        for (int h = 0; h < H; ++h) st[h].accumulate(s[h][i], vf);
+      }
+    }
+    __syncthreads();
+  }
+
+  // Merge the kBdz token lanes of each head through shared memory (the pipeline is drained).
+  float* o_sm = reinterpret_cast<float*>(k_smem);           // [kBdz][kGroup][kHeadDim]
+  float* md_sm = o_sm + C::kBdz * C::kGroup * C::kHeadDim;  // [kBdz][kGroup][2]
+  if (C::kBdz > 1) {
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const int g = ty + h * C::kBdy;
+      if (!head_ok[h]) continue;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o_sm[(tz * C::kGroup + g) * C::kHeadDim + tx * V + e] = st[h].o[e];
+      if (tx == 0) {
+        md_sm[(tz * C::kGroup + g) * 2] = st[h].m;
+        md_sm[(tz * C::kGroup + g) * 2 + 1] = st[h].d;
+      }
+    }
+    __syncthreads();
+    if (tz == 0) {
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const int g = ty + h * C::kBdy;
+        if (!head_ok[h]) continue;
+        for (int z = 1; z < C::kBdz; ++z) {
+          SoftmaxState<V> other;
+          other.m = md_sm[(z * C::kGroup + g) * 2];
+          other.d = md_sm[(z * C::kGroup + g) * 2 + 1];
+#pragma unroll
+          for (int e = 0; e < V; ++e) other.o[e] = o_sm[(z * C::kGroup + g) * C::kHeadDim + tx * V + e];
+          st[h].merge(other);
+        }
+      }
+    }
+  }
+  if (tz == 0) {
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const int g = ty + h * C::kBdy;
+      if (!head_ok[h]) continue;
+      float o[V];
+      st[h].normalized(o);
+      const float lse2 = st[h].lse2();
+      if (w.slot < 0) {
+        const int qo_head = w.kv_head * C::kGroup + g;
+        typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)w.request * p.o_stride_n +
+                              (long long)qo_head * p.o_stride_h + tx * V;
+        *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
+        if (p.lse != nullptr && tx == 0) p.lse[(long long)w.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+      } else {
+        float* po = p.plan.partial_o + ((long long)w.slot * C::kGroup + g) * C::kHeadDim + tx * V;
+        *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
+        if (tx == 0) p.plan.partial_lse[(long long)w.slot * C::kGroup + g] = lse2;
+      }
+    }
+  }
+  __syncthreads();  // the shared memory is reused by the next work item
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
+  typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;
+  const int begin = p.plan.cta_work_indptr[blockIdx.x];
+  const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
+  for (int wi = begin; wi < end; ++wi) {
+    const DecodeWorkItem w = p.plan.work[wi];
+    decode_work_item<C>(p, w, k_smem, v_smem);
+  }
+}
+
+// The merge stage: contracts the partial states of each split (request, kv_head) tile with ⊕.
+// Fixed grid; loops over the merge items, whose count is read from the workspace.
+template <class C>
+__global__ void __launch_bounds__(128) batch_decode_merge_kernel(const DecodeParams p) {
+  constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
+  const int count = *p.plan.num_merge_items;
+  for (int mi = blockIdx.x; mi < count; mi += gridDim.x) {
+    const DecodeMergeItem item = p.plan.merge[mi];
+    for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
+      const int g = v / (C::kHeadDim / 4);
+      const int col = (v % (C::kHeadDim / 4)) * 4;
+      float m = neg_inf();
+      for (int s = item.slot_begin; s < item.slot_end; ++s) m = fmaxf(m, p.plan.partial_lse[s * C::kGroup + g]);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      float d = 0.f;
+      if (m != neg_inf()) {
+        for (int s = item.slot_begin; s < item.slot_end; ++s) {
+          const float wgt = exp2f(p.plan.partial_lse[s * C::kGroup + g] - m);
+          const float4 o = *reinterpret_cast<const float4*>(p.plan.partial_o + ((long long)s * C::kGroup + g) * C::kHeadDim + col);
+          acc[0] += wgt * o.x;
+          acc[1] += wgt * o.y;
+          acc[2] += wgt * o.z;
+          acc[3] += wgt * o.w;
+          d += wgt;
+        }
+        const float inv = 1.f / d;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[e] *= inv;
+      }
+      const int qo_head = item.kv_head * C::kGroup + g;
+      typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
+                            (long long)qo_head * p.o_stride_h + col;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
+      if (p.lse != nullptr && col == 0)
+        p.lse[(long long)item.request * p.lse_stride_n + qo_head] = m == neg_inf() ? neg_inf() : (m + log2f(d)) * kLn2;
+    }
+  }
+}
+
+}  // namespace flashkv

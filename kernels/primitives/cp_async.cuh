@@ -1,0 +1,30 @@
+// cp.async (sm_80+): asynchronous 16-byte global -> shared copies, grouped and waited on.
+#pragma once
+
+#include "primitives/types.cuh"
+
+namespace flashkv {
+
+// Shared-memory address of a generic pointer, as cp.async and ldmatrix take it.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// Copies 16 bytes from global `src` to shared `dst`, bypassing L1 (.cg). When `valid` is false
+// nothing is read and the 16 destination bytes are zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+}  // namespace flashkv

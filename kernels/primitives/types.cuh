@@ -1,0 +1,104 @@
+// Element types and conversions for NVRTC-compiled kernels. Includes nothing: NVRTC compiles this
+// as it is (no cuda_fp16.h needed), and the conversions are single PTX instructions.
+#pragma once
+
+namespace flashkv {
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+typedef long long i64;
+
+struct half_t { u16 bits; };   // IEEE binary16
+struct bf16_t { u16 bits; };   // bfloat16
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(half_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+__device__ __forceinline__ float to_float(bf16_t h) { return __uint_as_float(((u32)h.bits) << 16); }
+
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float x) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+  bf16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+  return h;
+}
+
+// Two 16-bit values packed in one 32-bit word (low half = element 0) to two floats.
+template <class T> __device__ __forceinline__ void unpack2(u32 w, float& a, float& b);
+template <> __device__ __forceinline__ void unpack2<half_t>(u32 w, float& a, float& b) {
+  u16 lo, hi;
+  asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(w));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi));
+}
+template <> __device__ __forceinline__ void unpack2<bf16_t>(u32 w, float& a, float& b) {
+  a = __uint_as_float(w << 16);
+  b = __uint_as_float(w & 0xffff0000u);
+}
+
+// Two floats to one packed word (element 0 in the low half), round to nearest even.
+template <class T> __device__ __forceinline__ u32 pack2(float a, float b);
+template <> __device__ __forceinline__ u32 pack2<half_t>(float a, float b) {
+  u32 w;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));
+  return w;
+}
+template <> __device__ __forceinline__ u32 pack2<bf16_t>(float a, float b) {
+  u32 w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));
+  return w;
+}
+
+// 16 bytes (a uint4) as N = 16 / sizeof(T) elements, converted to/from floats.
+template <class T> struct Vec16 {
+  static constexpr int N = 16 / sizeof(T);
+  __device__ __forceinline__ static void to_floats(const uint4& v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) unpack2<T>(w[i], f[2 * i], f[2 * i + 1]);
+  }
+  __device__ __forceinline__ static uint4 from_floats(const float* f) {
+    return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
+                      pack2<T>(f[6], f[7]));
+  }
+};
+template <> struct Vec16<float> {
+  static constexpr int N = 4;
+  __device__ __forceinline__ static void to_floats(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+  }
+  __device__ __forceinline__ static uint4 from_floats(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+  }
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace flashkv

@@ -1,0 +1,76 @@
+#include "flashkv/host_tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace flashkv {
+
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = 1;
+  for (int64_t s : shape_) {
+    if (s < 0) throw std::invalid_argument("HostTensor: negative dimension");
+    numel_ *= s;
+  }
+  // Never empty, so even a tensor with no elements has a non-null data pointer and its view is
+  // "defined"; 16 bytes of slack also keep every buffer 16-byte aligned in size.
+  storage_.resize(std::max<size_t>(nbytes(), 16));
+}
+
+TensorView HostTensor::view() const {
+  return TensorView(const_cast<std::byte*>(storage_.data()), dtype_,
+                    static_cast<int>(shape_.size()), shape_.data(), /*strides=*/nullptr,
+                    Device::cpu());
+}
+
+HostTensor& HostTensor::fill_random(uint64_t seed, double lo, double hi) {
+  SplitMix64 rng(seed);
+  for (int64_t i = 0; i < numel_; ++i) {
+    // Redraw values that round to zero; a range that only holds zero is a test bug.
+    int attempts = 0;
+    do {
+      if (++attempts > 64) throw std::invalid_argument("fill_random: range rounds to zero");
+      set(i, lo + (hi - lo) * rng.uniform());
+    } while (get(i) == 0.0);
+  }
+  return *this;
+}
+
+HostTensor& HostTensor::fill_poison() {
+  return fill(dtype_ == DType::i32 ? std::numeric_limits<int32_t>::min()
+                                   : std::numeric_limits<double>::quiet_NaN());
+}
+
+HostTensor& HostTensor::fill(double x) {
+  for (int64_t i = 0; i < numel_; ++i) set(i, x);
+  return *this;
+}
+
+std::vector<double> HostTensor::to_doubles() const {
+  std::vector<double> out(numel_);
+  for (int64_t i = 0; i < numel_; ++i) out[i] = get(i);
+  return out;
+}
+
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) throw std::invalid_argument("relative_error: size mismatch");
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) {
+      if (a[i] == b[i]) continue;  // the same infinity (NaN never compares equal)
+      return std::numeric_limits<double>::infinity();
+    }
+    diff2 += (a[i] - b[i]) * (a[i] - b[i]);
+    ref2 += b[i] * b[i];
+  }
+  return ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+}
+
+bool any_nan(const std::vector<double>& a) {
+  return std::any_of(a.begin(), a.end(), [](double x) { return std::isnan(x); });
+}
+
+
+}  // namespace flashkv

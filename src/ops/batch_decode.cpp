@@ -1,0 +1,275 @@
+// Host side of batch decode: validation, plan (scheduler -> pinned buffer -> workspace), run.
+#include "flashkv/decode.h"
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "attention/decode_params.cuh"
+#include "flashkv/error.h"
+#include "ops/decode_workspace.h"
+#include "ops/jit_util.h"
+#include "ops/kernel_specs.h"
+#include "runtime/driver.h"
+#include "runtime/launch.h"
+#include "scheduler/decode_scheduler.h"
+
+namespace flashkv {
+namespace {
+
+constexpr int kDecodeThreads = 128;  // DecodeConfig::kThreads
+
+std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size) {
+  const std::string qt = ops::device_type_name(q, "q");
+  const std::string kvt = ops::device_type_name(kv, "kv");
+  return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + std::to_string(head_dim) +
+         ", " + std::to_string(group) + ", " + std::to_string(page_size) + ">";
+}
+
+// Shared memory of a DecodeConfig (mirrors kSmemBytes in kernels/attention/decode.cuh).
+unsigned decode_smem_bytes(DType kv, int head_dim) {
+  const int elem = static_cast<int>(dtype_size(kv));
+  const int tile = 4096 / head_dim * (2 / elem);
+  return static_cast<unsigned>(2 * 4 * tile * head_dim * elem);
+}
+
+}  // namespace
+
+namespace ops {
+KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size) {
+  const std::string cfg = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size);
+  const std::string id = std::string("decode<") + dtype_name(q_dtype) + "," + dtype_name(kv_dtype) +
+                         ",d" + std::to_string(head_dim) + ",g" + std::to_string(group) + ",p" +
+                         std::to_string(page_size) + ">";
+  return {id, [id, cfg] {
+            return make_request(id, "attention/decode.cuh",
+                                {"flashkv::batch_decode_kernel<" + cfg + ">",
+                                 "flashkv::batch_decode_merge_kernel<" + cfg + ">"});
+          }};
+}
+}  // namespace ops
+
+struct BatchDecode::Impl {
+  BatchDecodeConfig cfg;
+  ops::DecodeWorkspace ws;
+  PinnedBuffer pinned;
+  CUevent copy_done = nullptr;  // the last plan copy out of `pinned`
+  // The plan in force.
+  bool planned = false;
+  int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
+  DType q_dtype{}, kv_dtype{}, o_dtype{};
+  DecodePlanOptions opts;
+  float sm_scale = 0.f;
+  unsigned grid = 0, merge_grid = 0;
+  CUfunction decode_fn = nullptr, merge_fn = nullptr;
+  std::string kernel_id;
+  PlanInfo info;
+  std::vector<int64_t> kv_lens;
+};
+
+size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
+  return ops::DecodeWorkspace::required_bytes(cfg);
+}
+
+BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t bytes)
+    : impl_(std::make_unique<Impl>()) {
+  check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
+  check(cfg.num_qo_heads > 0, "BatchDecodeConfig.num_qo_heads: expected > 0, got ", cfg.num_qo_heads);
+  check(is_supported_head_dim(cfg.head_dim), "BatchDecodeConfig.head_dim: expected 64, 128 or 256, got ",
+        cfg.head_dim);
+  impl_->cfg = cfg;
+  impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
+  impl_->pinned = PinnedBuffer(impl_->ws.plan_layout().bytes, cfg.device);
+  runtime::check_cu(runtime::driver().cuEventCreate(&impl_->copy_done, CU_EVENT_DISABLE_TIMING),
+                    "cuEventCreate");
+}
+
+BatchDecode::~BatchDecode() {
+  if (impl_ && impl_->copy_done) {
+    runtime::driver().cuEventSynchronize(impl_->copy_done);
+    runtime::driver().cuEventDestroy(impl_->copy_done);
+  }
+}
+
+BatchDecode::PlanInfo BatchDecode::plan_info() const { return impl_->info; }
+
+void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
+                       int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+                       DType q_dtype, DType kv_dtype, DType o_dtype, const DecodePlanOptions& opts,
+                       Stream stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  const BatchDecodeConfig& cfg = m.cfg;
+  m.planned = false;  // a plan() that throws leaves the object unplanned, never half-planned
+  check(batch_size >= 0 && batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
+        cfg.max_batch, " (BatchDecodeConfig.max_batch), got ", batch_size);
+  check(kv_indptr != nullptr, "kv_indptr: expected a host array of batch_size + 1 entries, got null");
+  check(batch_size == 0 || kv_last_page_len != nullptr,
+        "kv_last_page_len: expected a host array of batch_size entries, got null");
+  check_heads(num_qo_heads, num_kv_heads);
+  check(num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
+        " (BatchDecodeConfig.num_qo_heads), got ", num_qo_heads);
+  check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);
+  check(head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
+        " (BatchDecodeConfig.head_dim), got ", head_dim);
+  check(page_size >= 1, "page_size: expected >= 1, got ", page_size);
+  const int group = num_qo_heads / num_kv_heads;
+  check(group <= 64, "num_qo_heads / num_kv_heads: expected a GQA group of at most 64, got ", group);
+  for (auto [t, n] : {std::pair{q_dtype, "q_dtype"}, {o_dtype, "o_dtype"}}) {
+    check(t == DType::f16 || t == DType::bf16, n, ": expected f16 or bf16, got ", dtype_name(t));
+  }
+  check(kv_dtype == q_dtype, "kv_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
+        dtype_name(kv_dtype));
+  check(o_dtype == q_dtype, "o_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
+        dtype_name(o_dtype));
+  check(opts.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", opts.fixed_split_size);
+  check(kv_indptr[0] == 0 || batch_size == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
+
+  m.kv_lens.resize(batch_size);
+  for (int i = 0; i < batch_size; ++i) {
+    check(kv_indptr[i + 1] >= kv_indptr[i], "kv_indptr[", i + 1, "] = ", kv_indptr[i + 1],
+          ": expected >= kv_indptr[", i, "] = ", kv_indptr[i]);
+    const bool empty = kv_indptr[i + 1] == kv_indptr[i];
+    check(empty || (kv_last_page_len[i] >= 1 && kv_last_page_len[i] <= page_size),
+          "kv_last_page_len[", i, "] = ", kv_last_page_len[i], ": expected 1 <= value <= ",
+          page_size, " (page_size)");
+    m.kv_lens[i] = paged_kv_len(kv_indptr, kv_last_page_len, page_size, i);
+  }
+
+  if (opts.kv_indices_host != nullptr) {
+    check(opts.num_pages > 0, "DecodePlanOptions.num_pages: expected > 0 with kv_indices_host, got ",
+          opts.num_pages);
+    for (int64_t j = 0; j < (batch_size > 0 ? kv_indptr[batch_size] : 0); ++j) {
+      const int32_t id = opts.kv_indices_host[j];
+      check(id >= 0 && id < opts.num_pages, "kv_indices[", j, "] = ", id,
+            " is out of range: expected 0 <= index < ", opts.num_pages, " (num_pages)");
+    }
+  }
+
+  scheduler::DecodeScheduleOptions so;
+  so.num_ctas = m.ws.num_ctas();
+  so.num_kv_heads = num_kv_heads;
+  so.fixed_split_size = opts.fixed_split_size;
+  so.disable_split_kv = opts.disable_split_kv;
+  so.max_slots = m.ws.slot_capacity(group, head_dim);
+  so.max_work_items = m.ws.max_work_items();
+  scheduler::DecodeSchedule s = scheduler::plan_decode(m.kv_lens, so);
+  for (DecodeWorkItem& w : s.work) w.page_base = kv_indptr[w.request];
+
+  // JIT: compile (first use only) at plan time so run() never compiles.
+  const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size);
+  const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
+  const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size);
+  m.decode_fn = mod.function("flashkv::batch_decode_kernel<" + ct + ">");
+  m.merge_fn = mod.function("flashkv::batch_decode_merge_kernel<" + ct + ">");
+  m.kernel_id = spec.id;
+
+  // The previous plan's copy must have left the pinned buffer before it is rewritten.
+  const runtime::Driver& d = runtime::driver();
+  runtime::ensure_context(cfg.device);
+  runtime::check_cu(d.cuEventSynchronize(m.copy_done), "cuEventSynchronize(plan copy)");
+  scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
+  runtime::check_cu(d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), m.ws.plan_layout().bytes, stream),
+                    "cuMemcpyHtoDAsync(decode plan)");
+  runtime::check_cu(d.cuEventRecord(m.copy_done, stream), "cuEventRecord(plan copy)");
+
+  int used_ctas = 0;
+  for (int c = 0; c < s.num_ctas; ++c) used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
+  // With CUDA graphs the grids must be the same at every replay: launch the full fixed grid.
+  m.grid = opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas) : static_cast<unsigned>(used_ctas);
+  m.merge_grid = opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas)
+                                        : static_cast<unsigned>(std::min<size_t>(s.merge.size(), s.num_ctas));
+  m.batch = batch_size;
+  m.num_qo_heads = num_qo_heads;
+  m.num_kv_heads = num_kv_heads;
+  m.head_dim = head_dim;
+  m.page_size = page_size;
+  m.q_dtype = q_dtype;
+  m.kv_dtype = kv_dtype;
+  m.o_dtype = o_dtype;
+  m.opts = opts;
+  m.sm_scale = resolve_sm_scale(opts.sm_scale, head_dim);
+  m.info.num_ctas = s.num_ctas;
+  m.info.num_work_items = static_cast<int>(s.work.size());
+  m.info.num_split_tiles = static_cast<int>(s.merge.size());
+  m.info.chunk_bound = s.chunk_bound;
+  m.planned = true;
+  m.info.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                      const TensorView& lse, Stream stream) {
+  Impl& m = *impl_;
+  check(m.planned, "BatchDecode::run: called before a successful plan()");
+  const Device dev = Device::cuda(m.cfg.device);
+  check_device(q, "q", dev);
+  check_dtype(q, "q", m.q_dtype);
+  check_shape(q, "q", {m.batch, m.num_qo_heads, m.head_dim});
+  check_last_dim_contiguous(q, "q");
+  check_aligned(q, "q", 16);
+  check_device(out, "out", dev);
+  check_dtype(out, "out", m.o_dtype);
+  check_shape(out, "out", {m.batch, m.num_qo_heads, m.head_dim});
+  check_last_dim_contiguous(out, "out");
+  check_aligned(out, "out", 16);
+  if (lse.defined()) {
+    check_device(lse, "lse", dev);
+    check_dtype(lse, "lse", DType::f32);
+    check_shape(lse, "lse", {m.batch, m.num_qo_heads});
+    check(lse.stride(1) == 1, "lse: expected the head dimension to be contiguous");
+  }
+  kv.validate_shapes();
+  check_device(kv.k, "paged_kv.k", dev);
+  check_device(kv.indices, "paged_kv.indices", dev);
+  check_dtype(kv.k, "paged_kv.k", m.kv_dtype);
+  check(kv.page_size() == m.page_size, "paged_kv.page_size: expected ", m.page_size,
+        " (the plan's), got ", kv.page_size());
+  check(kv.num_kv_heads() == m.num_kv_heads, "paged_kv.num_kv_heads: expected ", m.num_kv_heads,
+        " (the plan's), got ", kv.num_kv_heads());
+  check(kv.head_dim() == m.head_dim, "paged_kv.head_dim: expected ", m.head_dim, " (the plan's), got ",
+        kv.head_dim());
+  check(kv.batch_size() == m.batch, "paged_kv batch: expected ", m.batch, " requests (the plan's), got ",
+        kv.batch_size());
+  check_aligned(kv.k, "paged_kv.k", 16);
+  check_aligned(kv.v, "paged_kv.v", 16);
+  for (int64_t s : {kv.page_stride(), kv.token_stride(), kv.head_stride()}) {
+    check(s * static_cast<int64_t>(dtype_size(m.kv_dtype)) % 16 == 0,
+          "paged_kv: strides must be multiples of 16 bytes for vector loads");
+  }
+  check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0,
+        "q/out: row strides must be multiples of 16 bytes");
+  runtime::ensure_context(m.cfg.device);
+  check(m.opts.enable_cuda_graph || !runtime::stream_is_capturing(stream),
+        "BatchDecode::run: the stream is being captured into a CUDA graph, but plan() was called "
+        "without enable_cuda_graph; its grid depends on the batch, so a replay after another plan() "
+        "would be wrong. Plan with DecodePlanOptions.enable_cuda_graph = true.");
+
+  DecodeParams p{};
+  p.q = q.data();
+  p.k = kv.k.data();
+  p.v = kv.v.data();
+  p.kv_indices = kv.indices.data_as<const int>();
+  p.out = out.data();
+  p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.o_stride_n = out.stride(0);
+  p.o_stride_h = out.stride(1);
+  p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
+  p.page_stride = kv.page_stride();
+  p.token_stride = kv.token_stride();
+  p.head_stride = kv.head_stride();
+  p.num_pages = kv.num_pages();
+  p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
+  p.plan = m.ws.plan_ptrs();
+  void* args[] = {&p};
+  if (m.grid > 0) {
+    runtime::launch(m.decode_fn, {m.grid, 1, 1, kDecodeThreads, 1, 1, decode_smem_bytes(m.kv_dtype, m.head_dim)},
+                    stream, args, m.kernel_id);
+  }
+  if (m.merge_grid > 0) {
+    runtime::launch(m.merge_fn, {m.merge_grid, 1, 1, 128, 1, 1, 0}, stream, args, m.kernel_id + " merge");
+  }
+}
+
+}  // namespace flashkv

@@ -1,0 +1,62 @@
+#include "ops/decode_workspace.h"
+
+#include "flashkv/error.h"
+#include "flashkv/runtime.h"
+
+namespace flashkv::ops {
+namespace {
+size_t align16(size_t x) { return (x + 15) / 16 * 16; }
+}  // namespace
+
+DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
+  check(cfg.ctas_per_sm >= 1, "BatchDecodeConfig.ctas_per_sm: expected >= 1, got ", cfg.ctas_per_sm);
+  const DeviceInfo info = device_info(cfg.device);
+  const int sms = cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
+  Sizes s{};
+  s.num_ctas = sms * cfg.ctas_per_sm;
+  s.partial_rows = 2ull * s.num_ctas * cfg.num_qo_heads;
+  // Work items: one per unsplit tile plus one per partial slot (group 1 is the worst case).
+  s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(s.partial_rows);
+  s.max_merge_items = static_cast<int>(s.partial_rows / 2);
+  s.layout = scheduler::decode_plan_layout(s.num_ctas, s.max_work_items, s.max_merge_items);
+  s.lse_offset = align16(s.layout.bytes);
+  s.o_offset = align16(s.lse_offset + s.partial_rows * sizeof(float));
+  s.total = s.o_offset + s.partial_rows * cfg.head_dim * sizeof(float);
+  return s;
+}
+
+size_t DecodeWorkspace::required_bytes(const BatchDecodeConfig& cfg) { return sizes(cfg).total; }
+
+DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_t bytes) {
+  const Sizes s = sizes(cfg);
+  check(base != nullptr, "workspace: expected device memory, got null");
+  check(reinterpret_cast<uintptr_t>(base) % 16 == 0, "workspace: expected a 16-byte aligned pointer");
+  check(bytes >= s.total, "workspace: expected at least ", s.total,
+        " bytes (BatchDecode::workspace_bytes), got ", bytes);
+  base_ = static_cast<std::byte*>(base);
+  num_ctas_ = s.num_ctas;
+  max_work_items_ = s.max_work_items;
+  partial_rows_ = s.partial_rows;
+  lse_offset_ = s.lse_offset;
+  o_offset_ = s.o_offset;
+  max_head_dim_ = cfg.head_dim;
+  layout_ = s.layout;
+}
+
+int DecodeWorkspace::slot_capacity(int group, int head_dim) const {
+  (void)head_dim;  // partial_o rows are sized for the config's max head_dim
+  return static_cast<int>(partial_rows_ / group);
+}
+
+DecodePlanPtrs DecodeWorkspace::plan_ptrs() const {
+  DecodePlanPtrs p{};
+  p.cta_work_indptr = reinterpret_cast<const int*>(base_ + layout_.cta_work_indptr);
+  p.work = reinterpret_cast<const DecodeWorkItem*>(base_ + layout_.work);
+  p.num_merge_items = reinterpret_cast<const int*>(base_ + layout_.num_merge_items);
+  p.merge = reinterpret_cast<const DecodeMergeItem*>(base_ + layout_.merge);
+  p.partial_lse = reinterpret_cast<float*>(base_ + lse_offset_);
+  p.partial_o = reinterpret_cast<float*>(base_ + o_offset_);
+  return p;
+}
+
+}  // namespace flashkv::ops

@@ -1,0 +1,48 @@
+// The decode workspace: one caller-owned device buffer carved into the plan arrays and the
+// partial-state buffers. Sized once for the worst case of a BatchDecodeConfig, so every pointer
+// is fixed for the life of the BatchDecode (what CUDA-graph replay needs).
+//
+// Layout: [plan: indptr | work items | merge count | merge items][partial lse][partial o]
+// Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), DESIGN.md's bound; with GQA
+// group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+
+#include "attention/decode_plan.cuh"
+#include "flashkv/decode.h"
+#include "scheduler/decode_scheduler.h"
+
+namespace flashkv::ops {
+
+class DecodeWorkspace {
+ public:
+  DecodeWorkspace() = default;
+  DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_t bytes);
+  static size_t required_bytes(const BatchDecodeConfig& cfg);
+
+  int num_ctas() const { return num_ctas_; }
+  int max_work_items() const { return max_work_items_; }
+  int slot_capacity(int group, int head_dim) const;
+  const scheduler::DecodePlanLayout& plan_layout() const { return layout_; }
+  CUdeviceptr plan_device_ptr() const { return reinterpret_cast<CUdeviceptr>(base_); }
+  DecodePlanPtrs plan_ptrs() const;
+
+ private:
+  struct Sizes {
+    int num_ctas, max_work_items, max_merge_items;
+    scheduler::DecodePlanLayout layout;
+    size_t lse_offset, o_offset, partial_rows, total;
+  };
+  static Sizes sizes(const BatchDecodeConfig& cfg);
+
+  std::byte* base_ = nullptr;
+  int num_ctas_ = 0, max_work_items_ = 0;
+  size_t partial_rows_ = 0, lse_offset_ = 0, o_offset_ = 0;
+  int max_head_dim_ = 0;
+  scheduler::DecodePlanLayout layout_{};
+};
+
+}  // namespace flashkv::ops

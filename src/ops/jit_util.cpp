@@ -1,0 +1,42 @@
+#include "ops/jit_util.h"
+
+#include "flashkv/error.h"
+
+namespace flashkv::ops {
+
+const char* device_type_name(DType t, const char* arg) {
+  switch (t) {
+    case DType::f16: return "flashkv::half_t";
+    case DType::bf16: return "flashkv::bf16_t";
+    case DType::f32: return "float";
+    default: fail(arg, ": dtype ", dtype_name(t), " is not supported here (expected f16, bf16 or f32)");
+  }
+}
+
+runtime::CompileRequest make_request(const std::string& id, const std::string& header,
+                                     std::vector<std::string> name_expressions,
+                                     const std::string& extra_source) {
+  runtime::CompileRequest r;
+  r.key_name = id;
+  r.source = "#include \"" + header + "\"\n" + extra_source;
+  r.name_expressions = std::move(name_expressions);
+  return r;
+}
+
+Device common_device(std::initializer_list<std::pair<const char*, const TensorView*>> tensors) {
+  const char* first_name = nullptr;
+  Device dev{};
+  for (const auto& [name, t] : tensors) {
+    if (!t->defined()) continue;
+    if (!first_name) {
+      first_name = name;
+      dev = t->device();
+    } else {
+      check(t->device() == dev, name, ": expected device ", dev.str(), " (the device of ",
+            first_name, "), got ", t->device().str());
+    }
+  }
+  return dev;
+}
+
+}  // namespace flashkv::ops

@@ -1,0 +1,24 @@
+// The JIT specializations each op uses, named once so run() and precompile() agree on them.
+#pragma once
+
+#include <string>
+
+#include "flashkv/dtype.h"
+#include "runtime/kernel_cache.h"
+
+namespace flashkv::ops {
+
+struct KernelSpec {
+  std::string id;
+  runtime::RequestFactory make;
+};
+
+// merge_state / merge_states / merge_lse kernels for value type `t`.
+KernelSpec merge_kernel_spec(DType t);
+
+}  // namespace flashkv::ops
+
+namespace flashkv::ops {
+// The batch decode kernel (and its merge stage) for one configuration.
+KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size, int page_size);
+}  // namespace flashkv::ops

@@ -1,0 +1,33 @@
+#include <chrono>
+
+#include "flashkv/error.h"
+#include "flashkv/jit.h"
+#include "ops/kernel_specs.h"
+
+namespace flashkv {
+
+std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
+  std::vector<ops::KernelSpec> specs;
+  for (const std::string& op : opts.ops) {
+    if (op == "merge") {
+      for (DType t : opts.dtypes) specs.push_back(ops::merge_kernel_spec(t));
+    } else if (op == "decode") {
+      for (DType t : opts.dtypes)
+        for (int d : opts.head_dims)
+          for (int g : opts.group_sizes)
+            for (int p : opts.page_sizes) specs.push_back(ops::decode_kernel_spec(t, t, d, g, p));
+    } else {
+      fail("precompile: unknown op '", op, "' (expected merge or decode)");
+    }
+  }
+  std::vector<PrecompiledKernel> out;
+  for (const auto& spec : specs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool cold = runtime::KernelCache::instance().precompile(spec.id, opts.arch, spec.make);
+    out.push_back({spec.id, cold,
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()});
+  }
+  return out;
+}
+
+}  // namespace flashkv

@@ -1,0 +1,83 @@
+// Internals of the CPU reference backend, shared by attention.cpp, attention_paged.cpp and
+// merge.cpp. Not a public header.
+//
+// Every attention op reduces to one routine, attend_row(): one query row over a list of K/V rows,
+// in double, with a max-subtracted softmax. The ops differ only in where the K/V rows of a request
+// live (contiguous, ragged, paged; NHD or HND), which a KVSource describes as element offsets.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "flashkv/attention.h"
+#include "flashkv/tensor.h"
+
+namespace flashkv::reference::detail {
+
+inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The attention state (O, LSE) of one query row over the keys it saw (DESIGN.md idea 2).
+// A row that saw no key is (0, -inf), the identity of ⊕.
+struct RowState {
+  std::vector<double> o;  // [D]
+  double lse = kNegInf;   // natural log of the softmax denominator
+};
+
+// The keys and values of one (request, kv head), converted to double once so every query head of
+// the GQA group and every query row of the request reuses them.
+struct KVRows {
+  int64_t len = 0;
+  int dim = 0;
+  std::vector<double> k;  // [len, dim]
+  std::vector<double> v;  // [len, dim]
+};
+
+// Attends q[D] over the first `num_keys` rows of `kv` (num_keys <= kv.len; <= 0 gives (0, -inf)).
+RowState attend_row(std::span<const double> q, const KVRows& kv, int64_t num_keys, double sm_scale);
+
+// Where one request's K/V rows live in (possibly paged, strided) storage. K and V keep their own
+// offsets and strides: separate k and v views need not share a layout in memory.
+struct KVSource {
+  TensorView k, v;
+  std::vector<int64_t> k_token, v_token;  // [kv_len] element offset of token t at kv head 0
+  int64_t k_head_stride = 0, v_head_stride = 0;
+  int64_t k_dim_stride = 0, v_dim_stride = 0;
+  int64_t len() const { return static_cast<int64_t>(k_token.size()); }
+};
+
+// Tokens [begin, begin + len) of contiguous k, v in `layout` (NHD [tok, H, D] / HND [H, tok, D]).
+KVSource contiguous_source(const TensorView& k, const TensorView& v, KVLayout layout, int64_t begin,
+                           int64_t len);
+
+// Gathers kv head `head` of `src` into doubles.
+KVRows gather(const KVSource& src, int head, int dim);
+
+// Shapes of the query side of an op: q/out [rows, H_qo, D], lse f32 [rows, H_qo] or undefined.
+struct QOShape {
+  int64_t rows = 0;
+  int num_qo_heads = 0;
+  int head_dim = 0;
+};
+QOShape check_qo(const TensorView& q, const TensorView& out, const TensorView& lse);
+
+// Attends query rows [q_begin, q_begin + qo_len) of q over `src` for every query head and writes
+// out and (when defined) lse at the same rows. Causal rows are aligned to the end of the KV.
+void run_request(const TensorView& q, int64_t q_begin, int64_t qo_len, const KVSource& src,
+                 const TensorView& out, const TensorView& lse, int num_kv_heads, double sm_scale,
+                 bool causal);
+
+// Reads a host i32[batch + 1] prefix-sum array named `name`: starts at 0, non-decreasing, ends
+// at `total` (the number of rows it splits, named `total_name` in the error message).
+std::vector<int64_t> read_indptr(const TensorView& t, const char* name, int64_t total,
+                                 const char* total_name);
+
+// Argument checks every reference op shares; each names the argument.
+void check_cpu(const TensorView& t, const char* name);
+void check_floating(const TensorView& t, const char* name);
+
+// Inserts a leading dimension of size 1 (decode's [H, D] -> [1, H, D]); undefined stays undefined.
+TensorView unsqueeze0(const TensorView& t);
+
+}  // namespace flashkv::reference::detail

@@ -1,0 +1,108 @@
+// CPU reference attention over a paged KV cache: batch_decode and batch_prefill_paged.
+// Request i's token t lives on page indices[indptr[i] + t / page_size], slot t % page_size; the
+// gathered rows then go through the same attend_row() as every other op.
+#include <vector>
+
+#include "flashkv/error.h"
+#include "flashkv/reference.h"
+#include "reference/attend.h"
+
+namespace flashkv::reference {
+namespace {
+
+using detail::KVSource;
+using detail::QOShape;
+
+std::vector<int64_t> read_i32(const TensorView& t) {
+  std::vector<int64_t> vals(t.size(0));
+  for (int64_t i = 0; i < t.size(0); ++i) vals[i] = t.data_as<const int32_t>()[i * t.stride(0)];
+  return vals;
+}
+
+// The host-side view of a validated page table.
+struct PageTable {
+  std::vector<int64_t> indptr;
+  std::vector<int64_t> indices;
+  std::vector<int64_t> kv_len;  // per request
+};
+
+PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
+  // Device first: validate() reads the index arrays, which must be host memory.
+  detail::check_cpu(kv.k, "paged_kv.k");
+  detail::check_cpu(kv.v, "paged_kv.v");
+  detail::check_cpu(kv.indptr, "paged_kv.indptr");
+  detail::check_cpu(kv.indices, "paged_kv.indices");
+  detail::check_cpu(kv.last_page_len, "paged_kv.last_page_len");
+  kv.validate();
+  detail::check_floating(kv.k, "paged_kv.k");
+  detail::check_floating(kv.v, "paged_kv.v");
+  check(kv.head_dim() == qo.head_dim, "paged_kv.k: head_dim ", kv.head_dim(), " (shape ",
+        kv.k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+  check_heads(qo.num_qo_heads, kv.num_kv_heads());
+  PageTable table;
+  table.indptr = read_i32(kv.indptr);
+  table.indices = read_i32(kv.indices);
+  for (int i = 0; i < kv.batch_size(); ++i) table.kv_len.push_back(kv.kv_len(i));
+  return table;
+}
+
+// Request i's K/V rows. Offsets use each tensor's own strides (page, token, head), so k and v
+// may be separate views with different memory layouts, or the two halves of an interleaved one.
+KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
+  const bool nhd = kv.layout == KVLayout::NHD;
+  const int token_dim = nhd ? 1 : 2;
+  const int head_dim = nhd ? 2 : 1;
+  const int64_t page_size = kv.page_size();
+  const int64_t len = table.kv_len[i];
+  KVSource src;
+  src.k = kv.k;
+  src.v = kv.v;
+  src.k_token.resize(len);
+  src.v_token.resize(len);
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t page = table.indices[table.indptr[i] + t / page_size];
+    const int64_t slot = t % page_size;
+    src.k_token[t] = page * kv.k.stride(0) + slot * kv.k.stride(token_dim);
+    src.v_token[t] = page * kv.v.stride(0) + slot * kv.v.stride(token_dim);
+  }
+  src.k_head_stride = kv.k.stride(head_dim);
+  src.v_head_stride = kv.v.stride(head_dim);
+  src.k_dim_stride = kv.k.stride(3);
+  src.v_dim_stride = kv.v.stride(3);
+  return src;
+}
+
+}  // namespace
+
+void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                  const TensorView& lse, const AttentionOptions& opts) {
+  const QOShape qo = detail::check_qo(q, out, lse);
+  const PageTable table = check_paged(kv, qo);
+  check(qo.rows == kv.batch_size(), "q: batch size ", qo.rows, " (shape ", q.shape_str(),
+        ") does not match paged_kv's batch size ", kv.batch_size());
+  const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
+  // One query row per request: the causal mask (aligned to the end of the KV) hides nothing.
+  for (int i = 0; i < kv.batch_size(); ++i) {
+    detail::run_request(q, i, 1, paged_source(kv, table, i), out, lse, kv.num_kv_heads(), sm_scale,
+                        /*causal=*/false);
+  }
+}
+
+void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, const PagedKVCache& kv,
+                         const TensorView& out, const TensorView& lse,
+                         const AttentionOptions& opts) {
+  const QOShape qo = detail::check_qo(q, out, lse);
+  const PageTable table = check_paged(kv, qo);
+  const std::vector<int64_t> qo_ptr =
+      detail::read_indptr(qo_indptr, "qo_indptr", qo.rows, "q.size(0)");
+  check(static_cast<int>(qo_ptr.size()) == kv.batch_size() + 1,
+        "qo_indptr: expected batch + 1 = ", kv.batch_size() + 1,
+        " entries (as paged_kv.indptr), got ", qo_ptr.size());
+  const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
+  for (int i = 0; i < kv.batch_size(); ++i) {
+    detail::run_request(q, qo_ptr[i], qo_ptr[i + 1] - qo_ptr[i], paged_source(kv, table, i), out,
+                        lse, kv.num_kv_heads(), sm_scale, opts.causal);
+  }
+}
+
+}  // namespace flashkv::reference

@@ -1,0 +1,189 @@
+// The public runtime surface (include/flashkv/runtime.h) on top of the dlopen'ed driver.
+#include <utility>
+
+#include "flashkv/error.h"
+#include "flashkv/runtime.h"
+#include "runtime/driver.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/launch.h"
+#include "runtime/nvrtc_compiler.h"
+
+namespace flashkv {
+using runtime::check_cu;
+using runtime::driver;
+
+bool cuda_available() { return runtime::driver_available(); }
+std::string cuda_unavailable_reason() { return runtime::driver_unavailable_reason(); }
+
+int cuda_device_count() {
+  if (!cuda_available()) return 0;
+  int n = 0;
+  check_cu(driver().cuDeviceGetCount(&n), "cuDeviceGetCount");
+  return n;
+}
+
+DeviceInfo device_info(int device) {
+  const auto& d = driver();
+  runtime::ensure_context(device);
+  CUdevice dev;
+  check_cu(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+  DeviceInfo info;
+  info.index = device;
+  char name[256] = {};
+  check_cu(d.cuDeviceGetName(name, sizeof(name), dev), "cuDeviceGetName");
+  info.name = name;
+  auto attr = [&](CUdevice_attribute a) {
+    int v = 0;
+    check_cu(d.cuDeviceGetAttribute(&v, a, dev), "cuDeviceGetAttribute");
+    return v;
+  };
+  info.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info.cc_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  info.cc_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  info.l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  info.max_smem_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  info.arch = runtime::device_arch(device);
+  check_cu(d.cuDeviceTotalMem(&info.total_memory, dev), "cuDeviceTotalMem");
+  check_cu(d.cuDriverGetVersion(&info.driver_version), "cuDriverGetVersion");
+  return info;
+}
+
+std::string nvrtc_version() { return runtime::nvrtc_version_string(); }
+std::string kernel_cache_dir() { return runtime::KernelCache::instance().directory(); }
+
+JitCounters jit_counters() {
+  const runtime::JitStats s = runtime::KernelCache::instance().stats();
+  return {s.compiles, s.compile_ms, s.disk_hits, s.memory_hits, s.corrupt_entries};
+}
+
+// --- DeviceBuffer ---
+DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
+  runtime::ensure_context(device);
+  CUdeviceptr p = 0;
+  if (bytes > 0) check_cu(driver().cuMemAlloc(&p, bytes), "cuMemAlloc(" + std::to_string(bytes) + " bytes)");
+  ptr_ = reinterpret_cast<void*>(p);
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) {
+    runtime::ensure_context(device_);
+    driver().cuMemFree(reinterpret_cast<CUdeviceptr>(ptr_));
+  }
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), device_(o.device_) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    this->~DeviceBuffer();
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    device_ = o.device_;
+  }
+  return *this;
+}
+void DeviceBuffer::copy_from_host(const void* src, size_t bytes, size_t offset) {
+  check(offset + bytes <= bytes_, "DeviceBuffer::copy_from_host: ", bytes, " bytes at offset ", offset,
+        " exceed the buffer size ", bytes_);
+  if (bytes == 0) return;
+  runtime::ensure_context(device_);
+  check_cu(driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, src, bytes), "cuMemcpyHtoD");
+}
+void DeviceBuffer::copy_to_host(void* dst, size_t bytes, size_t offset) const {
+  check(offset + bytes <= bytes_, "DeviceBuffer::copy_to_host: ", bytes, " bytes at offset ", offset,
+        " exceed the buffer size ", bytes_);
+  if (bytes == 0) return;
+  runtime::ensure_context(device_);
+  check_cu(driver().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset, bytes), "cuMemcpyDtoH");
+}
+void DeviceBuffer::fill_bytes(uint8_t value) {
+  if (bytes_ == 0) return;
+  runtime::ensure_context(device_);
+  check_cu(driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(ptr_), value, bytes_, nullptr), "cuMemsetD8");
+  check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+// --- PinnedBuffer ---
+PinnedBuffer::PinnedBuffer(size_t bytes, int device) : bytes_(bytes) {
+  runtime::ensure_context(device);
+  if (bytes > 0) check_cu(driver().cuMemAllocHost(&ptr_, bytes), "cuMemAllocHost");
+}
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_) driver().cuMemFreeHost(ptr_);
+}
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    this->~PinnedBuffer();
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+// --- streams and events ---
+Stream create_stream(int device) {
+  runtime::ensure_context(device);
+  CUstream s;
+  check_cu(driver().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  return s;
+}
+void destroy_stream(Stream s) {
+  if (s) driver().cuStreamDestroy(s);
+}
+void synchronize(Stream s) { check_cu(driver().cuStreamSynchronize(s), "cuStreamSynchronize"); }
+void device_synchronize(int device) {
+  runtime::ensure_context(device);
+  check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+EventTimer::EventTimer(int device) {
+  runtime::ensure_context(device);
+  CUevent a, b;
+  check_cu(driver().cuEventCreate(&a, CU_EVENT_DEFAULT), "cuEventCreate");
+  check_cu(driver().cuEventCreate(&b, CU_EVENT_DEFAULT), "cuEventCreate");
+  start_ = a;
+  stop_ = b;
+}
+EventTimer::~EventTimer() {
+  driver().cuEventDestroy(static_cast<CUevent>(start_));
+  driver().cuEventDestroy(static_cast<CUevent>(stop_));
+}
+void EventTimer::start(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(start_), s), "cuEventRecord"); }
+void EventTimer::stop(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(stop_), s), "cuEventRecord"); }
+float EventTimer::elapsed_ms() {
+  check_cu(driver().cuEventSynchronize(static_cast<CUevent>(stop_)), "cuEventSynchronize");
+  float ms = 0;
+  check_cu(driver().cuEventElapsedTime(&ms, static_cast<CUevent>(start_), static_cast<CUevent>(stop_)),
+           "cuEventElapsedTime");
+  return ms;
+}
+
+namespace runtime {
+
+void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args, const std::string& what) {
+  const Driver& d = driver();
+  if (c.smem_bytes > 48 * 1024) {
+    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c.smem_bytes),
+             "cuFuncSetAttribute(" + what + ", " + std::to_string(c.smem_bytes) + " bytes of shared memory)");
+  }
+  check_cu(d.cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
+                            c.smem_bytes, stream, args, nullptr),
+           "launch of " + what);
+}
+
+bool stream_is_capturing(Stream stream) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  check_cu(driver().cuStreamIsCapturing(stream, &st), "cuStreamIsCapturing");
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+int pointer_device(const void* p, const char* name) {
+  int ordinal = -1;
+  CUresult r = driver().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                              reinterpret_cast<CUdeviceptr>(p));
+  check(r == CUDA_SUCCESS, name, ": expected a CUDA device pointer, got ", p, " (not device memory)");
+  return ordinal;
+}
+
+}  // namespace runtime
+}  // namespace flashkv

@@ -1,0 +1,286 @@
+#include "runtime/kernel_cache.h"
+
+#define XXH_INLINE_ALL  // header-only xxHash: no run-time library dependency
+#include <xxhash.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "flashkv/error.h"
+#include "runtime/driver.h"
+#include "runtime/embedded_kernels.h"
+
+namespace flashkv::runtime {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kMagic[8] = {'F', 'K', 'V', 'C', 'U', 'B', 'I', 'N'};
+constexpr uint32_t kFormatVersion = 1;
+
+bool quiet() {
+  const char* q = std::getenv("FLASHKV_QUIET");
+  return q && *q && std::strcmp(q, "0") != 0;
+}
+
+uint64_t request_hash(const CompileRequest& req) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  auto add = [&](const std::string& s) {
+    const uint64_t n = s.size();
+    XXH3_64bits_update(st, &n, sizeof(n));
+    XXH3_64bits_update(st, s.data(), s.size());
+  };
+  add(req.source);
+  const uint64_t srcs = embedded_sources_hash();
+  XXH3_64bits_update(st, &srcs, sizeof(srcs));
+  for (const auto& o : base_nvrtc_options(req.arch)) add(o);
+  for (const auto& o : req.options) add(o);
+  for (const auto& e : req.name_expressions) add(e);
+  add(nvrtc_version_string());
+  add(req.arch);
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+void put_u32(std::string& b, uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); }
+void put_u64(std::string& b, uint64_t v) { b.append(reinterpret_cast<const char*>(&v), 8); }
+void put_str(std::string& b, const std::string& s) {
+  put_u32(b, static_cast<uint32_t>(s.size()));
+  b += s;
+}
+
+std::string serialize(uint64_t key, const CompiledKernels& k) {
+  std::string b(kMagic, sizeof(kMagic));
+  put_u32(b, kFormatVersion);
+  put_u64(b, key);
+  put_u32(b, static_cast<uint32_t>(k.name_expressions.size()));
+  for (size_t i = 0; i < k.name_expressions.size(); ++i) {
+    put_str(b, k.name_expressions[i]);
+    put_str(b, k.lowered_names[i]);
+  }
+  put_u64(b, k.cubin.size());
+  b.append(k.cubin.data(), k.cubin.size());
+  put_u64(b, XXH3_64bits(b.data(), b.size()));
+  return b;
+}
+
+// Parses a cache entry; returns false on any inconsistency (truncation, bad checksum, wrong key).
+bool deserialize(const std::string& b, uint64_t key, CompiledKernels* out) {
+  size_t pos = 0;
+  auto need = [&](size_t n) { return pos + n <= b.size(); };
+  auto get_u32 = [&](uint32_t* v) {
+    if (!need(4)) return false;
+    std::memcpy(v, b.data() + pos, 4);
+    pos += 4;
+    return true;
+  };
+  auto get_u64 = [&](uint64_t* v) {
+    if (!need(8)) return false;
+    std::memcpy(v, b.data() + pos, 8);
+    pos += 8;
+    return true;
+  };
+  auto get_str = [&](std::string* s) {
+    uint32_t n;
+    if (!get_u32(&n) || !need(n)) return false;
+    s->assign(b.data() + pos, n);
+    pos += n;
+    return true;
+  };
+  if (b.size() < sizeof(kMagic) + 8 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0) return false;
+  const uint64_t stored_sum = [&] {
+    uint64_t v;
+    std::memcpy(&v, b.data() + b.size() - 8, 8);
+    return v;
+  }();
+  if (XXH3_64bits(b.data(), b.size() - 8) != stored_sum) return false;
+  pos = sizeof(kMagic);
+  uint32_t version, count;
+  uint64_t stored_key, cubin_size;
+  if (!get_u32(&version) || version != kFormatVersion) return false;
+  if (!get_u64(&stored_key) || stored_key != key) return false;
+  if (!get_u32(&count)) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string e, l;
+    if (!get_str(&e) || !get_str(&l)) return false;
+    out->name_expressions.push_back(e);
+    out->lowered_names.push_back(l);
+  }
+  if (!get_u64(&cubin_size) || !need(cubin_size)) return false;
+  out->cubin.assign(b.data() + pos, b.data() + pos + cubin_size);
+  pos += cubin_size;
+  return pos + 8 == b.size();
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+CUfunction LoadedModule::function(const std::string& name_expression) const {
+  auto it = functions.find(name_expression);
+  check(it != functions.end(), "kernel ", name_expression, " is not in its JIT module");
+  return it->second;
+}
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("FLASHKV_CACHE_DIR"); d && *d) return d;
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/flashkv";
+  return "/tmp/flashkv-cache";
+}
+
+uint64_t embedded_sources_hash() {
+  static const uint64_t h = [] {
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    for (const auto& f : embedded_kernel_files()) {
+      XXH3_64bits_update(st, f.path, std::strlen(f.path) + 1);
+      XXH3_64bits_update(st, f.source.data(), f.source.size());
+    }
+    const uint64_t v = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return v;
+  }();
+  return h;
+}
+
+std::string device_arch(int device) {
+  const Driver& d = driver();
+  CUdevice dev;
+  check_cu(d.cuDeviceGet(&dev, device), "cuDeviceGet");
+  int major = 0, minor = 0;
+  check_cu(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
+  check_cu(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+  // Architecture-specific targets (sm_90a, sm_100a) unlock wgmma/setmaxnreg; the cubin is then
+  // only valid on that exact architecture, which is the device we are compiling for.
+  return "sm_" + std::to_string(major) + std::to_string(minor) + (major >= 9 ? "a" : "");
+}
+
+KernelCache& KernelCache::instance() {
+  static KernelCache cache;
+  return cache;
+}
+
+KernelCache::KernelCache() {
+  dir_ = default_cache_dir();
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || access(dir_.c_str(), W_OK) != 0) {
+    if (!quiet()) std::fprintf(stderr, "flashkv: kernel cache dir %s is not writable; caching in memory only\n", dir_.c_str());
+    dir_.clear();
+  }
+}
+
+std::string KernelCache::directory() const { return dir_; }
+
+JitStats KernelCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& id,
+                                                             const std::string& arch,
+                                                             const RequestFactory& make, bool* cold) {
+  // Called with mu_ held.
+  const std::string mem_key = id + "@" + arch;
+  if (auto it = compiled_.find(mem_key); it != compiled_.end()) {
+    *cold = false;
+    return it->second;
+  }
+  CompileRequest req = make();
+  req.arch = arch;
+  if (req.key_name.empty()) req.key_name = id;
+  const uint64_t key = request_hash(req);
+  const std::string path = dir_.empty() ? "" : dir_ + "/" + hex(key) + ".fkvbin";
+  auto result = std::make_shared<CompiledKernels>();
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      if (deserialize(ss.str(), key, result.get())) {
+        ++stats_.disk_hits;
+        *cold = false;
+        compiled_[mem_key] = result;
+        return result;
+      }
+      ++stats_.corrupt_entries;
+      if (!quiet()) std::fprintf(stderr, "flashkv: cache entry %s is corrupt; recompiling\n", path.c_str());
+      *result = CompiledKernels{};
+    }
+  }
+  if (!quiet()) std::fprintf(stderr, "flashkv: compiling %s for %s ...\n", id.c_str(), arch.c_str());
+  *result = nvrtc_compile(req);
+  ++stats_.compiles;
+  stats_.compile_ms += result->compile_ms;
+  if (!quiet()) std::fprintf(stderr, "flashkv: compiled %s in %.0f ms\n", id.c_str(), result->compile_ms);
+  *cold = true;
+  if (!path.empty()) {
+    // Temp file + rename: readers see either the old entry, no entry, or the complete new one.
+    std::ostringstream tmp;
+    tmp << path << ".tmp." << getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
+    const std::string data = serialize(key, *result);
+    {
+      std::ofstream out(tmp.str(), std::ios::binary | std::ios::trunc);
+      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    }
+    std::error_code ec;
+    fs::rename(tmp.str(), path, ec);
+    if (ec) fs::remove(tmp.str(), ec);
+  }
+  compiled_[mem_key] = result;
+  return result;
+}
+
+const LoadedModule& KernelCache::module(const std::string& id, int device, const RequestFactory& make) {
+  const std::string loaded_key = id + "@" + std::to_string(device);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = loaded_.find(loaded_key); it != loaded_.end()) {
+    ++stats_.memory_hits;
+    return *it->second;
+  }
+  ensure_context(device);
+  bool cold = false;
+  auto ck = compiled(id, device_arch(device), make, &cold);
+  const Driver& d = driver();
+  auto mod = std::make_unique<LoadedModule>();
+  check_cu(d.cuModuleLoadData(&mod->module, ck->cubin.data()), "cuModuleLoadData(" + id + ")");
+  for (size_t i = 0; i < ck->name_expressions.size(); ++i) {
+    CUfunction f;
+    check_cu(d.cuModuleGetFunction(&f, mod->module, ck->lowered_names[i].c_str()),
+             "cuModuleGetFunction(" + id + ": " + ck->name_expressions[i] + ")");
+    mod->functions[ck->name_expressions[i]] = f;
+  }
+  auto& ref = *mod;
+  loaded_[loaded_key] = std::move(mod);
+  return ref;
+}
+
+std::string KernelCache::entry_path(const std::string& id, const std::string& arch,
+                                    const RequestFactory& make) const {
+  if (dir_.empty()) return "";
+  CompileRequest req = make();
+  req.arch = arch;
+  if (req.key_name.empty()) req.key_name = id;
+  return dir_ + "/" + hex(request_hash(req)) + ".fkvbin";
+}
+
+bool KernelCache::precompile(const std::string& id, const std::string& arch, const RequestFactory& make) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool cold = false;
+  compiled(id, arch, make, &cold);
+  return cold;
+}
+
+}  // namespace flashkv::runtime

@@ -1,0 +1,88 @@
+#include "runtime/nvrtc_compiler.h"
+
+#include <nvrtc.h>
+
+#include <chrono>
+#include <memory>
+
+#include "flashkv/error.h"
+#include "runtime/embedded_kernels.h"
+
+namespace flashkv::runtime {
+namespace {
+
+void check_nvrtc(nvrtcResult r, const std::string& what, const std::string& key) {
+  if (r != NVRTC_SUCCESS) fail("NVRTC ", what, " failed for kernel ", key, ": ", nvrtcGetErrorString(r));
+}
+
+struct ProgramDeleter {
+  void operator()(nvrtcProgram* p) const {
+    nvrtcDestroyProgram(p);
+    delete p;
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> base_nvrtc_options(const std::string& arch) {
+  // -default-device: every function without a space qualifier is device code, so the kernel
+  //  headers need no __device__ on small helpers that NVRTC would otherwise treat as host.
+  // No --use_fast_math: exp2/log2 are chosen explicitly in the kernels where they matter.
+  return {"--gpu-architecture=" + arch, "-std=c++17", "-default-device", "--fmad=true",
+          "-DFLASHKV_NVRTC=1"};
+}
+
+std::string nvrtc_version_string() {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+CompiledKernels nvrtc_compile(const CompileRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto& files = embedded_kernel_files();
+  std::vector<const char*> header_sources, header_names;
+  for (const auto& f : files) {
+    header_sources.push_back(f.source.c_str());
+    header_names.push_back(f.path);
+  }
+  std::unique_ptr<nvrtcProgram, ProgramDeleter> prog(new nvrtcProgram(nullptr));
+  check_nvrtc(nvrtcCreateProgram(prog.get(), req.source.c_str(), (req.key_name + ".cu").c_str(),
+                                 static_cast<int>(files.size()), header_sources.data(),
+                                 header_names.data()),
+              "nvrtcCreateProgram", req.key_name);
+  for (const auto& e : req.name_expressions) {
+    check_nvrtc(nvrtcAddNameExpression(*prog, e.c_str()), "nvrtcAddNameExpression(" + e + ")",
+                req.key_name);
+  }
+  std::vector<std::string> opts = base_nvrtc_options(req.arch);
+  opts.insert(opts.end(), req.options.begin(), req.options.end());
+  std::vector<const char*> opt_ptrs;
+  for (const auto& o : opts) opt_ptrs.push_back(o.c_str());
+  nvrtcResult r = nvrtcCompileProgram(*prog, static_cast<int>(opt_ptrs.size()), opt_ptrs.data());
+  if (r != NVRTC_SUCCESS) {
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(*prog, &log_size);
+    std::string log(log_size, '\0');
+    if (log_size) nvrtcGetProgramLog(*prog, log.data());
+    fail("NVRTC failed to compile kernel ", req.key_name, " for ", req.arch, ": ",
+         nvrtcGetErrorString(r), "\n", log);
+  }
+  CompiledKernels out;
+  size_t cubin_size = 0;
+  check_nvrtc(nvrtcGetCUBINSize(*prog, &cubin_size), "nvrtcGetCUBINSize", req.key_name);
+  out.cubin.resize(cubin_size);
+  check_nvrtc(nvrtcGetCUBIN(*prog, out.cubin.data()), "nvrtcGetCUBIN", req.key_name);
+  for (const auto& e : req.name_expressions) {
+    const char* lowered = nullptr;
+    check_nvrtc(nvrtcGetLoweredName(*prog, e.c_str(), &lowered), "nvrtcGetLoweredName(" + e + ")",
+                req.key_name);
+    out.name_expressions.push_back(e);
+    out.lowered_names.push_back(lowered);
+  }
+  out.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace flashkv::runtime

@@ -1,0 +1,90 @@
+// The load-balanced decode schedule (FlashInfer paper, DESIGN.md "The load-balanced schedule").
+// Pure C++: no CUDA. Unit-tested on the CPU.
+//
+// Tiles are (request, kv_head) pairs: with GQA head-group fusion one CTA serves every query head
+// of a KV head, so a tile is one query row-block of `group` rows over the request's whole KV.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attention/decode_plan.cuh"
+
+namespace flashkv::scheduler {
+
+// cost(l_q, l_kv) = alpha * l_q + beta * l_kv, in arbitrary units (only ratios matter).
+struct CostModel {
+  // Fixed cost of a work item (launch of the tile, q load, epilogue), in KV-token units.
+  double alpha = 64.0;
+  double beta = 1.0;  // per KV token; must be > 0
+  double cost(int64_t l_q, int64_t l_kv) const { return alpha * l_q + beta * l_kv; }
+};
+
+// Chunking: dynamic (the default) cuts a tile of l tokens into n = ceil(l / L_kv) chunks whose
+// sizes differ by at most one token, L_kv = max(min_chunk_tokens, ceil(sum of tile lengths /
+// num_ctas)); fixed_split_size cuts it into [0, fs), [fs, 2 fs), ...; disable_split_kv keeps it
+// whole. An empty tile gets one empty work item. Chunks are assigned, longest (= costliest, as
+// cost.beta > 0) first, ties by (request, kv_head, kv_start), to the least-loaded CTA (ties to the
+// lower CTA index); so no CTA's cost exceeds the mean CTA cost plus the largest chunk cost.
+struct DecodeScheduleOptions {
+  int num_ctas = 0;  // fixed grid size (k x #SM); > 0 required
+  int num_kv_heads = 1;
+  int fixed_split_size = 0;       // > 0: split every tile into chunks of exactly this many tokens
+                                  // (last one shorter), independent of the rest of the batch
+  bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
+  int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
+  int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
+  int max_work_items = 0;         // capacity of the work-item array; > 0 required
+  CostModel cost{};
+};
+
+struct DecodeSchedule {
+  int num_ctas = 0;
+  std::vector<int> cta_work_indptr;    // [num_ctas + 1]
+  std::vector<DecodeWorkItem> work;    // grouped by CTA
+  std::vector<DecodeMergeItem> merge;  // one per split tile
+  int num_slots = 0;                   // partial slots used
+  int64_t chunk_bound = 0;             // L_kv: no chunk is longer (tokens); with
+                                       // disable_split_kv, the longest request
+  std::vector<double> cta_cost;        // [num_ctas] total cost assigned to each CTA
+};
+
+// kv_lens[i] is the KV length of request i (0 allowed). Throws flashkv::Error if the schedule
+// would need more slots or work items than the capacities in `opts` (naming which, and how many).
+// Deterministic: the same inputs always give the same schedule.
+DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts);
+
+// Upper bounds used to size the workspace (see DESIGN.md): with dynamic splitting the number of
+// partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
+// max_batch * num_kv_heads + num_ctas (proof in decode_scheduler.cpp). fixed_split_size has no
+// such bound (its chunk count follows the KV lengths, not num_ctas): size for the longest batch,
+// or let plan_decode throw. Both throw flashkv::Error on non-positive arguments or int overflow.
+int max_decode_slots(int num_ctas);
+int max_decode_work_items(int max_batch, int num_kv_heads, int num_ctas);
+// Every merge item owns >= 2 slots, so a workspace of max_slots slots needs at most max_slots / 2.
+int max_decode_merge_items(int max_slots);
+
+// Serialized plan: the byte image copied to the device workspace, with the offsets of each array.
+// The arrays lie one after another in this order, each starting at a 16-byte aligned offset:
+//   int cta_work_indptr[num_ctas + 1]; DecodeWorkItem work[max_work_items];
+//   int num_merge_items; DecodeMergeItem merge[max_merge_items].
+struct DecodePlanLayout {
+  size_t cta_work_indptr = 0;  // offsets in bytes from the start of the plan region
+  size_t work = 0;
+  size_t num_merge_items = 0;
+  size_t merge = 0;
+  size_t bytes = 0;  // total size of the plan region (16-byte aligned pieces)
+  int num_ctas = 0;  // the capacities the layout was made for
+  int max_work_items = 0;
+  int max_merge_items = 0;
+};
+DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
+// Writes `s` into `dst` (layout.bytes long) at the layout's offsets. Only the used entries are
+// written; work and merge entries past the counts are left as they were (the kernels never read
+// them). Throws flashkv::Error if `s` does not fit the layout.
+void serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
+                               std::byte* dst);
+
+}  // namespace flashkv::scheduler

@@ -1,0 +1,55 @@
+#include "common/gpu_util.h"
+
+namespace flashkv::test {
+namespace {
+TensorView device_view(void* data, const HostTensor& h, int device) {
+  std::vector<int64_t> strides(h.shape().size());
+  int64_t s = 1;
+  for (int i = static_cast<int>(h.shape().size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= h.shape()[i];
+  }
+  return TensorView(data, h.dtype(), static_cast<int>(h.shape().size()), h.shape().data(),
+                    strides.data(), Device::cuda(device));
+}
+}  // namespace
+
+DeviceTensor to_device(const HostTensor& h, int device) {
+  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.nbytes(), 16), device), {}};
+  d.buf.copy_from_host(h.data(), h.nbytes());
+  d.view = device_view(d.buf.data(), h, device);
+  return d;
+}
+
+DeviceTensor poisoned_like(const HostTensor& h, int device) {
+  DeviceTensor d{DeviceBuffer(std::max<size_t>(h.nbytes(), 16), device), {}};
+  d.buf.fill_bytes(0xff);
+  d.view = device_view(d.buf.data(), h, device);
+  return d;
+}
+
+void to_host(const DeviceTensor& d, HostTensor& h) { d.buf.copy_to_host(h.data(), h.nbytes()); }
+
+DeviceCache to_device(const PagedCacheHost& h, int device) {
+  DeviceCache d;
+  d.indptr = to_device(h.indptr, device);
+  d.indices = to_device(h.indices, device);
+  d.last_page_len = to_device(h.last_page_len, device);
+  if (!h.kv.shape().empty()) {  // interleaved [num_pages, 2, ...]
+    d.kv = to_device(h.kv, device);
+    d.cache = PagedKVCache::interleaved(d.kv.view, h.cache.layout, d.indptr.view, d.indices.view,
+                                        d.last_page_len.view);
+  } else {
+    d.k = to_device(h.k, device);
+    d.v = to_device(h.v, device);
+    d.cache = h.cache;
+    d.cache.k = d.k.view;
+    d.cache.v = d.v.view;
+    d.cache.indptr = d.indptr.view;
+    d.cache.indices = d.indices.view;
+    d.cache.last_page_len = d.last_page_len.view;
+  }
+  return d;
+}
+
+}  // namespace flashkv::test

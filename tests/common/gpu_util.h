@@ -1,0 +1,39 @@
+// GPU test helpers: a fixture that skips cleanly without a device, and device copies of host
+// tensors and paged caches.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "common/test_util.h"
+#include "flashkv/runtime.h"
+
+namespace flashkv::test {
+
+// Derive GPU tests from this: they skip (not fail) on machines without a CUDA device.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  }
+};
+
+// A device tensor with the same shape as a host tensor.
+struct DeviceTensor {
+  DeviceBuffer buf;
+  TensorView view;
+};
+DeviceTensor to_device(const HostTensor& h, int device = 0);
+// Device tensor of the host tensor's shape filled with NaN bytes (0xff), so unwritten elements
+// are caught.
+DeviceTensor poisoned_like(const HostTensor& h, int device = 0);
+// Copies a device tensor back into `h` (same size).
+void to_host(const DeviceTensor& d, HostTensor& h);
+
+// The paged cache on the device: k/v (or the interleaved kv) and the index tensors.
+struct DeviceCache {
+  DeviceTensor k, v, kv, indptr, indices, last_page_len;
+  PagedKVCache cache;
+};
+DeviceCache to_device(const PagedCacheHost& h, int device = 0);
+
+}  // namespace flashkv::test

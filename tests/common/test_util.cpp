@@ -1,0 +1,160 @@
+#include "common/test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace flashkv::test {
+namespace {
+
+// Independent streams from one user seed (k, v, page order, padding).
+uint64_t derive_seed(uint64_t seed, uint64_t salt) {
+  return SplitMix64(seed ^ (salt * 0xD1B54A32D192ED03ull)).next();
+}
+
+}  // namespace
+
+HostTensor make_i32(const std::vector<int64_t>& values) {
+  HostTensor t(DType::i32, {static_cast<int64_t>(values.size())});
+  for (size_t i = 0; i < values.size(); ++i) t.set(i, static_cast<double>(values[i]));
+  return t;
+}
+
+HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values) {
+  HostTensor t(dtype, std::move(shape));
+  if (static_cast<int64_t>(values.size()) != t.numel()) {
+    throw std::invalid_argument("make_tensor: value count does not match the shape");
+  }
+  for (size_t i = 0; i < values.size(); ++i) t.set(i, values[i]);
+  return t;
+}
+
+PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_size,
+                                int num_kv_heads, int head_dim, KVLayout layout, DType dtype,
+                                uint64_t seed, bool shuffle_pages, bool interleaved) {
+  const int64_t batch = static_cast<int64_t>(kv_lens.size());
+  PagedCacheHost c;
+  c.kv_lens = kv_lens;
+
+  // Page table: request i owns pages_i = ceil(len / page_size) consecutive entries of indices.
+  std::vector<int64_t> indptr{0}, last_page_len, ragged_ptr{0};
+  for (int64_t len : kv_lens) {
+    const int64_t pages = (len + page_size - 1) / page_size;
+    indptr.push_back(indptr.back() + pages);
+    last_page_len.push_back(pages == 0 ? 0 : len - (pages - 1) * page_size);
+    ragged_ptr.push_back(ragged_ptr.back() + len);
+  }
+  const int64_t num_pages = indptr.back();
+  std::vector<int64_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffle_pages) {
+    SplitMix64 rng(derive_seed(seed, 3));
+    for (int64_t i = num_pages - 1; i > 0; --i) {  // Fisher-Yates, portable unlike std::shuffle
+      std::swap(perm[i], perm[rng.next() % static_cast<uint64_t>(i + 1)]);
+    }
+  }
+  c.indptr = make_i32(indptr);
+  c.indices = make_i32(perm);
+  c.last_page_len = make_i32(last_page_len);
+  c.kv_indptr = make_i32(ragged_ptr);
+
+  // The logical KV, drawn in (token, head, dim) order so it is independent of the storage.
+  const int64_t nnz = ragged_ptr.back();
+  c.k_ragged = HostTensor(dtype, {nnz, num_kv_heads, head_dim});
+  c.v_ragged = HostTensor(dtype, {nnz, num_kv_heads, head_dim});
+  c.k_ragged.fill_random(derive_seed(seed, 1));
+  c.v_ragged.fill_random(derive_seed(seed, 2));
+
+  const bool nhd = layout == KVLayout::NHD;
+  const std::vector<int64_t> page_shape =
+      nhd ? std::vector<int64_t>{page_size, num_kv_heads, head_dim}
+          : std::vector<int64_t>{num_kv_heads, page_size, head_dim};
+  if (interleaved) {
+    c.kv = HostTensor(dtype, {num_pages, 2, page_shape[0], page_shape[1], page_shape[2]});
+    c.kv.fill_random(derive_seed(seed, 4));
+    c.cache = PagedKVCache::interleaved(c.kv.view(), layout, c.indptr.view(), c.indices.view(),
+                                        c.last_page_len.view());
+  } else {
+    c.k = HostTensor(dtype, {num_pages, page_shape[0], page_shape[1], page_shape[2]});
+    c.v = HostTensor(dtype, c.k.shape());
+    c.k.fill_random(derive_seed(seed, 4));
+    c.v.fill_random(derive_seed(seed, 5));
+    c.cache = PagedKVCache{.k = c.k.view(),
+                           .v = c.v.view(),
+                           .layout = layout,
+                           .indptr = c.indptr.view(),
+                           .indices = c.indices.view(),
+                           .last_page_len = c.last_page_len.view()};
+  }
+
+  // Scatter the logical KV into the pages through the cache's own strides.
+  const TensorView& k = c.cache.k;
+  const TensorView& v = c.cache.v;
+  const int tok_dim = nhd ? 1 : 2, head_dim_idx = nhd ? 2 : 1;
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t t = 0; t < kv_lens[i]; ++t) {
+      const int64_t page = perm[indptr[i] + t / page_size], slot = t % page_size;
+      for (int h = 0; h < num_kv_heads; ++h) {
+        for (int d = 0; d < head_dim; ++d) {
+          const int64_t src = ((ragged_ptr[i] + t) * num_kv_heads + h) * head_dim + d;
+          store_from_double(k.data(), dtype,
+                            page * k.stride(0) + slot * k.stride(tok_dim) +
+                                h * k.stride(head_dim_idx) + d * k.stride(3),
+                            c.k_ragged.get(src));
+          store_from_double(v.data(), dtype,
+                            page * v.stride(0) + slot * v.stride(tok_dim) +
+                                h * v.stride(head_dim_idx) + d * v.stride(3),
+                            c.v_ragged.get(src));
+        }
+      }
+    }
+  }
+  return c;
+}
+
+double tolerance_floor(DType compute_dtype) {
+  switch (compute_dtype) {
+    case DType::f32:
+      return 1e-6;
+    case DType::f16:
+      return 0x1.0p-11;
+    case DType::bf16:
+    case DType::e4m3:
+    case DType::e5m2:
+      return 0x1.0p-8;
+    default:
+      throw std::invalid_argument("tolerance_floor: not a floating dtype");
+  }
+}
+
+std::string ToleranceCheck::str() const {
+  std::ostringstream os;
+  os << "rel_err " << err << (pass ? " <= " : " > ") << "bound " << bound
+     << " (err of the reference rounded to the output dtype: " << err_lowp << ")";
+  return os.str();
+}
+
+ToleranceCheck check_tolerance(const std::vector<double>& out, const std::vector<double>& ref,
+                               const std::vector<double>& ref_lowp, double floor) {
+  ToleranceCheck r;
+  r.err = rel_err(out, ref);
+  r.err_lowp = rel_err(ref_lowp, ref);
+  r.bound = std::min(2.0 * r.err_lowp + floor, kMaxRelTolerance);
+  r.pass = r.err <= r.bound;  // false for NaN
+  return r;
+}
+
+::testing::AssertionResult matches_reference(const std::vector<double>& out,
+                                             const std::vector<double>& ref,
+                                             const std::vector<double>& ref_lowp,
+                                             DType compute_dtype) {
+  const ToleranceCheck r = check_tolerance(out, ref, ref_lowp, tolerance_floor(compute_dtype));
+  if (r.pass) return ::testing::AssertionSuccess() << r.str();
+  return ::testing::AssertionFailure() << r.str();
+}
+
+}  // namespace flashkv::test

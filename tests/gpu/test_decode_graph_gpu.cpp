@@ -1,0 +1,289 @@
+// Batch decode and CUDA graphs: capture run() once, re-plan for 60 changing batches, replay,
+// check every output; batch invariance with fixed_split_size; and the bad-input errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "flashkv/decode.h"
+#include "flashkv/error.h"
+#include "flashkv/reference.h"
+#include "common/gpu_util.h"
+#include "runtime/driver.h"
+
+namespace flashkv::test {
+namespace {
+
+using runtime::check_cu;
+using runtime::driver;
+
+constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;
+
+// A fixed pool of pages on host and device; each step picks pages for its batch from the pool.
+struct Pool {
+  int num_pages;
+  HostTensor k, v;
+  DeviceTensor dk, dv;
+  explicit Pool(int pages, DType dt) : num_pages(pages) {
+    k = HostTensor(dt, {pages, kPage, kHkv, kD});
+    v = HostTensor(dt, {pages, kPage, kHkv, kD});
+    k.fill_random(91);
+    v.fill_random(92);
+    dk = to_device(k);
+    dv = to_device(v);
+  }
+};
+
+struct Batch {
+  std::vector<int64_t> lens;
+  HostTensor indptr, indices, last;
+};
+
+Batch make_batch(const std::vector<int64_t>& lens, int pool_pages, std::mt19937& rng) {
+  Batch b;
+  b.lens = lens;
+  std::vector<int64_t> indptr{0}, last, idx;
+  std::vector<int64_t> perm(pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  for (int64_t len : lens) {
+    const int64_t pages = (len + kPage - 1) / kPage;
+    for (int64_t p = 0; p < pages; ++p) idx.push_back(perm[next++ % perm.size()]);
+    indptr.push_back(indptr.back() + pages);
+    last.push_back(pages ? len - (pages - 1) * kPage : 0);
+  }
+  if (idx.empty()) idx.push_back(0);
+  b.indptr = make_i32(indptr);
+  b.indices = make_i32(idx);
+  b.last = make_i32(last);
+  return b;
+}
+
+PagedKVCache host_cache(const Pool& pool, const Batch& b) {
+  PagedKVCache c;
+  c.k = pool.k.view();
+  c.v = pool.v.view();
+  c.indptr = b.indptr.view();
+  c.indices = TensorView(const_cast<void*>(b.indices.data()), DType::i32, {b.indptr.get(b.lens.size())});
+  c.last_page_len = b.last.view();
+  return c;
+}
+
+class DecodeGraphGpu : public GpuTest {};
+
+TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
+  const DType dt = DType::f16;
+  const int kMaxBatch = 64;
+  Pool pool(9000, dt);  // 144k tokens: room for one request of 100k
+  BatchDecodeConfig cfg{kMaxBatch, kHqo, kD};
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  DecodePlanOptions opts;
+  opts.enable_cuda_graph = true;
+
+  HostTensor q_all(dt, {kMaxBatch, kHqo, kD});
+  HostTensor out_all(dt, {kMaxBatch, kHqo, kD});
+  DeviceTensor dq = to_device(q_all), dout = poisoned_like(out_all);
+  DeviceBuffer d_indices(pool.num_pages * sizeof(int32_t) * 2);
+  HostTensor lse_all(DType::f32, {kMaxBatch, kHqo});
+  DeviceTensor dlse = poisoned_like(lse_all);
+  Stream s = create_stream();
+  std::mt19937 rng(1);
+
+  // Capture with a full batch.
+  std::vector<int64_t> lens(kMaxBatch, 100);
+  Batch b = make_batch(lens, pool.num_pages, rng);
+  dec.plan(b.indptr.view().data_as<int32_t>(), b.last.view().data_as<int32_t>(), kMaxBatch, kHqo,
+           kHkv, kD, kPage, dt, dt, dt, opts, s);
+  PagedKVCache dc;
+  dc.k = pool.dk.view;
+  dc.v = pool.dv.view;
+  dc.indices = TensorView(d_indices.data(), DType::i32, {pool.num_pages * 2}, Device::cuda(0));
+  HostTensor indptr_dummy = b.indptr, last_dummy = b.last;
+  auto dindptr = to_device(indptr_dummy), dlast = to_device(last_dummy);
+  dc.indptr = dindptr.view;
+  dc.last_page_len = dlast.view;
+  synchronize(s);
+  const auto& d = driver();
+  check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+  dec.run(dq.view, dc, dout.view, dlse.view, s);
+  CUgraph graph;
+  check_cu(d.cuStreamEndCapture(s, &graph), "end capture");
+  CUgraphExec exec;
+  check_cu(d.cuGraphInstantiate(&exec, graph, 0), "instantiate");
+
+  // 60 steps: requests join, leave, grow; at step 30 one becomes very long.
+  std::vector<int64_t> cur = {5, 300, 1};
+  for (int step = 0; step < 60; ++step) {
+    for (auto& l : cur) l += 1;                                            // every request grows by one token
+    if (step % 3 == 0 && cur.size() < kMaxBatch) cur.push_back(rng() % 2000);  // a request joins
+    if (step % 7 == 6 && cur.size() > 1) cur.erase(cur.begin() + rng() % cur.size());  // one leaves
+    if (step == 30) cur[0] = 100000;                                         // one becomes very long
+    if (step == 45) cur.push_back(0);                                        // an empty request
+    Batch sb = make_batch(cur, pool.num_pages, rng);
+    const int B = static_cast<int>(cur.size());
+    HostTensor q(dt, {B, kHqo, kD});
+    q.fill_random(1000 + step);
+    dq.buf.copy_from_host(q.data(), q.nbytes());
+    d_indices.copy_from_host(sb.indices.data(), sb.indices.nbytes());
+    dout.buf.fill_bytes(0xff);
+    dec.plan(sb.indptr.view().data_as<int32_t>(), sb.last.view().data_as<int32_t>(), B, kHqo, kHkv,
+             kD, kPage, dt, dt, dt, opts, s);
+    check_cu(d.cuGraphLaunch(exec, s), "graph launch");
+    synchronize(s);
+
+    HostTensor ref(DType::f32, {B, kHqo, kD}), ref_lowp(dt, {B, kHqo, kD});
+    reference::batch_decode(q.view(), host_cache(pool, sb), ref.view(), TensorView());
+    reference::batch_decode(q.view(), host_cache(pool, sb), ref_lowp.view(), TensorView());
+    HostTensor got(dt, {B, kHqo, kD});
+    dout.buf.copy_to_host(got.data(), got.nbytes());
+    EXPECT_TRUE(matches_reference(got.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), dt))
+        << "step " << step << " batch " << B;
+  }
+  d.cuGraphExecDestroy(exec);
+  d.cuGraphDestroy(graph);
+  destroy_stream(s);
+}
+
+TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
+  const DType dt = DType::bf16;
+  Pool pool(2000, dt);
+  BatchDecodeConfig cfg{16, kHqo, kD};
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  DecodePlanOptions opts;
+  opts.fixed_split_size = 256;
+  opts.enable_cuda_graph = true;
+  std::mt19937 rng(3);
+  // The request under test: 3000 tokens (12 chunks), always the same pages and query.
+  HostTensor qx(dt, {1, kHqo, kD});
+  qx.fill_random(77);
+  std::vector<int32_t> x_pages;
+  for (int i = 0; i < 188; ++i) x_pages.push_back(1500 + i);  // ceil(3000/16) = 188 pages
+
+  auto run_batch = [&](const std::vector<int64_t>& others, int x_pos, bool graph) {
+    std::vector<int64_t> lens = others;
+    lens.insert(lens.begin() + x_pos, 3000);
+    // Page table: x uses x_pages; others use pages from [0, 1500).
+    std::vector<int64_t> indptr{0}, last, idx;
+    int next = 0;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const int64_t pages = (lens[i] + kPage - 1) / kPage;
+      for (int64_t p = 0; p < pages; ++p) idx.push_back(static_cast<int>(i) == x_pos ? x_pages[p] : (next++ % 1500));
+      indptr.push_back(indptr.back() + pages);
+      last.push_back(pages ? lens[i] - (pages - 1) * kPage : 0);
+    }
+    const int B = static_cast<int>(lens.size());
+    HostTensor q(dt, {B, kHqo, kD});
+    q.fill_random(5 + B);
+    std::memcpy(static_cast<char*>(q.data()) + x_pos * kHqo * kD * 2, qx.data(), qx.nbytes());
+    HostTensor hi = make_i32(indptr), hl = make_i32(last), hx = make_i32(idx);
+    auto dq = to_device(q), di = to_device(hi), dl = to_device(hl), dx = to_device(hx);
+    HostTensor out(dt, {B, kHqo, kD});
+    auto dout = poisoned_like(out);
+    PagedKVCache dc;
+    dc.k = pool.dk.view;
+    dc.v = pool.dv.view;
+    dc.indptr = di.view;
+    dc.indices = dx.view;
+    dc.last_page_len = dl.view;
+    Stream s = create_stream();
+    dec.plan(hi.view().data_as<int32_t>(), hl.view().data_as<int32_t>(), B, kHqo, kHkv, kD, kPage,
+             dt, dt, dt, opts, s);
+    if (graph) {
+      const auto& d = driver();
+      CUgraph g;
+      CUgraphExec e;
+      check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+      dec.run(dq.view, dc, dout.view, TensorView(), s);
+      check_cu(d.cuStreamEndCapture(s, &g), "end capture");
+      check_cu(d.cuGraphInstantiate(&e, g, 0), "instantiate");
+      check_cu(d.cuGraphLaunch(e, s), "launch");
+      synchronize(s);
+      d.cuGraphExecDestroy(e);
+      d.cuGraphDestroy(g);
+    } else {
+      dec.run(dq.view, dc, dout.view, TensorView(), s);
+    }
+    synchronize(s);
+    destroy_stream(s);
+    dout.buf.copy_to_host(out.data(), out.nbytes());
+    std::vector<uint8_t> row(qx.nbytes());
+    std::memcpy(row.data(), static_cast<char*>(out.data()) + x_pos * kHqo * kD * 2, row.size());
+    return row;
+  };
+  const auto alone = run_batch({}, 0, false);
+  const auto a = run_batch({100, 5000, 7}, 2, false);
+  const auto b = run_batch({1, 1, 1, 1, 900, 12000, 64, 3}, 5, false);
+  const auto c = run_batch({4000, 20}, 1, true);
+  EXPECT_EQ(alone, a) << "output changed with the rest of the batch";
+  EXPECT_EQ(alone, b) << "output changed with the rest of the batch";
+  EXPECT_EQ(alone, c) << "output changed between eager and graph replay";
+}
+
+TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
+  const DType dt = DType::f16;
+  BatchDecodeConfig cfg{4, kHqo, kD};
+  const size_t need = BatchDecode::workspace_bytes(cfg);
+  DeviceBuffer ws(need);
+  auto expect_error = [](auto&& fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected flashkv::Error containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { BatchDecode small(cfg, ws.data(), need - 1); }, "workspace");
+
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 1);
+  DeviceCache dc = to_device(cache);
+  HostTensor q(dt, {2, kHqo, kD}), out(dt, {2, kHqo, kD});
+  q.fill_random(1);
+  auto dq = to_device(q), dout = poisoned_like(out);
+  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
+  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView()); }, "before a successful plan");
+  expect_error([&] { dec.plan(ip, lp, 5, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "batch_size");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, 5, kD, kPage, dt, dt, dt); }, "num_kv_heads");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, 96, kPage, dt, dt, dt); }, "head_dim");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); }, "kv_dtype");
+  std::vector<int32_t> bad_last = {0, 3};
+  expect_error([&] { dec.plan(ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "kv_last_page_len[0]");
+  std::vector<int32_t> bad_indptr = {0, 3, 2};
+  expect_error([&] { dec.plan(bad_indptr.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "kv_indptr[2]");
+  DecodePlanOptions check_idx;
+  std::vector<int32_t> bad_idx = {0, 1, 99, 3};
+  check_idx.kv_indices_host = bad_idx.data();
+  check_idx.num_pages = cache.cache.num_pages();
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, check_idx); }, "kv_indices[2]");
+
+  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
+  HostTensor q3(dt, {3, kHqo, kD});
+  auto dq3 = to_device(q3);
+  expect_error([&] { dec.run(dq3.view, dc.cache, dout.view, TensorView()); }, "q:");
+  expect_error([&] { dec.run(q.view(), dc.cache, dout.view, TensorView()); }, "q:");  // host tensor
+  HostTensor lse_bad(DType::f16, {2, kHqo});
+  auto dlse_bad = to_device(lse_bad);
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse_bad.view); }, "lse");
+  // Capturing run() of a plan made without enable_cuda_graph is refused.
+  Stream s = create_stream();
+  const auto& d = driver();
+  check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView(), s); }, "enable_cuda_graph");
+  CUgraph g;
+  d.cuStreamEndCapture(s, &g);
+  if (g) d.cuGraphDestroy(g);
+  destroy_stream(s);
+  // Nothing was written by any refused call.
+  HostTensor got(dt, {2, kHqo, kD});
+  to_host(dout, got);
+  EXPECT_TRUE(any_nan(got.to_doubles())) << "a refused call wrote the output";
+}
+
+}  // namespace
+}  // namespace flashkv::test
