@@ -6,7 +6,9 @@
 // gathered page by page into shared memory with a kStages-deep cp.async pipeline; scores and the
 // online softmax stay in registers. Thread layout (kThreads = 128):
 //   tx (fastest, kBdx lanes): 8 consecutive elements (16 bytes) of the head dimension
-//   ty (kBdy):                query head within the group (kHeadsPerThread heads per thread)
+//   ty (kBdy):                head slice: thread ty serves heads ty, ty + kBdy, ... of the group
+//                             (kHeadsPerThread <= 4 of them, so each K/V element a thread loads
+//                             from shared memory and converts is used for up to 4 heads)
 //   tz (kBdz):                token lane: lane tz handles tokens tz, tz + kBdz, ... of a tile
 // The kBdz partial softmax states of each head are merged (⊕) through shared memory at the end.
 #pragma once
@@ -23,6 +25,11 @@ constexpr int pow2_floor(int x) {
   while (p * 2 <= x) p *= 2;
   return p;
 }
+constexpr int pow2_ceil(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
 template <class QT, class KVT, class OT, int HEAD_DIM, int GROUP, int PAGE_SIZE>
@@ -37,13 +44,18 @@ struct DecodeConfig {
   static constexpr int kBdx = HEAD_DIM / kVec;           // lanes across the head dimension
   static constexpr int kThreads = 128;
   static constexpr int kRows = kThreads / kBdx;
-  static constexpr int kBdy = cmin(pow2_floor(GROUP), kRows);
+  // Up to 4 heads per thread: registers for q and o grow with it (8 floats each per head), and 4
+  // already amortizes the shared-memory load and conversion of K/V over the GQA-4 group. (One
+  // head per thread ran GQA-4 decode at 46-50% of the read ceiling on the H200: issue-bound.)
+  static constexpr int kMaxHeadsPerThread = 4;
+  static constexpr int kBdy = cmin(pow2_ceil((GROUP + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread), kRows);
   static constexpr int kHeadsPerThread = (GROUP + kBdy - 1) / kBdy;
   static constexpr int kBdz = kRows / kBdy;
   // ~16 KB of K+V per stage: enough bytes in flight per SM with 4 stages to cover HBM latency.
   static constexpr int kTile = 4096 / HEAD_DIM * (2 / (int)sizeof(KVT));
   static constexpr int kTokensPerLane = kTile / kBdz;
-  static constexpr int kInner = cmin(kTokensPerLane, 8);  // tokens scored per softmax update
+  static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
+  static constexpr int kLoads = kTile * kBdx / kThreads;    // 16-byte loads per thread per stage
   static constexpr int kStages = 4;
   static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
   static constexpr int kSmemBytes = 2 * kStages * kStageElems * (int)sizeof(KVT);
@@ -57,34 +69,52 @@ struct DecodeConfig {
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
 
-// Issues the cp.async loads of KV tile `tile` of a work item into pipeline stage `stage`.
+// Global element offsets of one thread's loads of one KV tile. Computed one tile ahead of the
+// loads that use them, so the page-table reads (kv_indices) are in flight during the compute of
+// the current tile and address translation never stalls the copy pipeline.
 template <class C>
-__device__ __forceinline__ void decode_load_tile(const DecodeParams& p, const DecodeWorkItem& w,
-                                                 int tile, typename C::kv_t* k_smem,
-                                                 typename C::kv_t* v_smem, int stage) {
-  typedef typename C::kv_t kv_t;
-  constexpr int kLoads = C::kTile * C::kBdx / C::kThreads;
+struct TileAddrs {
+  long long off[C::kLoads];
+  bool valid[C::kLoads];
+};
+
+template <class C>
+__device__ __forceinline__ void decode_tile_addrs(const DecodeParams& p, const DecodeWorkItem& w,
+                                                  int tile, TileAddrs<C>& a) {
   const int len = w.kv_end - w.kv_start;
+#pragma unroll
+  for (int j = 0; j < C::kLoads; ++j) {
+    const int vi = threadIdx.x + j * C::kThreads;
+    const int t = tile * C::kTile + vi / C::kBdx;  // token within the chunk
+    const int lane = vi % C::kBdx;
+    a.valid[j] = t < len;
+    a.off[j] = 0;
+    if (a.valid[j]) {
+      const int pos = w.kv_start + t;  // token within the request
+      const int page = p.kv_indices[w.page_base + pos / C::kPageSize];
+      // Never read outside the cache: an out-of-range page id reads as zeros.
+      a.valid[j] = (unsigned long long)page < (unsigned long long)p.num_pages;
+      a.off[j] = (long long)page * p.page_stride + (long long)(pos % C::kPageSize) * p.token_stride +
+                 (long long)w.kv_head * p.head_stride + lane * C::kVec;
+    }
+  }
+}
+
+// Issues the cp.async loads of one KV tile (addresses from decode_tile_addrs) into `stage`.
+template <class C>
+__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const TileAddrs<C>& a,
+                                                  typename C::kv_t* k_smem, typename C::kv_t* v_smem,
+                                                  int stage) {
+  typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
   const kv_t* vg = static_cast<const kv_t*>(p.v);
 #pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
+  for (int j = 0; j < C::kLoads; ++j) {
     const int vi = threadIdx.x + j * C::kThreads;
-    const int t_local = vi / C::kBdx;  // token within the tile
-    const int lane = vi % C::kBdx;
-    const int t = tile * C::kTile + t_local;  // token within the chunk
-    bool valid = t < len;
-    long long off = 0;
-    if (valid) {
-      const int pos = w.kv_start + t;  // token within the request
-      const int page = p.kv_indices[w.page_base + pos / C::kPageSize];
-      valid = (unsigned long long)page < (unsigned long long)p.num_pages;  // never read outside the cache
-      off = (long long)page * p.page_stride + (long long)(pos % C::kPageSize) * p.token_stride +
-            (long long)w.kv_head * p.head_stride + lane * C::kVec;
-    }
-    const int s_off = stage * C::kStageElems + t_local * C::kHeadDim + lane * C::kVec;
-    cp_async_16(k_smem + s_off, kg + (valid ? off : 0), valid);
-    cp_async_16(v_smem + s_off, vg + (valid ? off : 0), valid);
+    const int s_off = stage * C::kStageElems + (vi / C::kBdx) * C::kHeadDim + (vi % C::kBdx) * C::kVec;
+    const long long off = a.valid[j] ? a.off[j] : 0;
+    cp_async_16(k_smem + s_off, kg + off, a.valid[j]);
+    cp_async_16(v_smem + s_off, vg + off, a.valid[j]);
   }
 }
 
@@ -121,15 +151,21 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
+  TileAddrs<C> addrs;
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < num_tiles) decode_load_tile<C>(p, w, s, k_smem, v_smem, s);
+    if (s < num_tiles) {
+      decode_tile_addrs<C>(p, w, s, addrs);
+      decode_issue_tile<C>(p, addrs, k_smem, v_smem, s);
+    }
     cp_async_commit();
   }
+  if (C::kStages - 1 < num_tiles) decode_tile_addrs<C>(p, w, C::kStages - 1, addrs);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
-    if (next < num_tiles) decode_load_tile<C>(p, w, next, k_smem, v_smem, next % C::kStages);
+    if (next < num_tiles) decode_issue_tile<C>(p, addrs, k_smem, v_smem, next % C::kStages);
     cp_async_commit();
+    if (next + 1 < num_tiles) decode_tile_addrs<C>(p, w, next + 1, addrs);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const kv_t* ks = k_smem + (tile % C::kStages) * C::kStageElems;
@@ -247,9 +283,10 @@ __global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const DecodeP
 template <class C>
 __global__ void __launch_bounds__(128) batch_decode_merge_kernel(const DecodeParams p) {
   constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
-  const int count = *p.plan.num_merge_items;
+  const int count = p.plan.header->num_merge_items;
+  const DecodeMergeItem* items = decode_merge_items(p.plan);
   for (int mi = blockIdx.x; mi < count; mi += gridDim.x) {
-    const DecodeMergeItem item = p.plan.merge[mi];
+    const DecodeMergeItem item = items[mi];
     for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
       const int g = v / (C::kHeadDim / 4);
       const int col = (v % (C::kHeadDim / 4)) * 4;

@@ -26,16 +26,31 @@ struct DecodeMergeItem {
   int slot_end;
 };
 
+// The plan region starts with this header. Only the used bytes of the region are copied to the
+// device at each plan() (one copy): the merge items follow the used work items, at merge_offset.
+struct DecodePlanHeader {
+  int num_merge_items;
+  int merge_offset;  // bytes from the start of the plan region to the first DecodeMergeItem
+  int num_work_items;
+  int reserved;
+};
+
 // Device pointers into the workspace, fixed for the life of a BatchDecode object (so a captured
 // CUDA graph stays valid after a later plan()). Counts are read from device memory for the same
 // reason: the grids never change.
 struct DecodePlanPtrs {
+  const DecodePlanHeader* header;      // at the start of the plan region
   const int* cta_work_indptr;          // [num_ctas + 1]: work of CTA c is [indptr[c], indptr[c+1])
-  const DecodeWorkItem* work;          // [max_work_items]
-  const int* num_merge_items;          // [1]
-  const DecodeMergeItem* merge;        // [max_merge_items]
+  const DecodeWorkItem* work;          // [num_work_items]
   float* partial_o;                    // [max_slots, group, head_dim], normalized outputs
   float* partial_lse;                  // [max_slots, group], base-2 LSE
 };
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)  // device code only; the host writes the bytes
+__device__ __forceinline__ const DecodeMergeItem* decode_merge_items(const DecodePlanPtrs& p) {
+  return reinterpret_cast<const DecodeMergeItem*>(reinterpret_cast<const char*>(p.header) +
+                                                 p.header->merge_offset);
+}
+#endif
 
 }  // namespace flashkv

@@ -168,8 +168,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   const runtime::Driver& d = runtime::driver();
   runtime::ensure_context(cfg.device);
   runtime::check_cu(d.cuEventSynchronize(m.copy_done), "cuEventSynchronize(plan copy)");
-  scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
-  runtime::check_cu(d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), m.ws.plan_layout().bytes, stream),
+  const size_t plan_bytes =
+      scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
+  runtime::check_cu(d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), plan_bytes, stream),
                     "cuMemcpyHtoDAsync(decode plan)");
   runtime::check_cu(d.cuEventRecord(m.copy_done, stream), "cuEventRecord(plan copy)");
 

@@ -50,10 +50,9 @@ int DecodeWorkspace::slot_capacity(int group, int head_dim) const {
 
 DecodePlanPtrs DecodeWorkspace::plan_ptrs() const {
   DecodePlanPtrs p{};
+  p.header = reinterpret_cast<const DecodePlanHeader*>(base_ + layout_.header);
   p.cta_work_indptr = reinterpret_cast<const int*>(base_ + layout_.cta_work_indptr);
   p.work = reinterpret_cast<const DecodeWorkItem*>(base_ + layout_.work);
-  p.num_merge_items = reinterpret_cast<const int*>(base_ + layout_.num_merge_items);
-  p.merge = reinterpret_cast<const DecodeMergeItem*>(base_ + layout_.merge);
   p.partial_lse = reinterpret_cast<float*>(base_ + lse_offset_);
   p.partial_o = reinterpret_cast<float*>(base_ + o_offset_);
   return p;

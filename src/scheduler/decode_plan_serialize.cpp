@@ -36,17 +36,16 @@ DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_me
   l.num_ctas = num_ctas;
   l.max_work_items = max_work_items;
   l.max_merge_items = max_merge_items;
-  l.cta_work_indptr = 0;
+  l.header = 0;
+  l.cta_work_indptr = align_up(sizeof(DecodePlanHeader));
   l.work = align_up(l.cta_work_indptr + (static_cast<size_t>(num_ctas) + 1) * sizeof(int));
-  l.num_merge_items =
-      align_up(l.work + static_cast<size_t>(max_work_items) * sizeof(DecodeWorkItem));
-  l.merge = align_up(l.num_merge_items + sizeof(int));
-  l.bytes = align_up(l.merge + static_cast<size_t>(max_merge_items) * sizeof(DecodeMergeItem));
+  l.bytes = align_up(l.work + static_cast<size_t>(max_work_items) * sizeof(DecodeWorkItem)) +
+            align_up(static_cast<size_t>(max_merge_items) * sizeof(DecodeMergeItem));
   return l;
 }
 
-void serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
-                               std::byte* dst) {
+size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
+                                 std::byte* dst) {
   check(dst != nullptr, "serialize_decode_schedule: dst is null");
   check(s.num_ctas == layout.num_ctas, "serialize_decode_schedule: the schedule has ", s.num_ctas,
         " CTAs but the layout was made for ", layout.num_ctas);
@@ -59,16 +58,21 @@ void serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& 
   check(s.merge.size() <= static_cast<size_t>(layout.max_merge_items),
         "serialize_decode_schedule: ", s.merge.size(), " merge items exceed the layout's ",
         layout.max_merge_items);
-  const int num_merge = static_cast<int>(s.merge.size());
+  const size_t merge_offset = align_up(layout.work + s.work.size() * sizeof(DecodeWorkItem));
+  DecodePlanHeader h{};
+  h.num_merge_items = static_cast<int>(s.merge.size());
+  h.merge_offset = static_cast<int>(merge_offset);
+  h.num_work_items = static_cast<int>(s.work.size());
+  std::memcpy(dst + layout.header, &h, sizeof(h));
   std::memcpy(dst + layout.cta_work_indptr, s.cta_work_indptr.data(),
               s.cta_work_indptr.size() * sizeof(int));
   if (!s.work.empty()) {
     std::memcpy(dst + layout.work, s.work.data(), s.work.size() * sizeof(DecodeWorkItem));
   }
-  std::memcpy(dst + layout.num_merge_items, &num_merge, sizeof(int));
   if (!s.merge.empty()) {
-    std::memcpy(dst + layout.merge, s.merge.data(), s.merge.size() * sizeof(DecodeMergeItem));
+    std::memcpy(dst + merge_offset, s.merge.data(), s.merge.size() * sizeof(DecodeMergeItem));
   }
+  return merge_offset + s.merge.size() * sizeof(DecodeMergeItem);
 }
 
 }  // namespace flashkv::scheduler

@@ -71,20 +71,19 @@ int max_decode_merge_items(int max_slots);
 //   int cta_work_indptr[num_ctas + 1]; DecodeWorkItem work[max_work_items];
 //   int num_merge_items; DecodeMergeItem merge[max_merge_items].
 struct DecodePlanLayout {
-  size_t cta_work_indptr = 0;  // offsets in bytes from the start of the plan region
-  size_t work = 0;
-  size_t num_merge_items = 0;
-  size_t merge = 0;
-  size_t bytes = 0;  // total size of the plan region (16-byte aligned pieces)
-  int num_ctas = 0;  // the capacities the layout was made for
+  size_t header = 0;           // DecodePlanHeader, offsets in bytes from the start of the region
+  size_t cta_work_indptr = 0;  // [num_ctas + 1] ints
+  size_t work = 0;             // used work items, then (16-byte aligned) the used merge items
+  size_t bytes = 0;            // capacity of the region for the largest schedule
+  int num_ctas = 0;            // the capacities the layout was made for
   int max_work_items = 0;
   int max_merge_items = 0;
 };
 DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
-// Writes `s` into `dst` (layout.bytes long) at the layout's offsets. Only the used entries are
-// written; work and merge entries past the counts are left as they were (the kernels never read
-// them). Throws flashkv::Error if `s` does not fit the layout.
-void serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
-                               std::byte* dst);
+// Writes `s` into `dst` (layout.bytes long) compactly: header, indptr, the used work items, then
+// the used merge items at header.merge_offset. Returns the number of bytes written, so plan()
+// copies only those. Throws flashkv::Error if `s` does not fit the layout.
+size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
+                                 std::byte* dst);
 
 }  // namespace flashkv::scheduler

@@ -520,18 +520,22 @@ TEST(DecodeScheduler, SerializationRoundTrips) {
   ASSERT_FALSE(s.merge.empty());
   const DecodePlanLayout l =
       decode_plan_layout(o.num_ctas, o.max_work_items, max_decode_merge_items(o.max_slots));
-  for (size_t off : {l.cta_work_indptr, l.work, l.num_merge_items, l.merge, l.bytes}) {
+  for (size_t off : {l.header, l.cta_work_indptr, l.work, l.bytes}) {
     EXPECT_EQ(off % 16, 0u);
   }
+  EXPECT_LE(l.header + sizeof(DecodePlanHeader), l.cta_work_indptr);
   EXPECT_LE(l.cta_work_indptr + (o.num_ctas + 1) * sizeof(int), l.work);
-  EXPECT_LE(l.work + o.max_work_items * sizeof(DecodeWorkItem), l.num_merge_items);
-  EXPECT_LE(l.num_merge_items + sizeof(int), l.merge);
-  EXPECT_LE(l.merge + l.max_merge_items * sizeof(DecodeMergeItem), l.bytes);
+  EXPECT_LE(l.work + o.max_work_items * sizeof(DecodeWorkItem) + l.max_merge_items * sizeof(DecodeMergeItem),
+            l.bytes);
 
   std::vector<std::byte> bytes(l.bytes, std::byte{0xAB});
-  serialize_decode_schedule(s, l, bytes.data());
+  const size_t used = serialize_decode_schedule(s, l, bytes.data());
+  EXPECT_LE(used, l.bytes);
 
-  // Parse the image back as the kernels would read it.
+  // Parse the image back as the kernels would read it (only the first `used` bytes are copied).
+  bytes.resize(used);
+  DecodePlanHeader h;
+  std::memcpy(&h, bytes.data() + l.header, sizeof(h));
   DecodeSchedule back;
   back.num_ctas = o.num_ctas;
   back.num_slots = s.num_slots;
@@ -540,13 +544,13 @@ TEST(DecodeScheduler, SerializationRoundTrips) {
   back.cta_work_indptr.resize(o.num_ctas + 1);
   std::memcpy(back.cta_work_indptr.data(), bytes.data() + l.cta_work_indptr,
               back.cta_work_indptr.size() * sizeof(int));
-  back.work.resize(back.cta_work_indptr.back());
+  ASSERT_EQ(h.num_work_items, back.cta_work_indptr.back());
+  back.work.resize(h.num_work_items);
   std::memcpy(back.work.data(), bytes.data() + l.work, back.work.size() * sizeof(DecodeWorkItem));
-  int num_merge = -1;
-  std::memcpy(&num_merge, bytes.data() + l.num_merge_items, sizeof(int));
-  ASSERT_GE(num_merge, 0);
-  back.merge.resize(num_merge);
-  std::memcpy(back.merge.data(), bytes.data() + l.merge, num_merge * sizeof(DecodeMergeItem));
+  ASSERT_GE(h.num_merge_items, 0);
+  EXPECT_EQ(h.merge_offset % 16, 0);
+  back.merge.resize(h.num_merge_items);
+  std::memcpy(back.merge.data(), bytes.data() + h.merge_offset, h.num_merge_items * sizeof(DecodeMergeItem));
   expect_same(s, back);
 
   // A schedule that does not fit the layout is refused.

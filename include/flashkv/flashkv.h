@@ -1,0 +1,14 @@
+// flashkv: attention over paged KV caches for LLM serving. The umbrella header.
+#pragma once
+
+#include "flashkv/attention.h"
+#include "flashkv/decode.h"
+#include "flashkv/dtype.h"
+#include "flashkv/error.h"
+#include "flashkv/host_tensor.h"
+#include "flashkv/jit.h"
+#include "flashkv/merge.h"
+#include "flashkv/paged_kv.h"
+#include "flashkv/reference.h"
+#include "flashkv/runtime.h"
+#include "flashkv/tensor.h"
