@@ -265,6 +265,65 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   __syncthreads();  // the shared memory is reused by the next work item
 }
 
+// The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
+// written to the output. Run by the CTA that wrote the tile's last partial state. The partials
+// were written by other CTAs: read them through L2 (__ldcg), never a possibly stale L1 line.
+template <class C>
+__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item) {
+  constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
+  for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
+    const int g = v / (C::kHeadDim / 4);
+    const int col = (v % (C::kHeadDim / 4)) * 4;
+    float m = neg_inf();
+    for (int s = item.slot_begin; s < item.slot_end; ++s) m = fmaxf(m, __ldcg(p.plan.partial_lse + s * C::kGroup + g));
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float d = 0.f;
+    if (m != neg_inf()) {
+      for (int s = item.slot_begin; s < item.slot_end; ++s) {
+        const float wgt = fast_exp2(__ldcg(p.plan.partial_lse + s * C::kGroup + g) - m);
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(
+            p.plan.partial_o + ((long long)s * C::kGroup + g) * C::kHeadDim + col));
+        acc[0] += wgt * o.x;
+        acc[1] += wgt * o.y;
+        acc[2] += wgt * o.z;
+        acc[3] += wgt * o.w;
+        d += wgt;
+      }
+      const float inv = 1.f / d;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    }
+    const int qo_head = item.kv_head * C::kGroup + g;
+    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
+                          (long long)qo_head * p.o_stride_h + col;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
+    if (p.lse != nullptr && col == 0)
+      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = m == neg_inf() ? neg_inf() : (m + log2f(d)) * kLn2;
+  }
+}
+
+// After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
+// merge the tile here (one launch for decode and merge; no CTA ever waits for another).
+template <class C>
+__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w) {
+  __shared__ int is_last;
+  __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
+    const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
+    is_last = arrived == item.slot_end - item.slot_begin;
+  }
+  __syncthreads();
+  if (is_last) {
+    __threadfence();  // acquire: see the other CTAs' partial states
+    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
+    decode_merge_tile<C>(p, item);
+    if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -275,47 +334,7 @@ __global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const DecodeP
   for (int wi = begin; wi < end; ++wi) {
     const DecodeWorkItem w = p.plan.work[wi];
     decode_work_item<C>(p, w, k_smem, v_smem);
-  }
-}
-
-// The merge stage: contracts the partial states of each split (request, kv_head) tile with ⊕.
-// Fixed grid; loops over the merge items, whose count is read from the workspace.
-template <class C>
-__global__ void __launch_bounds__(128) batch_decode_merge_kernel(const DecodeParams p) {
-  constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
-  const int count = p.plan.header->num_merge_items;
-  const DecodeMergeItem* items = decode_merge_items(p.plan);
-  for (int mi = blockIdx.x; mi < count; mi += gridDim.x) {
-    const DecodeMergeItem item = items[mi];
-    for (int v = threadIdx.x; v < kVecs; v += blockDim.x) {
-      const int g = v / (C::kHeadDim / 4);
-      const int col = (v % (C::kHeadDim / 4)) * 4;
-      float m = neg_inf();
-      for (int s = item.slot_begin; s < item.slot_end; ++s) m = fmaxf(m, p.plan.partial_lse[s * C::kGroup + g]);
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      float d = 0.f;
-      if (m != neg_inf()) {
-        for (int s = item.slot_begin; s < item.slot_end; ++s) {
-          const float wgt = exp2f(p.plan.partial_lse[s * C::kGroup + g] - m);
-          const float4 o = *reinterpret_cast<const float4*>(p.plan.partial_o + ((long long)s * C::kGroup + g) * C::kHeadDim + col);
-          acc[0] += wgt * o.x;
-          acc[1] += wgt * o.y;
-          acc[2] += wgt * o.z;
-          acc[3] += wgt * o.w;
-          d += wgt;
-        }
-        const float inv = 1.f / d;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] *= inv;
-      }
-      const int qo_head = item.kv_head * C::kGroup + g;
-      typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
-                            (long long)qo_head * p.o_stride_h + col;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
-      if (p.lse != nullptr && col == 0)
-        p.lse[(long long)item.request * p.lse_stride_n + qo_head] = m == neg_inf() ? neg_inf() : (m + log2f(d)) * kLn2;
-    }
+    if (w.slot >= 0) decode_arrive<C>(p, w);
   }
 }
 

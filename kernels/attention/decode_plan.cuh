@@ -15,6 +15,7 @@ struct DecodeWorkItem {
   int kv_end;    // one past the last KV token
   int slot;      // -1: write the final output directly; else the partial-state slot to write
   int page_base; // kv_indptr[request]: the request's first entry in kv_indices (filled by the op)
+  int merge;     // slot >= 0: index of the tile's DecodeMergeItem (filled by the op); else -1
 };
 
 // One split (request, kv_head) tile: its partial states live in slots [slot_begin, slot_end),
@@ -44,6 +45,8 @@ struct DecodePlanPtrs {
   const DecodeWorkItem* work;          // [num_work_items]
   float* partial_o;                    // [max_slots, group, head_dim], normalized outputs
   float* partial_lse;                  // [max_slots, group], base-2 LSE
+  int* merge_arrivals;                 // [max_merge_items] zero between runs: partial states of
+                                       // each split tile written so far (the last one merges)
 };
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)  // device code only; the host writes the bytes

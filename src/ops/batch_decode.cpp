@@ -42,9 +42,7 @@ KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int g
                          ",d" + std::to_string(head_dim) + ",g" + std::to_string(group) + ",p" +
                          std::to_string(page_size) + ">";
   return {id, [id, cfg] {
-            return make_request(id, "attention/decode.cuh",
-                                {"flashkv::batch_decode_kernel<" + cfg + ">",
-                                 "flashkv::batch_decode_merge_kernel<" + cfg + ">"});
+            return make_request(id, "attention/decode.cuh", {"flashkv::batch_decode_kernel<" + cfg + ">"});
           }};
 }
 }  // namespace ops
@@ -60,11 +58,12 @@ struct BatchDecode::Impl {
   DType q_dtype{}, kv_dtype{}, o_dtype{};
   DecodePlanOptions opts;
   float sm_scale = 0.f;
-  unsigned grid = 0, merge_grid = 0;
-  CUfunction decode_fn = nullptr, merge_fn = nullptr;
+  unsigned grid = 0;
+  CUfunction decode_fn = nullptr;
   std::string kernel_id;
   PlanInfo info;
   std::vector<int64_t> kv_lens;
+  std::vector<int> slot_merge;
 };
 
 size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
@@ -154,14 +153,22 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
   scheduler::DecodeSchedule s = scheduler::plan_decode(m.kv_lens, so);
-  for (DecodeWorkItem& w : s.work) w.page_base = kv_indptr[w.request];
+  // The op's part of each work item: where its pages start, and which merge item its partial
+  // state belongs to (the CTA that writes a tile's last partial state merges the tile).
+  m.slot_merge.assign(s.num_slots, -1);
+  for (size_t mi = 0; mi < s.merge.size(); ++mi) {
+    for (int slot = s.merge[mi].slot_begin; slot < s.merge[mi].slot_end; ++slot) m.slot_merge[slot] = static_cast<int>(mi);
+  }
+  for (DecodeWorkItem& w : s.work) {
+    w.page_base = kv_indptr[w.request];
+    w.merge = w.slot >= 0 ? m.slot_merge[w.slot] : -1;
+  }
 
   // JIT: compile (first use only) at plan time so run() never compiles.
   const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size);
   const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
   const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size);
   m.decode_fn = mod.function("flashkv::batch_decode_kernel<" + ct + ">");
-  m.merge_fn = mod.function("flashkv::batch_decode_merge_kernel<" + ct + ">");
   m.kernel_id = spec.id;
 
   // The previous plan's copy must have left the pinned buffer before it is rewritten.
@@ -178,8 +185,6 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   for (int c = 0; c < s.num_ctas; ++c) used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
   // With CUDA graphs the grids must be the same at every replay: launch the full fixed grid.
   m.grid = opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas) : static_cast<unsigned>(used_ctas);
-  m.merge_grid = opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas)
-                                        : static_cast<unsigned>(std::min<size_t>(s.merge.size(), s.num_ctas));
   m.batch = batch_size;
   m.num_qo_heads = num_qo_heads;
   m.num_kv_heads = num_kv_heads;
@@ -267,9 +272,6 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   if (m.grid > 0) {
     runtime::launch(m.decode_fn, {m.grid, 1, 1, kDecodeThreads, 1, 1, decode_smem_bytes(m.kv_dtype, m.head_dim)},
                     stream, args, m.kernel_id);
-  }
-  if (m.merge_grid > 0) {
-    runtime::launch(m.merge_fn, {m.merge_grid, 1, 1, 128, 1, 1, 0}, stream, args, m.kernel_id + " merge");
   }
 }
 

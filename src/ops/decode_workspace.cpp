@@ -2,6 +2,7 @@
 
 #include "flashkv/error.h"
 #include "flashkv/runtime.h"
+#include "runtime/driver.h"
 
 namespace flashkv::ops {
 namespace {
@@ -21,7 +22,8 @@ DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
   s.layout = scheduler::decode_plan_layout(s.num_ctas, s.max_work_items, s.max_merge_items);
   s.lse_offset = align16(s.layout.bytes);
   s.o_offset = align16(s.lse_offset + s.partial_rows * sizeof(float));
-  s.total = s.o_offset + s.partial_rows * cfg.head_dim * sizeof(float);
+  s.arrivals_offset = align16(s.o_offset + s.partial_rows * cfg.head_dim * sizeof(float));
+  s.total = s.arrivals_offset + static_cast<size_t>(s.max_merge_items) * sizeof(int);
   return s;
 }
 
@@ -40,7 +42,14 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
   lse_offset_ = s.lse_offset;
   o_offset_ = s.o_offset;
   max_head_dim_ = cfg.head_dim;
+  arrivals_offset_ = s.arrivals_offset;
+  max_merge_items_ = s.max_merge_items;
   layout_ = s.layout;
+  // The merge-arrival counters start at zero; each run leaves them at zero again.
+  runtime::ensure_context(cfg.device);
+  runtime::check_cu(runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + arrivals_offset_), 0,
+                                                   static_cast<size_t>(max_merge_items_)),
+                    "cuMemsetD32(decode merge counters)");
 }
 
 int DecodeWorkspace::slot_capacity(int group, int head_dim) const {
@@ -55,6 +64,7 @@ DecodePlanPtrs DecodeWorkspace::plan_ptrs() const {
   p.work = reinterpret_cast<const DecodeWorkItem*>(base_ + layout_.work);
   p.partial_lse = reinterpret_cast<float*>(base_ + lse_offset_);
   p.partial_o = reinterpret_cast<float*>(base_ + o_offset_);
+  p.merge_arrivals = reinterpret_cast<int*>(base_ + arrivals_offset_);
   return p;
 }
 

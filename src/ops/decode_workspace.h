@@ -2,7 +2,7 @@
 // partial-state buffers. Sized once for the worst case of a BatchDecodeConfig, so every pointer
 // is fixed for the life of the BatchDecode (what CUDA-graph replay needs).
 //
-// Layout: [plan: indptr | work items | merge count | merge items][partial lse][partial o]
+// Layout: [plan: header | indptr | work items, merge items][partial lse][partial o][merge arrivals]
 // Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), DESIGN.md's bound; with GQA
 // group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots.
 #pragma once
@@ -34,13 +34,14 @@ class DecodeWorkspace {
   struct Sizes {
     int num_ctas, max_work_items, max_merge_items;
     scheduler::DecodePlanLayout layout;
-    size_t lse_offset, o_offset, partial_rows, total;
+    size_t lse_offset, o_offset, arrivals_offset, partial_rows, total;
   };
   static Sizes sizes(const BatchDecodeConfig& cfg);
 
   std::byte* base_ = nullptr;
   int num_ctas_ = 0, max_work_items_ = 0;
-  size_t partial_rows_ = 0, lse_offset_ = 0, o_offset_ = 0;
+  size_t partial_rows_ = 0, lse_offset_ = 0, o_offset_ = 0, arrivals_offset_ = 0;
+  int max_merge_items_ = 0;
   int max_head_dim_ = 0;
   scheduler::DecodePlanLayout layout_{};
 };

@@ -19,7 +19,7 @@ namespace flashkv::runtime {
   X(cuGetErrorString) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncSetAttribute)        \
   X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost)        \
   X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync)  \
-  X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuStreamCreate)               \
+  X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuMemsetD32Async) X(cuMemsetD32) X(cuStreamCreate)               \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing) X(cuStreamBeginCapture)    \
   X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy)              \
   X(cuGraphExecDestroy) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                   \
