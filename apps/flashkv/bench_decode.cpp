@@ -131,9 +131,13 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         DecodeSetup st{static_cast<int>(w.lens.size()), sh.num_qo_heads, sh.num_kv_heads, o.head_dim, o.page_size, dt, w.lens};
         build(st, seed++, s);
         BatchDecodeConfig cfg{st.B, st.Hq, st.D};
+        cfg.ctas_per_sm = o.ctas_per_sm;
         DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
         BatchDecode dec(cfg, ws.data(), ws.size());
-        dec.plan(st.indptr.data(), st.last.data(), st.B, st.Hq, st.Hkv, st.D, st.page, dt, dt, dt, {}, s);
+        DecodePlanOptions po;
+        po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
+                     : o.backend == "tc" ? DecodeBackend::kTensorCores : DecodeBackend::kAuto;
+        dec.plan(st.indptr.data(), st.last.data(), st.B, st.Hq, st.Hkv, st.D, st.page, dt, dt, dt, po, s);
         std::vector<PagedKVCache> caches;
         for (int c = 0; c < st.copies; ++c) caches.push_back(device_cache(st, c));
         const size_t q_bytes = size_t(st.B) * st.Hq * st.D * dtype_size(dt);
@@ -151,15 +155,16 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         const double err = check_sampled(st, 0.f);
         const double tbps = st.bytes_moved / (t.median_us * 1e-6) / 1e12;
         const auto info = dec.plan_info();
-        std::printf("%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %d items/%d split, %.1f us\n", w.id.c_str(),
+        std::printf("%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, %.1f us\n", w.id.c_str(),
                     sh.name.c_str(), dtype_name(dt), t.median_us, tbps, 100 * tbps / ceil.read_tbps, err,
-                    info.num_work_items, info.num_split_tiles, info.plan_us);
+                    info.tensor_cores ? "tc" : "cc", info.num_work_items, info.num_split_tiles, info.plan_us);
         std::fflush(stdout);
         rows.push_back({{"workload", w.id}, {"shape", sh.name}, {"dtype", dtype_name(dt)}, {"system", "flashkv"},
                         {"time_us", t.median_us}, {"min_us", t.min_us}, {"tbps", tbps}, {"tflops", nullptr},
                         {"pct_read_ceiling", 100 * tbps / ceil.read_tbps}, {"rel_err", err},
                         {"bytes", st.bytes_moved}, {"copies_rotated", st.copies},
-                        {"work_items", info.num_work_items}, {"split_tiles", info.num_split_tiles}});
+                        {"work_items", info.num_work_items}, {"split_tiles", info.num_split_tiles},
+                        {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"}});
       }
     }
   }

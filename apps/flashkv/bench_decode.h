@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "flashkv/decode.h"
 #include "workloads.h"
 
 namespace flashkv::cli {
@@ -18,6 +19,8 @@ struct DecodeBenchOptions {
   int head_dim = 128;
   int page_size = 16;
   int reps = 30;
+  int ctas_per_sm = 2;  // BatchDecodeConfig.ctas_per_sm
+  std::string backend = "auto";  // auto, cuda, tc
   std::string workloads_file;
 };
 

@@ -91,6 +91,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
   cmd->add_option("--reps", a->decode.reps, "timed repetitions (median reported)")->capture_default_str();
   cmd->add_option("--page-size", a->decode.page_size, "page size")->capture_default_str();
+  cmd->add_option("--ctas-per-sm", a->decode.ctas_per_sm, "persistent decode CTAs per SM")->capture_default_str();
+  cmd->add_option("--decode-backend", a->decode.backend, "auto, cuda (CUDA cores) or tc (tensor cores)")
+      ->check(CLI::IsMember({"auto", "cuda", "tc"}))->capture_default_str();
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
   cmd->callback([a] {
     if (!cuda_available()) return bench_cpu_only(*a);

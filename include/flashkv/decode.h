@@ -31,12 +31,18 @@ struct BatchDecodeConfig {
   int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k)
 };
 
+// Which decode kernel runs. kAuto picks tensor cores wherever their accumulators fit in
+// registers (head_dim 64 with groups up to 32, head_dim 128 with groups up to 16; see
+// decode_tc.cuh) and CUDA cores otherwise (head_dim 256, larger groups).
+enum class DecodeBackend : uint8_t { kAuto, kCudaCores, kTensorCores };
+
 struct DecodePlanOptions {
   float sm_scale = 0.0f;        // 0: 1/sqrt(head_dim)
   int fixed_split_size = 0;     // > 0: split each request's KV in chunks of this many tokens,
                                 // independent of the rest of the batch (batch-invariant output)
   bool disable_split_kv = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
+  DecodeBackend backend = DecodeBackend::kAuto;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
   // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
   // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.
@@ -75,6 +81,7 @@ class BatchDecode {
     int num_split_tiles = 0;
     int64_t chunk_bound = 0;
     double plan_us = 0.0;  // CPU time of the last plan()
+    bool tensor_cores = false;  // which kernel the plan runs
   };
   PlanInfo plan_info() const;
 

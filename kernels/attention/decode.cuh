@@ -13,7 +13,7 @@
 // The kBdz partial softmax states of each head are merged (⊕) through shared memory at the end.
 #pragma once
 
-#include "attention/decode_params.cuh"
+#include "attention/decode_common.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
@@ -69,52 +69,45 @@ struct DecodeConfig {
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
 
-// Global element offsets of one thread's loads of one KV tile. Computed one tile ahead of the
-// loads that use them, so the page-table reads (kv_indices) are in flight during the compute of
-// the current tile and address translation never stalls the copy pipeline.
+// The page ids behind one thread's loads of one KV tile, read a tile ahead and consumed only
+// when that tile's loads are issued, so the page-table reads are never waited on (see
+// decode_tc.cuh: under full memory load even an L2 hit takes microseconds).
 template <class C>
-struct TileAddrs {
-  long long off[C::kLoads];
-  bool valid[C::kLoads];
+struct TilePages {
+  int page[C::kLoads];
 };
 
 template <class C>
-__device__ __forceinline__ void decode_tile_addrs(const DecodeParams& p, const DecodeWorkItem& w,
-                                                  int tile, TileAddrs<C>& a) {
+__device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w,
+                                                  int tile, TilePages<C>& a) {
   const int len = w.kv_end - w.kv_start;
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
-    const int vi = threadIdx.x + j * C::kThreads;
-    const int t = tile * C::kTile + vi / C::kBdx;  // token within the chunk
-    const int lane = vi % C::kBdx;
-    a.valid[j] = t < len;
-    a.off[j] = 0;
-    if (a.valid[j]) {
-      const int pos = w.kv_start + t;  // token within the request
-      const int page = p.kv_indices[w.page_base + pos / C::kPageSize];
-      // Never read outside the cache: an out-of-range page id reads as zeros.
-      a.valid[j] = (unsigned long long)page < (unsigned long long)p.num_pages;
-      a.off[j] = (long long)page * p.page_stride + (long long)(pos % C::kPageSize) * p.token_stride +
-                 (long long)w.kv_head * p.head_stride + lane * C::kVec;
-    }
+    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kBdx;
+    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
   }
 }
 
-// Issues the cp.async loads of one KV tile (addresses from decode_tile_addrs) into `stage`.
+// Issues the cp.async loads of KV tile `tile` into `stage`; out-of-range pages read as zeros.
 template <class C>
-__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const TileAddrs<C>& a,
-                                                  typename C::kv_t* k_smem, typename C::kv_t* v_smem,
-                                                  int stage) {
+__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
+                                                  const TilePages<C>& a, typename C::kv_t* k_smem,
+                                                  typename C::kv_t* v_smem, int stage) {
   typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
   const kv_t* vg = static_cast<const kv_t*>(p.v);
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int vi = threadIdx.x + j * C::kThreads;
+    const int pos = w.kv_start + tile * C::kTile + vi / C::kBdx;
+    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
+    const long long off = valid ? (long long)a.page[j] * p.page_stride +
+                                      (long long)(pos % C::kPageSize) * p.token_stride +
+                                      (long long)w.kv_head * p.head_stride + (vi % C::kBdx) * C::kVec
+                                : 0;
     const int s_off = stage * C::kStageElems + (vi / C::kBdx) * C::kHeadDim + (vi % C::kBdx) * C::kVec;
-    const long long off = a.valid[j] ? a.off[j] : 0;
-    cp_async_16(k_smem + s_off, kg + off, a.valid[j]);
-    cp_async_16(v_smem + s_off, vg + off, a.valid[j]);
+    cp_async_16(k_smem + s_off, kg + off, valid);
+    cp_async_16(v_smem + s_off, vg + off, valid);
   }
 }
 
@@ -151,21 +144,21 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
-  TileAddrs<C> addrs;
+  TilePages<C> pages;
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
-      decode_tile_addrs<C>(p, w, s, addrs);
-      decode_issue_tile<C>(p, addrs, k_smem, v_smem, s);
+      decode_tile_pages<C>(p, w, s, pages);
+      decode_issue_tile<C>(p, w, s, pages, k_smem, v_smem, s);
     }
     cp_async_commit();
   }
-  if (C::kStages - 1 < num_tiles) decode_tile_addrs<C>(p, w, C::kStages - 1, addrs);
+  if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
-    if (next < num_tiles) decode_issue_tile<C>(p, addrs, k_smem, v_smem, next % C::kStages);
+    if (next < num_tiles) decode_issue_tile<C>(p, w, next, pages, k_smem, v_smem, next % C::kStages);
     cp_async_commit();
-    if (next + 1 < num_tiles) decode_tile_addrs<C>(p, w, next + 1, addrs);
+    if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const kv_t* ks = k_smem + (tile % C::kStages) * C::kStageElems;
@@ -248,80 +241,10 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       float o[V];
       st[h].normalized(o);
       const float lse2 = st[h].lse2();
-      if (w.slot < 0) {
-        const int qo_head = w.kv_head * C::kGroup + g;
-        typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)w.request * p.o_stride_n +
-                              (long long)qo_head * p.o_stride_h + tx * V;
-        *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
-        if (p.lse != nullptr && tx == 0) p.lse[(long long)w.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
-      } else {
-        float* po = p.plan.partial_o + ((long long)w.slot * C::kGroup + g) * C::kHeadDim + tx * V;
-        *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
-        *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
-        if (tx == 0) p.plan.partial_lse[(long long)w.slot * C::kGroup + g] = lse2;
-      }
+      decode_store_row<C>(p, w, g, tx * V, o, lse2, tx == 0);
     }
   }
   __syncthreads();  // the shared memory is reused by the next work item
-}
-
-// The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
-// written to the output. Run by the CTA that wrote the tile's last partial state. The partials
-// were written by other CTAs: read them through L2 (__ldcg), never a possibly stale L1 line.
-template <class C>
-__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item) {
-  constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
-  for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
-    const int g = v / (C::kHeadDim / 4);
-    const int col = (v % (C::kHeadDim / 4)) * 4;
-    float m = neg_inf();
-    for (int s = item.slot_begin; s < item.slot_end; ++s) m = fmaxf(m, __ldcg(p.plan.partial_lse + s * C::kGroup + g));
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    float d = 0.f;
-    if (m != neg_inf()) {
-      for (int s = item.slot_begin; s < item.slot_end; ++s) {
-        const float wgt = fast_exp2(__ldcg(p.plan.partial_lse + s * C::kGroup + g) - m);
-        const float4 o = __ldcg(reinterpret_cast<const float4*>(
-            p.plan.partial_o + ((long long)s * C::kGroup + g) * C::kHeadDim + col));
-        acc[0] += wgt * o.x;
-        acc[1] += wgt * o.y;
-        acc[2] += wgt * o.z;
-        acc[3] += wgt * o.w;
-        d += wgt;
-      }
-      const float inv = 1.f / d;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    }
-    const int qo_head = item.kv_head * C::kGroup + g;
-    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
-                          (long long)qo_head * p.o_stride_h + col;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
-    if (p.lse != nullptr && col == 0)
-      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = m == neg_inf() ? neg_inf() : (m + log2f(d)) * kLn2;
-  }
-}
-
-// After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
-// merge the tile here (one launch for decode and merge; no CTA ever waits for another).
-template <class C>
-__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w) {
-  __shared__ int is_last;
-  __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
-    const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
-    is_last = arrived == item.slot_end - item.slot_begin;
-  }
-  __syncthreads();
-  if (is_last) {
-    __threadfence();  // acquire: see the other CTAs' partial states
-    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
-    decode_merge_tile<C>(p, item);
-    if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
-  }
 }
 
 template <class C>

@@ -17,33 +17,46 @@
 namespace flashkv {
 namespace {
 
-constexpr int kDecodeThreads = 128;  // DecodeConfig::kThreads
-
-std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size) {
+std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size, bool tc) {
   const std::string qt = ops::device_type_name(q, "q");
   const std::string kvt = ops::device_type_name(kv, "kv");
-  return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + std::to_string(head_dim) +
-         ", " + std::to_string(group) + ", " + std::to_string(page_size) + ">";
+  const std::string dims = std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
+  return tc ? "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + ">"
+            : "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
 }
 
-// Shared memory of a DecodeConfig (mirrors kSmemBytes in kernels/attention/decode.cuh).
-unsigned decode_smem_bytes(DType kv, int head_dim) {
+// Launch geometry of a config (mirrors kThreads / kSmemBytes in decode.cuh and decode_tc.cuh).
+struct DecodeGeometry {
+  unsigned threads, smem;
+};
+DecodeGeometry decode_geometry(DType kv, int head_dim, int group, bool tc) {
   const int elem = static_cast<int>(dtype_size(kv));
+  if (tc) {
+    const int warps = head_dim <= 128 ? 4 : 2, tile = 16 * warps, stages = 3;
+    const int row_tiles = (group + 15) / 16;
+    return {static_cast<unsigned>(warps * 32),
+            static_cast<unsigned>((row_tiles * 16 * head_dim + 2 * stages * tile * head_dim) * elem)};
+  }
   const int tile = 4096 / head_dim * (2 / elem);
-  return static_cast<unsigned>(2 * 4 * tile * head_dim * elem);
+  return {128u, static_cast<unsigned>(2 * 4 * tile * head_dim * elem)};
 }
 
 }  // namespace
 
 namespace ops {
-KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size) {
-  const std::string cfg = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size);
-  const std::string id = std::string("decode<") + dtype_name(q_dtype) + "," + dtype_name(kv_dtype) +
-                         ",d" + std::to_string(head_dim) + ",g" + std::to_string(group) + ",p" +
-                         std::to_string(page_size) + ">";
-  return {id, [id, cfg] {
-            return make_request(id, "attention/decode.cuh", {"flashkv::batch_decode_kernel<" + cfg + ">"});
-          }};
+bool decode_tc_supported(int head_dim, int group) {
+  // kRowTiles * kDTiles * 4 <= 64 output accumulators per thread (decode_tc.cuh).
+  return (group + 15) / 16 * (head_dim / 8) * 4 <= 64;
+}
+
+KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size, bool tc) {
+  const std::string cfg = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+  const std::string id = std::string(tc ? "decode_tc<" : "decode<") + dtype_name(q_dtype) + "," +
+                         dtype_name(kv_dtype) + ",d" + std::to_string(head_dim) + ",g" +
+                         std::to_string(group) + ",p" + std::to_string(page_size) + ">";
+  const std::string header = tc ? "attention/decode_tc.cuh" : "attention/decode.cuh";
+  const std::string kernel = tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<";
+  return {id, [id, cfg, header, kernel] { return make_request(id, header, {kernel + cfg + ">"}); }};
 }
 }  // namespace ops
 
@@ -59,6 +72,7 @@ struct BatchDecode::Impl {
   DecodePlanOptions opts;
   float sm_scale = 0.f;
   unsigned grid = 0;
+  DecodeGeometry geometry{};
   CUfunction decode_fn = nullptr;
   std::string kernel_id;
   PlanInfo info;
@@ -165,10 +179,16 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   }
 
   // JIT: compile (first use only) at plan time so run() never compiles.
-  const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size);
+  const bool tc_ok = ops::decode_tc_supported(head_dim, group);
+  check(opts.backend != DecodeBackend::kTensorCores || tc_ok, "DecodePlanOptions.backend: the tensor-core ",
+        "decode kernel does not support head_dim ", head_dim, " with a GQA group of ", group);
+  const bool tc = opts.backend == DecodeBackend::kTensorCores || (opts.backend == DecodeBackend::kAuto && tc_ok);
+  const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
   const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
-  const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size);
-  m.decode_fn = mod.function("flashkv::batch_decode_kernel<" + ct + ">");
+  const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+  m.decode_fn = mod.function((tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
+  m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
+  m.info.tensor_cores = tc;
   m.kernel_id = spec.id;
 
   // The previous plan's copy must have left the pinned buffer before it is rewritten.
@@ -270,8 +290,8 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   p.plan = m.ws.plan_ptrs();
   void* args[] = {&p};
   if (m.grid > 0) {
-    runtime::launch(m.decode_fn, {m.grid, 1, 1, kDecodeThreads, 1, 1, decode_smem_bytes(m.kv_dtype, m.head_dim)},
-                    stream, args, m.kernel_id);
+    runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream, args,
+                    m.kernel_id);
   }
 }
 

@@ -15,7 +15,10 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
       for (DType t : opts.dtypes)
         for (int d : opts.head_dims)
           for (int g : opts.group_sizes)
-            for (int p : opts.page_sizes) specs.push_back(ops::decode_kernel_spec(t, t, d, g, p));
+            for (int p : opts.page_sizes) {
+              specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, false));
+              if (ops::decode_tc_supported(d, g)) specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, true));
+            }
     } else {
       fail("precompile: unknown op '", op, "' (expected merge or decode)");
     }

@@ -33,6 +33,9 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
           c.layout = (seed % 2) ? KVLayout::HND : KVLayout::NHD;
           c.interleaved = (seed % 3) == 0;
           c.seed = seed++;
+          // Auto (tensor cores where supported), then the CUDA-core kernel on the same case.
+          expect_decode_ok(c, run_decode_case(c));
+          c.opts.backend = DecodeBackend::kCudaCores;
           expect_decode_ok(c, run_decode_case(c));
         }
       }
@@ -43,12 +46,15 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
 TEST_F(DecodeGpu, BothLayoutsAndInterleavingAgree) {
   for (KVLayout l : {KVLayout::NHD, KVLayout::HND}) {
     for (bool inter : {false, true}) {
+      for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
       DecodeCase c;
+      c.opts.backend = b;
       c.kv_lens = {300, 1, 4000};
       c.layout = l;
       c.interleaved = inter;
       c.seed = 7;
       expect_decode_ok(c, run_decode_case(c));
+      }
     }
   }
 }
@@ -74,13 +80,17 @@ TEST_F(DecodeGpu, AllEmptyAndSingleTokenBatches) {
 }
 
 TEST_F(DecodeGpu, VeryLongRequestSplitsAcrossTheGpu) {
-  DecodeCase c;
-  c.kv_lens = {131072};
-  c.seed = 11;
-  const DecodeOutcome o = run_decode_case(c);
-  expect_decode_ok(c, o);
-  EXPECT_GT(o.plan.num_split_tiles, 0) << "one long request must be split (split-KV)";
-  EXPECT_GE(o.plan.num_work_items, o.plan.num_ctas / 2);
+  for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+    DecodeCase c;
+    c.kv_lens = {131072};
+    c.opts.backend = b;
+    c.seed = 11;
+    const DecodeOutcome o = run_decode_case(c);
+    expect_decode_ok(c, o);
+    EXPECT_EQ(o.plan.tensor_cores, b == DecodeBackend::kTensorCores);
+    EXPECT_GT(o.plan.num_split_tiles, 0) << "one long request must be split (split-KV)";
+    EXPECT_GE(o.plan.num_work_items, o.plan.num_ctas / 2);
+  }
 }
 
 TEST_F(DecodeGpu, Batch1024) {

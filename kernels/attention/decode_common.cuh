@@ -1,0 +1,108 @@
+// Pieces both decode kernels share (CUDA-core decode.cuh, tensor-core decode_tc.cuh): the
+// epilogue that writes one row's normalized output (or its partial state), and the fused merge
+// stage of split tiles. C is the kernel's config: kGroup, kHeadDim, kThreads, o_t.
+#pragma once
+
+#include "attention/decode_params.cuh"
+#include "primitives/types.cuh"
+
+namespace flashkv {
+
+// Writes 8 normalized output elements [col, col + 8) of query head `g` of work item w: to the
+// output when the tile is not split, else to the item's partial-state slot (base-2 LSE).
+template <class C>
+__device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w, int g,
+                                                 int col, const float (&o)[8], float lse2, bool write_lse) {
+  if (w.slot < 0) {
+    const int qo_head = w.kv_head * C::kGroup + g;
+    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)w.request * p.o_stride_n +
+                          (long long)qo_head * p.o_stride_h + col;
+    *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
+    if (p.lse != nullptr && write_lse) p.lse[(long long)w.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+  } else {
+    float* po = p.plan.partial_o + ((long long)w.slot * C::kGroup + g) * C::kHeadDim + col;
+    *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+    *reinterpret_cast<float4*>(po + 4) = make_float4(o[4], o[5], o[6], o[7]);
+    if (write_lse) p.plan.partial_lse[(long long)w.slot * C::kGroup + g] = lse2;
+  }
+}
+
+// The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
+// written to the output. Run by the CTA that wrote the tile's last partial state. The partials
+// were written by other CTAs: read them through L2 (__ldcg), never a possibly stale L1 line.
+template <class C>
+__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item) {
+  constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
+  constexpr int kBatch = 8;  // partial states read per step: 8 L2 reads in flight, not 1
+  for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
+    const int g = v / (C::kHeadDim / 4);
+    const int col = (v % (C::kHeadDim / 4)) * 4;
+    // Online ⊕ over the slots in KV order, kBatch at a time.
+    float m = neg_inf(), d = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s0 = item.slot_begin; s0 < item.slot_end; s0 += kBatch) {
+      float lse[kBatch];
+      float4 o[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int s = s0 + i;
+        const bool ok = s < item.slot_end;
+        lse[i] = ok ? __ldcg(p.plan.partial_lse + s * C::kGroup + g) : neg_inf();
+        o[i] = ok ? __ldcg(reinterpret_cast<const float4*>(p.plan.partial_o +
+                                                           ((long long)s * C::kGroup + g) * C::kHeadDim + col))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float m_new = m;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) m_new = fmaxf(m_new, lse[i]);
+      if (m_new == neg_inf()) continue;  // nothing seen yet
+      const float scale = fast_exp2(m - m_new);
+      d *= scale;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= scale;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const float wgt = fast_exp2(lse[i] - m_new);  // 0 for empty states (lse = -inf)
+        d += wgt;
+        acc[0] += wgt * o[i].x;
+        acc[1] += wgt * o[i].y;
+        acc[2] += wgt * o[i].z;
+        acc[3] += wgt * o[i].w;
+      }
+      m = m_new;
+    }
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    const int qo_head = item.kv_head * C::kGroup + g;
+    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
+                          (long long)qo_head * p.o_stride_h + col;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
+    if (p.lse != nullptr && col == 0)
+      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = d > 0.f ? (m + log2f(d)) * kLn2 : neg_inf();
+  }
+}
+
+// After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
+// merge the tile here (one launch for decode and merge; no CTA ever waits for another).
+template <class C>
+__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w) {
+  __shared__ int is_last;
+  __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
+    const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
+    is_last = arrived == item.slot_end - item.slot_begin;
+  }
+  __syncthreads();
+  if (is_last) {
+    __threadfence();  // acquire: see the other CTAs' partial states
+    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
+    decode_merge_tile<C>(p, item);
+    if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
+  }
+}
+
+}  // namespace flashkv

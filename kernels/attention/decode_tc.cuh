@@ -1,0 +1,305 @@
+// Batch decode on tensor cores: the query rows of a GQA group (padded to 16) are the A operand
+// of mma.sync m16n8k16, so S = Q·Kᵀ and O += P·V each cost a few MMAs per 16 KV tokens instead
+// of ~30 CUDA-core instructions per (token, head) and lane. Same plan, work items, pipeline and
+// epilogue as the CUDA-core kernel (decode.cuh); measured on the H200, the CUDA-core kernel was
+// issue-bound at 46-50% (GQA-4) and 73-89% (MHA) of the read ceiling.
+//
+// CTA: kWarps warps. A KV tile of kTile = 16 * kWarps tokens per pipeline stage; warp w takes
+// tokens [16w, 16w + 16) of every tile and keeps its own online-softmax state for all query rows;
+// the warps' states are merged (⊕) through shared memory at the end of the work item.
+// Shared memory rows are 16-byte chunks XOR-swizzled by row (swizzled_offset), so cp.async
+// writes and ldmatrix reads are bank-conflict free.
+#pragma once
+
+#include "attention/decode_common.cuh"
+#include "primitives/cp_async.cuh"
+#include "primitives/mma.cuh"
+#include "primitives/types.cuh"
+
+namespace flashkv {
+
+template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE>
+struct DecodeTCConfig {
+  using q_t = QT;
+  using kv_t = KVT;
+  using o_t = QT;
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kGroup = GROUP;
+  static constexpr int kPageSize = PAGE_SIZE;
+  static constexpr int kRowTiles = (GROUP + 15) / 16;     // 16-row MMA tiles of query rows
+  static constexpr int kWarps = HEAD_DIM <= 128 ? 4 : 2;  // 32 KB of K+V per stage either way
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kTile = 16 * kWarps;                // KV tokens per stage
+  static constexpr int kStages = 3;
+  static constexpr int kChunks = HEAD_DIM / 8;             // 16-byte chunks per row
+  static constexpr int kStageElems = kTile * HEAD_DIM;
+  static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
+  static constexpr int kQElems = kRowTiles * 16 * HEAD_DIM;
+  // Q, then kStages of K and of V.
+  static constexpr int kSmemBytes = (kQElems + 2 * kStages * kStageElems) * 2;
+  static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of the output
+
+  static_assert(sizeof(QT) == 2 && sizeof(KVT) == 2, "tensor-core decode takes 16-bit q and kv");
+  static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim must be 64, 128 or 256");
+  // 64 f32 accumulators per thread: more spills to local memory (seen with ptxas: head_dim 256
+  // used 255 registers and a 360-byte stack), so larger shapes use the CUDA-core kernel.
+  static_assert(kRowTiles * kDTiles * 4 <= 64, "output accumulators would not fit in registers");
+  static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 2) * 4 <= 2 * kStages * kStageElems * 2,
+                "the cross-warp merge must fit in the pipeline's shared memory");
+};
+
+// The page ids behind one thread's 16-byte chunk loads of one KV tile. Read a tile ahead of
+// their use and consumed only when that tile's loads are issued (an iteration later), so the
+// page-table reads are never waited on: under full memory load even an L2 hit takes microseconds,
+// and waiting on it every tile held the pipeline far below the memory bandwidth.
+template <class C>
+struct TCTilePages {
+  int page[C::kLoads];
+};
+
+template <class C>
+__device__ __forceinline__ void tc_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
+                                              TCTilePages<C>& a) {
+  const int len = w.kv_end - w.kv_start;
+#pragma unroll
+  for (int j = 0; j < C::kLoads; ++j) {
+    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
+    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void tc_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
+                                              const TCTilePages<C>& a, unsigned char* k_stage,
+                                              unsigned char* v_stage) {
+  typedef typename C::kv_t kv_t;
+  const kv_t* kg = static_cast<const kv_t*>(p.k);
+  const kv_t* vg = static_cast<const kv_t*>(p.v);
+#pragma unroll
+  for (int j = 0; j < C::kLoads; ++j) {
+    const int ci = threadIdx.x + j * C::kThreads;
+    const int pos = w.kv_start + tile * C::kTile + ci / C::kChunks;
+    // Past the chunk end (page -1) or an out-of-range page id: zero-fill, never read outside the
+    // cache (zeros also keep P·V free of NaN from stale shared memory).
+    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
+    const long long off = valid ? (long long)a.page[j] * p.page_stride +
+                                      (long long)(pos % C::kPageSize) * p.token_stride +
+                                      (long long)w.kv_head * p.head_stride + (ci % C::kChunks) * 8
+                                : 0;
+    const u32 so = swizzled_offset<C::kChunks>(ci / C::kChunks, ci % C::kChunks);
+    cp_async_16(k_stage + so, kg + off, valid);
+    cp_async_16(v_stage + so, vg + off, valid);
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
+                                                    unsigned char* smem) {
+  typedef typename C::kv_t kv_t;
+  constexpr int R = C::kRowTiles;
+  constexpr int DT = C::kDTiles;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  unsigned char* q_smem = smem;
+  unsigned char* k_smem = smem + C::kQElems * 2;
+  unsigned char* v_smem = k_smem + C::kStages * C::kStageElems * 2;
+
+  // Per thread: rows lane/4 and lane/4 + 8 of each row tile.
+  float o[R][DT][4];
+  float m[R][2], d[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[r][i] = neg_inf();
+      d[r][i] = 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[r][n][e] = 0.f;
+  }
+
+  const int len = w.kv_end - w.kv_start;
+  const int num_tiles = (len + C::kTile - 1) / C::kTile;
+  TCTilePages<C> pages;
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < num_tiles) {
+      tc_tile_pages<C>(p, w, s, pages);
+      tc_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
+    }
+    cp_async_commit();
+  }
+  if (C::kStages - 1 < num_tiles) tc_tile_pages<C>(p, w, C::kStages - 1, pages);
+  // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >= kGroup are zero and never written out).
+  for (int ci = threadIdx.x; ci < R * 16 * C::kChunks; ci += C::kThreads) {
+    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < C::kGroup) {
+      const int qo_head = w.kv_head * C::kGroup + row;
+      val = *reinterpret_cast<const uint4*>(static_cast<const typename C::q_t*>(p.q) +
+                                            (long long)w.request * p.q_stride_n +
+                                            (long long)qo_head * p.q_stride_h + chunk * 8);
+    }
+    *reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, chunk)) = val;
+  }
+
+  const u32 q_base = smem_addr(q_smem);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int next = tile + C::kStages - 1;
+    const int ns = next % C::kStages;
+    if (next < num_tiles) {
+      tc_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2);
+    }
+    cp_async_commit();
+    if (next + 1 < num_tiles) tc_tile_pages<C>(p, w, next + 1, pages);
+    cp_async_wait<C::kStages - 1>();
+    __syncthreads();
+    const int st = tile % C::kStages;
+    const u32 k_base = smem_addr(k_smem + st * C::kStageElems * 2);
+    const u32 v_base = smem_addr(v_smem + st * C::kStageElems * 2);
+
+    // S = Q·Kᵀ over this warp's 16 tokens: per row tile, two n-tiles of 8 tokens.
+    float s[R][2][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[r][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
+      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k hi)
+      const int k_row = warp * 16 + (lane % 8) + 8 * (lane / 16);
+      ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
+      const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        u32 qa[4];
+        const int q_row = r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(qa, q_base + swizzled_offset<C::kChunks>(q_row, 2 * ks + lane / 16));
+        mma_m16n8k16<kv_t>(s[r][0], qa, b0);
+        mma_m16n8k16<kv_t>(s[r][1], qa, b1);
+      }
+    }
+
+    // Online softmax (base 2) per row; masked tokens (past the chunk end) get -inf.
+    const int t0 = tile * C::kTile + warp * 16 + 2 * (lane % 4);
+    u32 pa[R][4];  // P as the A operand of P·V (C-fragment layout of S = A-fragment layout)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+        float x[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int t = t0 + nt * 8 + e;
+            x[nt * 2 + e] = t < len ? s[r][nt][h * 2 + e] * p.sm_scale_log2 : neg_inf();
+          }
+        float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r][h], mx);
+        // All of this row's keys so far masked: keep the state empty (p = 0, no rescale).
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;
+        const float scale = fast_exp2(m[r][h] - m_use);
+        m[r][h] = m_new;
+        float pr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pr[i] = fast_exp2(x[i] - m_use);
+        d[r][h] = d[r][h] * scale + (pr[0] + pr[1] + pr[2] + pr[3]);  // quad-partial sum
+#pragma unroll
+        for (int n = 0; n < DT; ++n) {
+          o[r][n][h * 2] *= scale;
+          o[r][n][h * 2 + 1] *= scale;
+        }
+        pa[r][h] = pack2<kv_t>(pr[0], pr[1]);      // k = tokens 2(lane%4) + {0,1}
+        pa[r][h + 2] = pack2<kv_t>(pr[2], pr[3]);  // k = tokens 8 + 2(lane%4) + {0,1}
+      }
+    }
+
+    // O += P·V: V rows are tokens, so ldmatrix.trans yields the B fragments.
+#pragma unroll
+    for (int j = 0; j < C::kHeadDim / 16; ++j) {
+      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims hi)
+      const int v_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * j + lane / 16));
+      const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        mma_m16n8k16<kv_t>(o[r][2 * j], pa[r], b0);
+        mma_m16n8k16<kv_t>(o[r][2 * j + 1], pa[r], b1);
+      }
+    }
+    __syncthreads();  // this stage is refilled by a later iteration
+  }
+
+  // Merge the warps' states (⊕) through shared memory, then write rows < kGroup.
+  float* o_sm = reinterpret_cast<float*>(k_smem);  // [kWarps][R*16][kHeadDim]
+  float* md_sm = o_sm + C::kWarps * R * 16 * C::kHeadDim;  // [kWarps][R*16][2]
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r * 16 + lane / 4 + 8 * h;
+      float dsum = d[r][h];
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
+      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      if (lane % 4 == 0) {
+        md_sm[(warp * R * 16 + row) * 2] = m[r][h];
+        md_sm[(warp * R * 16 + row) * 2 + 1] = dsum;
+      }
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+        float* dst = o_sm + (warp * R * 16 + row) * C::kHeadDim + n * 8 + 2 * (lane % 4);
+        dst[0] = o[r][n][h * 2];
+        dst[1] = o[r][n][h * 2 + 1];
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int kRowVecs = C::kHeadDim / 8;
+  for (int idx = threadIdx.x; idx < C::kGroup * kRowVecs; idx += C::kThreads) {
+    const int row = idx / kRowVecs, col = (idx % kRowVecs) * 8;
+    float mm = neg_inf();
+#pragma unroll
+    for (int wv = 0; wv < C::kWarps; ++wv) mm = fmaxf(mm, md_sm[(wv * R * 16 + row) * 2]);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float dd = 0.f;
+    if (mm != neg_inf()) {
+#pragma unroll
+      for (int wv = 0; wv < C::kWarps; ++wv) {
+        const float wm = md_sm[(wv * R * 16 + row) * 2];
+        const float sc = wm == neg_inf() ? 0.f : fast_exp2(wm - mm);
+        dd += sc * md_sm[(wv * R * 16 + row) * 2 + 1];
+        const float* src = o_sm + (wv * R * 16 + row) * C::kHeadDim + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
+      }
+    }
+    const float inv = dd > 0.f ? 1.f / dd : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    const float lse2 = dd > 0.f ? mm + log2f(dd) : neg_inf();
+    decode_store_row<C>(p, w, row, col, acc, lse2, col == 0);
+  }
+  __syncthreads();  // the shared memory is reused by the next work item
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) batch_decode_tc_kernel(const DecodeParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int begin = p.plan.cta_work_indptr[blockIdx.x];
+  const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
+  for (int wi = begin; wi < end; ++wi) {
+    const DecodeWorkItem w = p.plan.work[wi];
+    decode_tc_work_item<C>(p, w, smem);
+    if (w.slot >= 0) decode_arrive<C>(p, w);
+  }
+}
+
+}  // namespace flashkv
