@@ -78,6 +78,7 @@ struct BatchDecode::Impl {
   PlanInfo info;
   std::vector<int64_t> kv_lens;
   std::vector<int> slot_merge;
+  scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 };
 
 size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
@@ -166,7 +167,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.disable_split_kv = opts.disable_split_kv;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
-  scheduler::DecodeSchedule s = scheduler::plan_decode(m.kv_lens, so);
+  scheduler::DecodeSchedule& s = m.schedule;
+  scheduler::plan_decode(m.kv_lens, so, &s);
   // The op's part of each work item: where its pages start, and which merge item its partial
   // state belongs to (the CTA that writes a tile's last partial state merges the tile).
   m.slot_merge.assign(s.num_slots, -1);

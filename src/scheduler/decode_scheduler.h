@@ -55,6 +55,10 @@ struct DecodeSchedule {
 // would need more slots or work items than the capacities in `opts` (naming which, and how many).
 // Deterministic: the same inputs always give the same schedule.
 DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts);
+// The same, refilling `out` and reusing its vectors' capacity (plan() calls this every step).
+// On an error `out` is left unchanged.
+void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts,
+                 DecodeSchedule* out);
 
 // Upper bounds used to size the workspace (see DESIGN.md): with dynamic splitting the number of
 // partial slots never exceeds 2 * num_ctas and the number of work items never exceeds

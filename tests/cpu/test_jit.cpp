@@ -24,7 +24,8 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
   o.group_sizes = {4};
   o.page_sizes = {16};
   const auto first = precompile(o);
-  ASSERT_EQ(first.size(), 4u);
+  // merge x 2 dtypes, decode (CUDA cores and tensor cores) x 2 dtypes.
+  ASSERT_EQ(first.size(), 6u);
   // Second time: every entry is found (memory or disk), nothing recompiles.
   for (const auto& k : precompile(o)) EXPECT_FALSE(k.compiled) << k.id;
 }
@@ -33,10 +34,13 @@ TEST(Jit, EveryDecodeShapeCompiles) {
   // The head dims x group sizes users have, including MQA (group 32) and odd groups and pages.
   for (int d : {64, 128, 256}) {
     for (int g : {1, 3, 16, 32}) {
-      const ops::KernelSpec spec = ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1);
-      runtime::CompileRequest req = spec.make();
-      req.arch = "sm_90a";
-      EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
+      for (bool tc : {false, true}) {
+        if (tc && !ops::decode_tc_supported(d, g)) continue;
+        const ops::KernelSpec spec = ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1, tc);
+        runtime::CompileRequest req = spec.make();
+        req.arch = "sm_90a";
+        EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
+      }
     }
   }
 }
