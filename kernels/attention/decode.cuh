@@ -56,6 +56,7 @@ struct DecodeConfig {
   static constexpr int kTokensPerLane = kTile / kBdz;
   static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
   static constexpr int kLoads = kTile * kBdx / kThreads;    // 16-byte loads per thread per stage
+  static constexpr int kChunks = kBdx;                      // 16-byte chunks per K/V row
   static constexpr int kStages = 4;
   static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
   static constexpr int kSmemBytes = 2 * kStages * kStageElems * (int)sizeof(KVT);
@@ -69,29 +70,10 @@ struct DecodeConfig {
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
 
-// The page ids behind one thread's loads of one KV tile, read a tile ahead and consumed only
-// when that tile's loads are issued, so the page-table reads are never waited on (see
-// decode_tc.cuh: under full memory load even an L2 hit takes microseconds).
-template <class C>
-struct TilePages {
-  int page[C::kLoads];
-};
-
-template <class C>
-__device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w,
-                                                  int tile, TilePages<C>& a) {
-  const int len = w.kv_end - w.kv_start;
-#pragma unroll
-  for (int j = 0; j < C::kLoads; ++j) {
-    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kBdx;
-    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
-  }
-}
-
 // Issues the cp.async loads of KV tile `tile` into `stage`; out-of-range pages read as zeros.
 template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                                  const TilePages<C>& a, typename C::kv_t* k_smem,
+                                                  const DecodeTilePages<C>& a, typename C::kv_t* k_smem,
                                                   typename C::kv_t* v_smem, int stage) {
   typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
@@ -144,7 +126,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
-  TilePages<C> pages;
+  DecodeTilePages<C> pages;
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {

@@ -10,6 +10,27 @@ namespace flashkv {
 
 // Writes 8 normalized output elements [col, col + 8) of query head `g` of work item w: to the
 // output when the tile is not split, else to the item's partial-state slot (base-2 LSE).
+// The page ids behind one thread's 16-byte loads of one KV tile (C: kTile tokens of kChunks
+// 16-byte chunks, kLoads loads per thread; -1 past the chunk end). Read a tile ahead of their use
+// and consumed only when that tile's loads are issued, an iteration later, so the page-table
+// reads are never waited on: under full memory load even an L2 hit takes microseconds, and
+// waiting on it every tile held the pipeline far below the memory bandwidth.
+template <class C>
+struct DecodeTilePages {
+  int page[C::kLoads];
+};
+
+template <class C>
+__device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
+                                                  DecodeTilePages<C>& a) {
+  const int len = w.kv_end - w.kv_start;
+#pragma unroll
+  for (int j = 0; j < C::kLoads; ++j) {
+    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
+    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w, int g,
                                                  int col, const float (&o)[8], float lse2, bool write_lse) {

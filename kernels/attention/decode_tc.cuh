@@ -48,29 +48,9 @@ struct DecodeTCConfig {
                 "the cross-warp merge must fit in the pipeline's shared memory");
 };
 
-// The page ids behind one thread's 16-byte chunk loads of one KV tile. Read a tile ahead of
-// their use and consumed only when that tile's loads are issued (an iteration later), so the
-// page-table reads are never waited on: under full memory load even an L2 hit takes microseconds,
-// and waiting on it every tile held the pipeline far below the memory bandwidth.
-template <class C>
-struct TCTilePages {
-  int page[C::kLoads];
-};
-
-template <class C>
-__device__ __forceinline__ void tc_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                              TCTilePages<C>& a) {
-  const int len = w.kv_end - w.kv_start;
-#pragma unroll
-  for (int j = 0; j < C::kLoads; ++j) {
-    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
-    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
-  }
-}
-
 template <class C>
 __device__ __forceinline__ void tc_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                              const TCTilePages<C>& a, unsigned char* k_stage,
+                                              const DecodeTilePages<C>& a, unsigned char* k_stage,
                                               unsigned char* v_stage) {
   typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
@@ -122,16 +102,16 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
-  TCTilePages<C> pages;
+  DecodeTilePages<C> pages;
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
-      tc_tile_pages<C>(p, w, s, pages);
+      decode_tile_pages<C>(p, w, s, pages);
       tc_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
     }
     cp_async_commit();
   }
-  if (C::kStages - 1 < num_tiles) tc_tile_pages<C>(p, w, C::kStages - 1, pages);
+  if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
   // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >= kGroup are zero and never written out).
   for (int ci = threadIdx.x; ci < R * 16 * C::kChunks; ci += C::kThreads) {
     const int row = ci / C::kChunks, chunk = ci % C::kChunks;
@@ -154,7 +134,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       tc_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2);
     }
     cp_async_commit();
-    if (next + 1 < num_tiles) tc_tile_pages<C>(p, w, next + 1, pages);
+    if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const int st = tile % C::kStages;
