@@ -49,7 +49,8 @@ class HostTensor {
 
   // Uniform values in [lo, hi], rounded to the dtype (so what is stored is exactly what any
   // reference reads) and never zero: a zero hides a missed load or a missing scale.
-  // Deterministic for a given seed on every platform.
+  // Deterministic for a given seed on every platform; fills blocks of 64Ki elements in
+  // parallel, each from its own stream, so the values do not depend on the thread count.
   HostTensor& fill_random(uint64_t seed, double lo = -1.0, double hi = 1.0);
   // NaN everywhere (i32: INT32_MIN), so an output element a kernel forgot to write is caught.
   HostTensor& fill_poison();

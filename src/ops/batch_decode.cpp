@@ -99,9 +99,11 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
 }
 
 BatchDecode::~BatchDecode() {
-  if (impl_ && impl_->copy_done) {
-    runtime::driver().cuEventSynchronize(impl_->copy_done);
+  if (!impl_ || !impl_->copy_done) return;
+  try {  // never throw from a destructor
+    runtime::driver().cuEventSynchronize(impl_->copy_done);  // the pinned buffer is freed next
     runtime::driver().cuEventDestroy(impl_->copy_done);
+  } catch (...) {
   }
 }
 
@@ -186,12 +188,14 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         "decode kernel does not support head_dim ", head_dim, " with a GQA group of ", group);
   const bool tc = opts.backend == DecodeBackend::kTensorCores || (opts.backend == DecodeBackend::kAuto && tc_ok);
   const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
-  const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
-  const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
-  m.decode_fn = mod.function((tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
-  m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
+  if (spec.id != m.kernel_id || m.decode_fn == nullptr) {  // same configuration as the last plan: reuse
+    const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
+    const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+    m.decode_fn = mod.function((tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
+    m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
+    m.kernel_id = spec.id;
+  }
   m.info.tensor_cores = tc;
-  m.kernel_id = spec.id;
 
   // The previous plan's copy must have left the pinned buffer before it is rewritten.
   const runtime::Driver& d = runtime::driver();

@@ -62,11 +62,20 @@ struct QOShape {
 };
 QOShape check_qo(const TensorView& q, const TensorView& out, const TensorView& lse);
 
-// Attends query rows [q_begin, q_begin + qo_len) of q over `src` for every query head and writes
-// out and (when defined) lse at the same rows. Causal rows are aligned to the end of the KV.
-void run_request(const TensorView& q, int64_t q_begin, int64_t qo_len, const KVSource& src,
-                 const TensorView& out, const TensorView& lse, int num_kv_heads, double sm_scale,
-                 bool causal);
+// One request of an op: query rows [q_begin, q_begin + qo_len) of q over the K/V rows of `kv`.
+struct Request {
+  int64_t q_begin = 0;
+  int64_t qo_len = 0;
+  KVSource kv;
+};
+
+// Attends each request's query rows over its KV for every query head and writes out and (when
+// defined) lse at the same rows. Causal rows are aligned to the end of the request's KV.
+// The (request, kv head) pairs run in parallel (parallel.h): each writes only its own rows and
+// query heads, and computes every row exactly as a serial loop would, so the output does not
+// depend on the thread count. Requests' query rows must not overlap.
+void run_requests(const TensorView& q, const std::vector<Request>& requests, const TensorView& out,
+                  const TensorView& lse, int num_kv_heads, double sm_scale, bool causal);
 
 // Reads a host i32[batch + 1] prefix-sum array named `name`: starts at 0, non-decreasing, ends
 // at `total` (the number of rows it splits, named `total_name` in the error message).

@@ -15,7 +15,8 @@ using detail::QOShape;
 
 std::vector<int64_t> read_i32(const TensorView& t) {
   std::vector<int64_t> vals(t.size(0));
-  for (int64_t i = 0; i < t.size(0); ++i) vals[i] = t.data_as<const int32_t>()[i * t.stride(0)];
+  const int64_t stride = t.stride(0);  // read once: stride() formats an error message per call
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = t.data_as<const int32_t>()[i * stride];
   return vals;
 }
 
@@ -59,11 +60,13 @@ KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   src.v = kv.v;
   src.k_token.resize(len);
   src.v_token.resize(len);
+  const int64_t k_page = kv.k.stride(0), k_slot = kv.k.stride(token_dim);
+  const int64_t v_page = kv.v.stride(0), v_slot = kv.v.stride(token_dim);
   for (int64_t t = 0; t < len; ++t) {
     const int64_t page = table.indices[table.indptr[i] + t / page_size];
     const int64_t slot = t % page_size;
-    src.k_token[t] = page * kv.k.stride(0) + slot * kv.k.stride(token_dim);
-    src.v_token[t] = page * kv.v.stride(0) + slot * kv.v.stride(token_dim);
+    src.k_token[t] = page * k_page + slot * k_slot;
+    src.v_token[t] = page * v_page + slot * v_slot;
   }
   src.k_head_stride = kv.k.stride(head_dim);
   src.v_head_stride = kv.v.stride(head_dim);
@@ -81,11 +84,12 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   check(qo.rows == kv.batch_size(), "q: batch size ", qo.rows, " (shape ", q.shape_str(),
         ") does not match paged_kv's batch size ", kv.batch_size());
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
-  // One query row per request: the causal mask (aligned to the end of the KV) hides nothing.
+  std::vector<detail::Request> requests;
   for (int i = 0; i < kv.batch_size(); ++i) {
-    detail::run_request(q, i, 1, paged_source(kv, table, i), out, lse, kv.num_kv_heads(), sm_scale,
-                        /*causal=*/false);
+    requests.push_back({.q_begin = i, .qo_len = 1, .kv = paged_source(kv, table, i)});
   }
+  // One query row per request: the causal mask (aligned to the end of the KV) hides nothing.
+  detail::run_requests(q, requests, out, lse, kv.num_kv_heads(), sm_scale, /*causal=*/false);
 }
 
 void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, const PagedKVCache& kv,
@@ -99,10 +103,13 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, const
         "qo_indptr: expected batch + 1 = ", kv.batch_size() + 1,
         " entries (as paged_kv.indptr), got ", qo_ptr.size());
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
+  std::vector<detail::Request> requests;
   for (int i = 0; i < kv.batch_size(); ++i) {
-    detail::run_request(q, qo_ptr[i], qo_ptr[i + 1] - qo_ptr[i], paged_source(kv, table, i), out,
-                        lse, kv.num_kv_heads(), sm_scale, opts.causal);
+    requests.push_back({.q_begin = qo_ptr[i],
+                        .qo_len = qo_ptr[i + 1] - qo_ptr[i],
+                        .kv = paged_source(kv, table, i)});
   }
+  detail::run_requests(q, requests, out, lse, kv.num_kv_heads(), sm_scale, opts.causal);
 }
 
 }  // namespace flashkv::reference

@@ -64,9 +64,11 @@ DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(de
   ptr_ = reinterpret_cast<void*>(p);
 }
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) {
+  if (!ptr_) return;
+  try {  // a destructor must not throw (e.g. at process exit, with the driver shutting down)
     runtime::ensure_context(device_);
     driver().cuMemFree(reinterpret_cast<CUdeviceptr>(ptr_));
+  } catch (...) {
   }
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
@@ -107,7 +109,11 @@ PinnedBuffer::PinnedBuffer(size_t bytes, int device) : bytes_(bytes) {
   if (bytes > 0) check_cu(driver().cuMemAllocHost(&ptr_, bytes), "cuMemAllocHost");
 }
 PinnedBuffer::~PinnedBuffer() {
-  if (ptr_) driver().cuMemFreeHost(ptr_);
+  if (!ptr_) return;
+  try {
+    driver().cuMemFreeHost(ptr_);
+  } catch (...) {
+  }
 }
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
     : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
@@ -128,7 +134,7 @@ Stream create_stream(int device) {
   return s;
 }
 void destroy_stream(Stream s) {
-  if (s) driver().cuStreamDestroy(s);
+  if (s) check_cu(driver().cuStreamDestroy(s), "cuStreamDestroy");
 }
 void synchronize(Stream s) { check_cu(driver().cuStreamSynchronize(s), "cuStreamSynchronize"); }
 void device_synchronize(int device) {
@@ -145,8 +151,11 @@ EventTimer::EventTimer(int device) {
   stop_ = b;
 }
 EventTimer::~EventTimer() {
-  driver().cuEventDestroy(static_cast<CUevent>(start_));
-  driver().cuEventDestroy(static_cast<CUevent>(stop_));
+  try {
+    driver().cuEventDestroy(static_cast<CUevent>(start_));
+    driver().cuEventDestroy(static_cast<CUevent>(stop_));
+  } catch (...) {
+  }
 }
 void EventTimer::start(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(start_), s), "cuEventRecord"); }
 void EventTimer::stop(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(stop_), s), "cuEventRecord"); }

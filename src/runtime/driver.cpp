@@ -83,7 +83,8 @@ void check_cu(CUresult r, const std::string& what) {
 void ensure_context(int device) {
   const Driver& d = driver();
   static std::mutex mu;
-  static std::vector<CUcontext> contexts;
+  // Leaked on purpose: destructors of objects with static storage may still call this at exit.
+  static std::vector<CUcontext>& contexts = *new std::vector<CUcontext>;
   CUcontext ctx = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu);

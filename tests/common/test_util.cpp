@@ -69,20 +69,25 @@ PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_si
   c.k_ragged.fill_random(derive_seed(seed, 1));
   c.v_ragged.fill_random(derive_seed(seed, 2));
 
+  // Page slots past a request's last token get values too (not NaN: kernels may legitimately
+  // read a whole page and mask, and 0 * NaN is NaN), drawn in (slot, head, dim) order.
+  const int64_t num_pad = num_pages * page_size - nnz;
+  HostTensor k_pad(dtype, {num_pad, num_kv_heads, head_dim});
+  HostTensor v_pad(dtype, {num_pad, num_kv_heads, head_dim});
+  k_pad.fill_random(derive_seed(seed, 4));
+  v_pad.fill_random(derive_seed(seed, 5));
+
   const bool nhd = layout == KVLayout::NHD;
   const std::vector<int64_t> page_shape =
       nhd ? std::vector<int64_t>{page_size, num_kv_heads, head_dim}
           : std::vector<int64_t>{num_kv_heads, page_size, head_dim};
   if (interleaved) {
     c.kv = HostTensor(dtype, {num_pages, 2, page_shape[0], page_shape[1], page_shape[2]});
-    c.kv.fill_random(derive_seed(seed, 4));
     c.cache = PagedKVCache::interleaved(c.kv.view(), layout, c.indptr.view(), c.indices.view(),
                                         c.last_page_len.view());
   } else {
     c.k = HostTensor(dtype, {num_pages, page_shape[0], page_shape[1], page_shape[2]});
     c.v = HostTensor(dtype, c.k.shape());
-    c.k.fill_random(derive_seed(seed, 4));
-    c.v.fill_random(derive_seed(seed, 5));
     c.cache = PagedKVCache{.k = c.k.view(),
                            .v = c.v.view(),
                            .layout = layout,
@@ -91,25 +96,33 @@ PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_si
                            .last_page_len = c.last_page_len.view()};
   }
 
-  // Scatter the logical KV into the pages through the cache's own strides.
+  // Copy each (token, head) row of head_dim elements into its page slot through the cache's own
+  // strides: the logical KV for the request's tokens, the padding for the slots after them.
+  // Every view here comes from a contiguous HostTensor, so a row is contiguous (stride(3) == 1).
   const TensorView& k = c.cache.k;
   const TensorView& v = c.cache.v;
   const int tok_dim = nhd ? 1 : 2, head_dim_idx = nhd ? 2 : 1;
+  const size_t elem = dtype_size(dtype), row_bytes = head_dim * elem;
+  // Strides read once: TensorView::stride() formats an error message on every call.
+  const int64_t k_s[3] = {k.stride(0), k.stride(tok_dim), k.stride(head_dim_idx)};
+  const int64_t v_s[3] = {v.stride(0), v.stride(tok_dim), v.stride(head_dim_idx)};
+  auto row = [&](const TensorView& t, const int64_t* s, int64_t page, int64_t slot, int h) {
+    return static_cast<char*>(t.data()) + (page * s[0] + slot * s[1] + h * s[2]) * elem;
+  };
+  int64_t pad = 0;
   for (int64_t i = 0; i < batch; ++i) {
-    for (int64_t t = 0; t < kv_lens[i]; ++t) {
+    for (int64_t t = 0; t < (indptr[i + 1] - indptr[i]) * page_size; ++t) {
       const int64_t page = perm[indptr[i] + t / page_size], slot = t % page_size;
+      const bool token = t < kv_lens[i];
+      const HostTensor& k_src = token ? c.k_ragged : k_pad;
+      const HostTensor& v_src = token ? c.v_ragged : v_pad;
+      const int64_t src_row = token ? ragged_ptr[i] + t : pad++;
       for (int h = 0; h < num_kv_heads; ++h) {
-        for (int d = 0; d < head_dim; ++d) {
-          const int64_t src = ((ragged_ptr[i] + t) * num_kv_heads + h) * head_dim + d;
-          store_from_double(k.data(), dtype,
-                            page * k.stride(0) + slot * k.stride(tok_dim) +
-                                h * k.stride(head_dim_idx) + d * k.stride(3),
-                            c.k_ragged.get(src));
-          store_from_double(v.data(), dtype,
-                            page * v.stride(0) + slot * v.stride(tok_dim) +
-                                h * v.stride(head_dim_idx) + d * v.stride(3),
-                            c.v_ragged.get(src));
-        }
+        const size_t src = ((src_row * num_kv_heads + h) * head_dim) * elem;
+        std::memcpy(row(k, k_s, page, slot, h), static_cast<const char*>(k_src.data()) + src,
+                    row_bytes);
+        std::memcpy(row(v, v_s, page, slot, h), static_cast<const char*>(v_src.data()) + src,
+                    row_bytes);
       }
     }
   }

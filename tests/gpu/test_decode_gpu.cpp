@@ -3,6 +3,7 @@
 
 #include <random>
 
+#include "flashkv/error.h"
 #include "flashkv/reference.h"
 #include "gpu/decode_case.h"
 
@@ -129,6 +130,64 @@ TEST_F(DecodeGpu, SplitOptions) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace flashkv::test
+
+namespace flashkv::test {
+namespace {
+
+// single_decode over contiguous KV (NHD and HND) and batch_decode with host page tables, on the
+// library's cached per-device decoder, vs the reference.
+TEST_F(DecodeGpu, ConvenienceFunctions) {
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+    for (int64_t len : {0, 1, 777, 40000}) {
+      const int Hq = 32, Hkv = 8, D = 128;
+      HostTensor q(DType::f16, {Hq, D});
+      q.fill_random(len + 1);
+      std::vector<int64_t> kshape = layout == KVLayout::NHD ? std::vector<int64_t>{len, Hkv, D}
+                                                           : std::vector<int64_t>{Hkv, len, D};
+      HostTensor k(DType::f16, kshape), v(DType::f16, kshape);
+      if (len > 0) {
+        k.fill_random(len + 2);
+        v.fill_random(len + 3);
+      }
+      HostTensor ref(DType::f32, {Hq, D}), ref_lowp(DType::f16, {Hq, D}), ref_lse(DType::f32, {Hq});
+      reference::single_decode(q.view(), k.view(), v.view(), ref.view(), ref_lse.view(), layout);
+      for (int64_t i = 0; i < ref.numel(); ++i) ref_lowp.set(i, ref.get(i));
+      auto dq = to_device(q), dk = to_device(k), dv = to_device(v);
+      HostTensor out(DType::f16, {Hq, D}), lse(DType::f32, {Hq});
+      auto dout = poisoned_like(out), dlse = poisoned_like(lse);
+      single_decode(dq.view, dk.view, dv.view, dout.view, dlse.view, layout);
+      synchronize();
+      to_host(dout, out);
+      to_host(dlse, lse);
+      EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::f16))
+          << "single_decode len " << len << " " << kv_layout_name(layout);
+      EXPECT_LE(rel_err(lse.to_doubles(), ref_lse.to_doubles()), 1e-4);
+    }
+  }
+  // batch_decode: host indptr / last_page_len, device k, v, indices.
+  PagedCacheHost cache = make_paged_cache({5, 0, 3000, 64}, 16, 8, 128, KVLayout::NHD, DType::bf16, 9);
+  DeviceCache dc = to_device(cache);
+  PagedKVCache mixed = dc.cache;
+  mixed.indptr = cache.indptr.view();
+  mixed.last_page_len = cache.last_page_len.view();
+  HostTensor q(DType::bf16, {4, 32, 128});
+  q.fill_random(10);
+  HostTensor ref(DType::f32, {4, 32, 128}), ref_lowp(DType::bf16, {4, 32, 128});
+  reference::batch_decode(q.view(), cache.cache, ref.view(), TensorView());
+  for (int64_t i = 0; i < ref.numel(); ++i) ref_lowp.set(i, ref.get(i));
+  auto dq = to_device(q);
+  HostTensor out(DType::bf16, {4, 32, 128});
+  auto dout = poisoned_like(out);
+  batch_decode(dq.view, mixed, dout.view, TensorView());
+  synchronize();
+  to_host(dout, out);
+  EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::bf16));
+  // Device indptr is refused with a message saying why.
+  EXPECT_THROW(batch_decode(dq.view, dc.cache, dout.view, TensorView()), Error);
 }
 
 }  // namespace
