@@ -57,6 +57,8 @@ struct DecodeConfig {
   static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
   static constexpr int kLoads = kTile * kBdx / kThreads;    // 16-byte loads per thread per stage
   static constexpr int kChunks = kBdx;                      // 16-byte chunks per K/V row
+  // Stage layout: plain rows (threads of one token row read consecutive 16-byte chunks).
+  __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) { return (u32)((row * kChunks + chunk) * 16); }
   static constexpr int kStages = 4;
   static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
   static constexpr int kSmemBytes = 2 * kStages * kStageElems * (int)sizeof(KVT);
@@ -69,29 +71,6 @@ struct DecodeConfig {
   static_assert(kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
-
-// Issues the cp.async loads of KV tile `tile` into `stage`; out-of-range pages read as zeros.
-template <class C>
-__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                                  const DecodeTilePages<C>& a, typename C::kv_t* k_smem,
-                                                  typename C::kv_t* v_smem, int stage) {
-  typedef typename C::kv_t kv_t;
-  const kv_t* kg = static_cast<const kv_t*>(p.k);
-  const kv_t* vg = static_cast<const kv_t*>(p.v);
-#pragma unroll
-  for (int j = 0; j < C::kLoads; ++j) {
-    const int vi = threadIdx.x + j * C::kThreads;
-    const int pos = w.kv_start + tile * C::kTile + vi / C::kBdx;
-    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
-    const long long off = valid ? (long long)a.page[j] * p.page_stride +
-                                      (long long)(pos % C::kPageSize) * p.token_stride +
-                                      (long long)w.kv_head * p.head_stride + (vi % C::kBdx) * C::kVec
-                                : 0;
-    const int s_off = stage * C::kStageElems + (vi / C::kBdx) * C::kHeadDim + (vi % C::kBdx) * C::kVec;
-    cp_async_16(k_smem + s_off, kg + off, valid);
-    cp_async_16(v_smem + s_off, vg + off, valid);
-  }
-}
 
 // Runs one work item: attention of the group's query heads over the item's KV range.
 template <class C>
@@ -126,19 +105,25 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
+  auto stage_bytes = [](kv_t* base, int stage) {
+    return reinterpret_cast<unsigned char*>(base + stage * C::kStageElems);
+  };
   DecodeTilePages<C> pages;
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
       decode_tile_pages<C>(p, w, s, pages);
-      decode_issue_tile<C>(p, w, s, pages, k_smem, v_smem, s);
+      decode_issue_tile<C>(p, w, s, pages, stage_bytes(k_smem, s), stage_bytes(v_smem, s));
     }
     cp_async_commit();
   }
   if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
-    if (next < num_tiles) decode_issue_tile<C>(p, w, next, pages, k_smem, v_smem, next % C::kStages);
+    if (next < num_tiles) {
+      const int ns = next % C::kStages;
+      decode_issue_tile<C>(p, w, next, pages, stage_bytes(k_smem, ns), stage_bytes(v_smem, ns));
+    }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/decode_params.cuh"
+#include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
 
 namespace flashkv {
@@ -28,6 +29,34 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
   for (int j = 0; j < C::kLoads; ++j) {
     const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
     a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
+  }
+}
+
+// Issues the cp.async loads of KV tile `tile` into one pipeline stage (byte pointers to its K
+// and V tiles). Each config lays a stage out with C::chunk_offset(row, chunk) (bytes): plain rows
+// for the CUDA-core kernel, XOR-swizzled rows for ldmatrix in the tensor-core kernel. Past the
+// chunk end (page -1) or on an out-of-range page id the 16 bytes are zero-filled: nothing is read
+// outside the cache, and zeros keep P·V free of NaN from stale shared memory.
+template <class C>
+__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
+                                                  const DecodeTilePages<C>& a, unsigned char* k_stage,
+                                                  unsigned char* v_stage) {
+  typedef typename C::kv_t kv_t;
+  const kv_t* kg = static_cast<const kv_t*>(p.k);
+  const kv_t* vg = static_cast<const kv_t*>(p.v);
+#pragma unroll
+  for (int j = 0; j < C::kLoads; ++j) {
+    const int ci = threadIdx.x + j * C::kThreads;
+    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
+    const int pos = w.kv_start + tile * C::kTile + row;
+    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
+    const long long off = valid ? (long long)a.page[j] * p.page_stride +
+                                      (long long)(pos % C::kPageSize) * p.token_stride +
+                                      (long long)w.kv_head * p.head_stride + chunk * (16 / (int)sizeof(kv_t))
+                                : 0;
+    const u32 so = C::chunk_offset(row, chunk);
+    cp_async_16(k_stage + so, kg + off, valid);
+    cp_async_16(v_stage + so, vg + off, valid);
   }
 }
 

@@ -38,6 +38,10 @@ struct DecodeTCConfig {
   // Q, then kStages of K and of V.
   static constexpr int kSmemBytes = (kQElems + 2 * kStages * kStageElems) * 2;
   static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of the output
+  // Stage layout: rows XOR-swizzled by 16-byte chunk, so ldmatrix reads are bank-conflict free.
+  __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) {
+    return swizzled_offset<kChunks>(row, chunk);
+  }
 
   static_assert(sizeof(QT) == 2 && sizeof(KVT) == 2, "tensor-core decode takes 16-bit q and kv");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim must be 64, 128 or 256");
@@ -47,30 +51,6 @@ struct DecodeTCConfig {
   static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 2) * 4 <= 2 * kStages * kStageElems * 2,
                 "the cross-warp merge must fit in the pipeline's shared memory");
 };
-
-template <class C>
-__device__ __forceinline__ void tc_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                              const DecodeTilePages<C>& a, unsigned char* k_stage,
-                                              unsigned char* v_stage) {
-  typedef typename C::kv_t kv_t;
-  const kv_t* kg = static_cast<const kv_t*>(p.k);
-  const kv_t* vg = static_cast<const kv_t*>(p.v);
-#pragma unroll
-  for (int j = 0; j < C::kLoads; ++j) {
-    const int ci = threadIdx.x + j * C::kThreads;
-    const int pos = w.kv_start + tile * C::kTile + ci / C::kChunks;
-    // Past the chunk end (page -1) or an out-of-range page id: zero-fill, never read outside the
-    // cache (zeros also keep P·V free of NaN from stale shared memory).
-    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
-    const long long off = valid ? (long long)a.page[j] * p.page_stride +
-                                      (long long)(pos % C::kPageSize) * p.token_stride +
-                                      (long long)w.kv_head * p.head_stride + (ci % C::kChunks) * 8
-                                : 0;
-    const u32 so = swizzled_offset<C::kChunks>(ci / C::kChunks, ci % C::kChunks);
-    cp_async_16(k_stage + so, kg + off, valid);
-    cp_async_16(v_stage + so, vg + off, valid);
-  }
-}
 
 template <class C>
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
@@ -107,7 +87,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
       decode_tile_pages<C>(p, w, s, pages);
-      tc_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
+      decode_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
     }
     cp_async_commit();
   }
@@ -131,7 +111,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     const int next = tile + C::kStages - 1;
     const int ns = next % C::kStages;
     if (next < num_tiles) {
-      tc_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2);
+      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
