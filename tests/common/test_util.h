@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "flashkv/dtype.h"
+#include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
 #include "flashkv/paged_kv.h"
 #include "flashkv/tensor.h"
@@ -96,5 +97,18 @@ ToleranceCheck check_tolerance(const std::vector<double>& out, const std::vector
                                              const std::vector<double>& ref,
                                              const std::vector<double>& ref_lowp,
                                              DType compute_dtype);
+
+// Runs `fn`, which must throw flashkv::Error, and returns the message (a test failure if it
+// does not throw).
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected flashkv::Error";
+  return "";
+}
 
 }  // namespace flashkv::test

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/test_util.h"
 #include "flashkv/error.h"
 #include "scheduler/decode_scheduler.h"
 
@@ -208,17 +209,7 @@ void expect_same(const DecodeSchedule& a, const DecodeSchedule& b) {
             std::memcmp(a.merge.data(), b.merge.data(), a.merge.size() * sizeof(DecodeMergeItem)));
 }
 
-// Runs `fn`, which must throw flashkv::Error, and returns the message.
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected flashkv::Error";
-  return "";
-}
+using test::error_of;
 
 TEST(DecodeScheduler, CoversEveryTokenOnceAndBalances) {
   const std::vector<std::vector<int64_t>> batches = {{1},

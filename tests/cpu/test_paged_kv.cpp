@@ -6,22 +6,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/test_util.h"
 #include "flashkv/error.h"
 #include "flashkv/paged_kv.h"
 
 namespace flashkv {
 namespace {
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected flashkv::Error";
-  return "";
-}
+using test::error_of;
 
 #define EXPECT_ERROR_HAS(stmt, text)                                      \
   do {                                                                    \

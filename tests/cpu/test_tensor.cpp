@@ -4,23 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "flashkv/error.h"
 #include "flashkv/tensor.h"
 
 namespace flashkv {
 namespace {
 
-// Runs `fn`, expects a flashkv::Error, and returns its message.
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected flashkv::Error";
-  return "";
-}
+using test::error_of;
 
 TEST(TensorDevice, Str) {
   EXPECT_EQ(Device::cpu().str(), "cpu");
