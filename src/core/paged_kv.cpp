@@ -21,8 +21,10 @@ void check_index_tensor(const TensorView& t, const char* name) {
 }
 
 void check_on_host(const TensorView& t, const char* name) {
-  check(t.device().is_cpu(), name, ": expected device cpu, got ", t.device().str(),
+  if (!(t.device().is_cpu())) {
+    fail(name, ": expected device cpu, got ", t.device().str(),
         " (the page table is read on the host; pass a host copy)");
+  }
 }
 
 }  // namespace
@@ -84,21 +86,28 @@ void PagedKVCache::validate_shapes() const {
   check_dtype_in(k, "paged_kv.k", {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2});
   check(v.dtype() == k.dtype(), "paged_kv.v: expected dtype ", dtype_name(k.dtype()),
         " (same as paged_kv.k), got ", dtype_name(v.dtype()));
-  check(v.ndim() == 4 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
-            v.size(2) == k.size(2) && v.size(3) == k.size(3),
-        "paged_kv.v: expected shape ", k.shape_str(), " (same as paged_kv.k), got ", v.shape_str());
-  check(v.device() == k.device(), "paged_kv.v: expected device ", k.device().str(),
+  if (!(v.ndim() == 4 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
+            v.size(2) == k.size(2) && v.size(3) == k.size(3))) {
+    fail("paged_kv.v: expected shape ", k.shape_str(), " (same as paged_kv.k), got ", v.shape_str());
+  }
+  if (!(v.device() == k.device())) {
+    fail("paged_kv.v: expected device ", k.device().str(),
         " (same as paged_kv.k), got ", v.device().str());
+  }
   // Kernels address k and v with one set of strides (page_stride() etc. come from k).
   for (int d = 0; d < 4; ++d) {
     check(v.stride(d) == k.stride(d) || v.size(d) <= 1, "paged_kv.v: stride(", d,
           ") = ", v.stride(d), " differs from paged_kv.k stride(", d, ") = ", k.stride(d),
           ": k and v must share one ", kv_layout_name(layout), " layout");
   }
-  check(page_size() >= 1, "paged_kv.k: page_size must be >= 1, got ", page_size(), " (shape ",
+  if (!(page_size() >= 1)) {
+    fail("paged_kv.k: page_size must be >= 1, got ", page_size(), " (shape ",
         k.shape_str(), ", layout ", kv_layout_name(layout), ")");
-  check(num_kv_heads() >= 1, "paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(),
+  }
+  if (!(num_kv_heads() >= 1)) {
+    fail("paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(),
         " (shape ", k.shape_str(), ", layout ", kv_layout_name(layout), ")");
+  }
   check(head_dim() >= 1, "paged_kv.k: head_dim must be >= 1, got ", head_dim());
   check_last_dim_contiguous(k, "paged_kv.k");
   check_last_dim_contiguous(v, "paged_kv.v");
@@ -106,13 +115,16 @@ void PagedKVCache::validate_shapes() const {
   check_index_tensor(indptr, "paged_kv.indptr");
   check_index_tensor(indices, "paged_kv.indices");
   check_index_tensor(last_page_len, "paged_kv.last_page_len");
-  check(indptr.size(0) >= 1,
-        "paged_kv.indptr: expected shape [batch + 1] with at least 1 entry, "
+  if (!(indptr.size(0) >= 1)) {
+    fail("paged_kv.indptr: expected shape [batch + 1] with at least 1 entry, "
         "got ",
         indptr.shape_str());
-  check(last_page_len.size(0) == batch_size(), "paged_kv.last_page_len: expected shape [",
+  }
+  if (!(last_page_len.size(0) == batch_size())) {
+    fail("paged_kv.last_page_len: expected shape [",
         batch_size(), "] (batch, from paged_kv.indptr ", indptr.shape_str(), "), got ",
         last_page_len.shape_str());
+  }
 }
 
 void PagedKVCache::validate() const {

@@ -103,15 +103,19 @@ TensorView::TensorView(void* data, DType dtype, int ndim, const int64_t* shape,
 
 int64_t TensorView::size(int dim) const {
   const int d = dim < 0 ? dim + ndim_ : dim;
-  check(d >= 0 && d < ndim_, "TensorView::size: dim ", dim, " is out of range for a ", ndim_,
-        "-d tensor ", shape_str());
+  // shape_str() only on failure: size() and stride() sit in per-element loops.
+  if (d < 0 || d >= ndim_) {
+    fail("TensorView::size: dim ", dim, " is out of range for a ", ndim_, "-d tensor ", shape_str());
+  }
   return shape_[d];
 }
 
 int64_t TensorView::stride(int dim) const {
   const int d = dim < 0 ? dim + ndim_ : dim;
-  check(d >= 0 && d < ndim_, "TensorView::stride: dim ", dim, " is out of range for a ", ndim_,
-        "-d tensor ", shape_str());
+  // shape_str() only on failure: size() and stride() sit in per-element loops.
+  if (d < 0 || d >= ndim_) {
+    fail("TensorView::stride: dim ", dim, " is out of range for a ", ndim_, "-d tensor ", shape_str());
+  }
   return strides_[d];
 }
 
@@ -179,8 +183,10 @@ void check_dtype_in(const TensorView& t, const char* name, std::initializer_list
 }
 
 void check_ndim(const TensorView& t, const char* name, int ndim) {
-  check(t.ndim() == ndim, name, ": expected ", ndim, "-d tensor, got ", t.ndim(), "-d with shape ",
+  if (!(t.ndim() == ndim)) {
+    fail(name, ": expected ", ndim, "-d tensor, got ", t.ndim(), "-d with shape ",
         t.shape_str());
+  }
 }
 
 void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected) {
@@ -191,12 +197,16 @@ void check_shape(const TensorView& t, const char* name, std::initializer_list<in
     ok = e < 0 || t.size(d) == e;
     ++d;
   }
-  check(ok, name, ": expected shape ", pattern_str(expected), ", got ", t.shape_str());
+  if (!(ok)) {
+    fail(name, ": expected shape ", pattern_str(expected), ", got ", t.shape_str());
+  }
 }
 
 void check_device(const TensorView& t, const char* name, Device expected) {
-  check(t.device() == expected, name, ": expected device ", expected.str(), ", got ",
+  if (!(t.device() == expected)) {
+    fail(name, ": expected device ", expected.str(), ", got ",
         t.device().str());
+  }
 }
 
 void check_contiguous(const TensorView& t, const char* name) {
@@ -212,9 +222,11 @@ void check_contiguous(const TensorView& t, const char* name) {
 void check_last_dim_contiguous(const TensorView& t, const char* name) {
   check(t.ndim() >= 1, name, ": expected at least 1 dimension, got a 0-d tensor");
   // A last dimension of size 1 has no meaningful stride.
-  check(t.stride(-1) == 1 || t.size(-1) <= 1, name,
+  if (!(t.stride(-1) == 1 || t.size(-1) <= 1)) {
+    fail(name,
         ": expected the last dimension to have stride 1, got stride ", t.stride(-1), " (shape ",
         t.shape_str(), ")");
+  }
 }
 
 void check_aligned(const TensorView& t, const char* name, size_t bytes) {

@@ -32,8 +32,10 @@ Device common_device(std::initializer_list<std::pair<const char*, const TensorVi
       first_name = name;
       dev = t->device();
     } else {
-      check(t->device() == dev, name, ": expected device ", dev.str(), " (the device of ",
+      if (!(t->device() == dev)) {
+        fail(name, ": expected device ", dev.str(), " (the device of ",
             first_name, "), got ", t->device().str());
+      }
     }
   }
   return dev;
