@@ -7,8 +7,8 @@
 
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
-#include "flashkv/reference.h"
 #include "flashkv/host_tensor.h"
+#include "flashkv/reference.h"
 
 namespace flashkv::cli {
 namespace {
@@ -38,7 +38,8 @@ void build(DecodeSetup& st, uint64_t seed, Stream s) {
   }
   st.pages_per_copy = st.indptr.back();
   const size_t kv_bytes = size_t(tokens) * st.Hkv * st.D * 2 * dtype_size(st.dt);
-  st.copies = static_cast<int>(std::clamp<size_t>((kL2RotateBytes + kv_bytes - 1) / std::max<size_t>(kv_bytes, 1), 1, 8));
+  st.copies = static_cast<int>(
+      std::clamp<size_t>((kL2RotateBytes + kv_bytes - 1) / std::max<size_t>(kv_bytes, 1), 1, 8));
   const size_t page_elems = size_t(st.page) * st.Hkv * st.D;
   const size_t total_pages = size_t(st.pages_per_copy) * st.copies;
   st.k = DeviceBuffer(total_pages * page_elems * dtype_size(st.dt));
@@ -66,8 +67,8 @@ PagedKVCache device_cache(const DecodeSetup& st, int copy) {
   PagedKVCache c;
   c.k = TensorView(st.k.data(), st.dt, {total_pages, st.page, st.Hkv, st.D}, Device::cuda(0));
   c.v = TensorView(st.v.data(), st.dt, {total_pages, st.page, st.Hkv, st.D}, Device::cuda(0));
-  c.indices = TensorView(static_cast<int32_t*>(st.idx.data()) + copy * st.pages_per_copy, DType::i32,
-                         {std::max<int64_t>(st.pages_per_copy, 1)}, Device::cuda(0));
+  c.indices = TensorView(static_cast<int32_t*>(st.idx.data()) + copy * st.pages_per_copy,
+                         DType::i32, {std::max<int64_t>(st.pages_per_copy, 1)}, Device::cuda(0));
   // indptr / last_page_len are only read on the host (plan); their device views carry shapes.
   c.indptr = TensorView(st.idx.data(), DType::i32, {st.B + 1}, Device::cuda(0));
   c.last_page_len = TensorView(st.idx.data(), DType::i32, {st.B}, Device::cuda(0));
@@ -85,7 +86,8 @@ double check_sampled(const DecodeSetup& st, float sm_scale) {
   std::vector<double> got_all, ref_all, lowp_all;
   for (int r : reqs) {
     const int np = st.indptr[r + 1] - st.indptr[r];
-    HostTensor k(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D}), v(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D});
+    HostTensor k(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D}),
+        v(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D});
     for (int p = 0; p < np; ++p) {
       const size_t src = size_t(st.indices[0][st.indptr[r] + p]) * page_bytes;
       st.k.copy_to_host(static_cast<char*>(k.data()) + p * page_bytes, page_bytes, src);
@@ -117,18 +119,29 @@ double check_sampled(const DecodeSetup& st, float sm_scale) {
 
 nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, Stream s) {
   nlohmann::json rows = nlohmann::json::array();
-  const auto wls = o.workloads_file.empty() ? standard_workloads() : read_workloads(o.workloads_file);
+  const auto wls =
+      o.workloads_file.empty() ? standard_workloads() : read_workloads(o.workloads_file);
   const auto shapes = standard_shapes();
   uint64_t seed = 1;
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan");
   for (const auto& w : wls) {
     if (w.kind != "decode") continue;
-    if (!o.workloads.empty() && std::find(o.workloads.begin(), o.workloads.end(), w.id) == o.workloads.end()) continue;
+    if (!o.workloads.empty() &&
+        std::find(o.workloads.begin(), o.workloads.end(), w.id) == o.workloads.end())
+      continue;
     for (const auto& sh : shapes) {
-      if (!o.shapes.empty() && std::find(o.shapes.begin(), o.shapes.end(), sh.name) == o.shapes.end()) continue;
+      if (!o.shapes.empty() &&
+          std::find(o.shapes.begin(), o.shapes.end(), sh.name) == o.shapes.end())
+        continue;
       for (DType dt : o.dtypes) {
-        DecodeSetup st{static_cast<int>(w.lens.size()), sh.num_qo_heads, sh.num_kv_heads, o.head_dim, o.page_size, dt, w.lens};
+        DecodeSetup st{static_cast<int>(w.lens.size()),
+                       sh.num_qo_heads,
+                       sh.num_kv_heads,
+                       o.head_dim,
+                       o.page_size,
+                       dt,
+                       w.lens};
         build(st, seed++, s);
         BatchDecodeConfig cfg{st.B, st.Hq, st.D};
         cfg.ctas_per_sm = o.ctas_per_sm;
@@ -136,34 +149,50 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         BatchDecode dec(cfg, ws.data(), ws.size());
         DecodePlanOptions po;
         po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
-                     : o.backend == "tc" ? DecodeBackend::kTensorCores : DecodeBackend::kAuto;
-        dec.plan(st.indptr.data(), st.last.data(), st.B, st.Hq, st.Hkv, st.D, st.page, dt, dt, dt, po, s);
+                     : o.backend == "tc" ? DecodeBackend::kTensorCores
+                                         : DecodeBackend::kAuto;
+        dec.plan(st.indptr.data(), st.last.data(), st.B, st.Hq, st.Hkv, st.D, st.page, dt, dt, dt,
+                 po, s);
         std::vector<PagedKVCache> caches;
         for (int c = 0; c < st.copies; ++c) caches.push_back(device_cache(st, c));
         const size_t q_bytes = size_t(st.B) * st.Hq * st.D * dtype_size(dt);
         auto qview = [&](int c) {
-          return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, st.D}, Device::cuda(0));
+          return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, st.D},
+                            Device::cuda(0));
         };
         const TensorView out(st.out.data(), dt, {st.B, st.Hq, st.D}, Device::cuda(0));
-        const Timing t = time_on_stream(s, [&](int rep) {
-          const int c = rep % st.copies;
-          dec.run(qview(c), caches[c], out, TensorView(), s);
-        }, 5, o.reps);
+        const Timing t = time_on_stream(
+            s,
+            [&](int rep) {
+              const int c = rep % st.copies;
+              dec.run(qview(c), caches[c], out, TensorView(), s);
+            },
+            5, o.reps);
         // Re-run copy 0 for the check.
         dec.run(qview(0), caches[0], out, TensorView(), s);
         synchronize(s);
         const double err = check_sampled(st, 0.f);
         const double tbps = st.bytes_moved / (t.median_us * 1e-6) / 1e12;
         const auto info = dec.plan_info();
-        std::printf("%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, %.1f us\n", w.id.c_str(),
-                    sh.name.c_str(), dtype_name(dt), t.median_us, tbps, 100 * tbps / ceil.read_tbps, err,
-                    info.tensor_cores ? "tc" : "cc", info.num_work_items, info.num_split_tiles, info.plan_us);
+        std::printf("%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, %.1f us\n",
+                    w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
+                    100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc",
+                    info.num_work_items, info.num_split_tiles, info.plan_us);
         std::fflush(stdout);
-        rows.push_back({{"workload", w.id}, {"shape", sh.name}, {"dtype", dtype_name(dt)}, {"system", "flashkv"},
-                        {"time_us", t.median_us}, {"min_us", t.min_us}, {"tbps", tbps}, {"tflops", nullptr},
-                        {"pct_read_ceiling", 100 * tbps / ceil.read_tbps}, {"rel_err", err},
-                        {"bytes", st.bytes_moved}, {"copies_rotated", st.copies},
-                        {"work_items", info.num_work_items}, {"split_tiles", info.num_split_tiles},
+        rows.push_back({{"workload", w.id},
+                        {"shape", sh.name},
+                        {"dtype", dtype_name(dt)},
+                        {"system", "flashkv"},
+                        {"time_us", t.median_us},
+                        {"min_us", t.min_us},
+                        {"tbps", tbps},
+                        {"tflops", nullptr},
+                        {"pct_read_ceiling", 100 * tbps / ceil.read_tbps},
+                        {"rel_err", err},
+                        {"bytes", st.bytes_moved},
+                        {"copies_rotated", st.copies},
+                        {"work_items", info.num_work_items},
+                        {"split_tiles", info.num_split_tiles},
                         {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"}});
       }
     }
@@ -186,12 +215,14 @@ nlohmann::json bench_plan_time(Stream s) {
     }
     std::vector<double> us;
     for (int rep = 0; rep < 50; ++rep) {
-      dec.plan(indptr.data(), last.data(), B, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, {}, s);
+      dec.plan(indptr.data(), last.data(), B, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16,
+               {}, s);
       us.push_back(dec.plan_info().plan_us);
     }
     std::sort(us.begin(), us.end());
     std::printf("plan() batch %4d: median %.1f us (min %.1f)\n", B, us[us.size() / 2], us.front());
-    rows.push_back({{"batch", B}, {"plan_us_median", us[us.size() / 2]}, {"plan_us_min", us.front()}});
+    rows.push_back(
+        {{"batch", B}, {"plan_us_median", us[us.size() / 2]}, {"plan_us_min", us.front()}});
   }
   synchronize(s);
   return rows;

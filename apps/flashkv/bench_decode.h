@@ -1,10 +1,9 @@
 // flashkv bench decode: D1-D6 on the GPU, timed, checked against the reference, as JSON rows.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench_util.h"
 #include "flashkv/decode.h"
@@ -19,7 +18,7 @@ struct DecodeBenchOptions {
   int head_dim = 128;
   int page_size = 16;
   int reps = 30;
-  int ctas_per_sm = 2;  // BatchDecodeConfig.ctas_per_sm
+  int ctas_per_sm = 2;           // BatchDecodeConfig.ctas_per_sm
   std::string backend = "auto";  // auto, cuda, tc
   std::string workloads_file;
 };

@@ -1,11 +1,10 @@
 #include "bench_util.h"
 
+#include <cublas_v2.h>
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
-
-#include <cublas_v2.h>
 
 #include "flashkv/error.h"
 #include "ops/jit_util.h"
@@ -17,7 +16,8 @@ namespace flashkv::cli {
 using runtime::check_cu;
 using runtime::driver;
 
-void device_fill_uniform(void* ptr, DType dtype, size_t n, uint64_t seed, float lo, float hi, Stream stream) {
+void device_fill_uniform(void* ptr, DType dtype, size_t n, uint64_t seed, float lo, float hi,
+                         Stream stream) {
   if (n == 0) return;
   const std::string tn = ops::device_type_name(dtype, "fill");
   const std::string id = std::string("fill<") + dtype_name(dtype) + ">";
@@ -45,7 +45,9 @@ Timing time_on_stream(Stream s, const std::function<void(int)>& fn, int warmup, 
 }
 
 nlohmann::json Ceilings::to_json() const {
-  return {{"read_tbps", read_tbps}, {"copy_tbps", copy_tbps}, {"gemm_f16_tflops", gemm_f16_tflops},
+  return {{"read_tbps", read_tbps},
+          {"copy_tbps", copy_tbps},
+          {"gemm_f16_tflops", gemm_f16_tflops},
           {"gemm_bf16_tflops", gemm_bf16_tflops}};
 }
 
@@ -117,15 +119,24 @@ Ceilings measure_ceilings(Stream s) {
   void* out = sink.data();
   void* args[] = {&p, &nv, &out};
   const unsigned grid = static_cast<unsigned>(info.sm_count * 8);
-  const Timing rt = time_on_stream(s, [&](int) {
-    runtime::launch(mod.function("flashkv::read_sum_kernel"), {grid, 1, 1, 256, 1, 1, 0}, s, args, "read_sum");
-  }, 3, 20);
+  const Timing rt = time_on_stream(
+      s,
+      [&](int) {
+        runtime::launch(mod.function("flashkv::read_sum_kernel"), {grid, 1, 1, 256, 1, 1, 0}, s,
+                        args, "read_sum");
+      },
+      3, 20);
   c.read_tbps = bytes / (rt.median_us * 1e-6) / 1e12;
   const size_t copy_bytes = bytes / 2;
-  const Timing ct = time_on_stream(s, [&](int) {
-    check_cu(driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data()),
-                                        reinterpret_cast<CUdeviceptr>(buf.data()), copy_bytes, s), "copy");
-  }, 3, 20);
+  const Timing ct = time_on_stream(
+      s,
+      [&](int) {
+        check_cu(
+            driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst.data()),
+                                       reinterpret_cast<CUdeviceptr>(buf.data()), copy_bytes, s),
+            "copy");
+      },
+      3, 20);
   c.copy_tbps = 2.0 * copy_bytes / (ct.median_us * 1e-6) / 1e12;
   c.gemm_f16_tflops = gemm_tflops(s, DType::f16);
   c.gemm_bf16_tflops = gemm_tflops(s, DType::bf16);

@@ -3,10 +3,9 @@
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "flashkv/dtype.h"
 #include "flashkv/runtime.h"
@@ -23,7 +22,8 @@ struct Timing {
   double median_us = 0, min_us = 0;
   int reps = 0;
 };
-Timing time_on_stream(Stream s, const std::function<void(int rep)>& fn, int warmup = 5, int reps = 30);
+Timing time_on_stream(Stream s, const std::function<void(int rep)>& fn, int warmup = 5,
+                      int reps = 30);
 
 struct Ceilings {
   double read_tbps = 0, copy_tbps = 0, gemm_f16_tflops = 0, gemm_bf16_tflops = 0;

@@ -1,9 +1,8 @@
 // flashkv info: the GPU, the driver and NVRTC, and the kernel cache.
 #include <cstdio>
 #include <filesystem>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "commands.h"
 #include "flashkv/runtime.h"
@@ -48,13 +47,17 @@ void add_info_command(CLI::App& app) {
     } else {
       for (int d = 0; d < cuda_device_count(); ++d) {
         const DeviceInfo info = device_info(d);
-        std::printf("GPU %d           %s, %s, %d SMs, %.1f GiB, L2 %.0f MiB, smem/block %d KiB\n", d,
-                    info.name.c_str(), info.arch.c_str(), info.sm_count,
+        std::printf("GPU %d           %s, %s, %d SMs, %.1f GiB, L2 %.0f MiB, smem/block %d KiB\n",
+                    d, info.name.c_str(), info.arch.c_str(), info.sm_count,
                     info.total_memory / 1073741824.0, info.l2_bytes / 1048576.0,
                     info.max_smem_per_block / 1024);
-        std::printf("driver          %d.%d\n", info.driver_version / 1000, (info.driver_version % 1000) / 10);
-        j["devices"].push_back({{"name", info.name}, {"arch", info.arch}, {"sm_count", info.sm_count},
-                                {"total_memory", info.total_memory}, {"l2_bytes", info.l2_bytes},
+        std::printf("driver          %d.%d\n", info.driver_version / 1000,
+                    (info.driver_version % 1000) / 10);
+        j["devices"].push_back({{"name", info.name},
+                                {"arch", info.arch},
+                                {"sm_count", info.sm_count},
+                                {"total_memory", info.total_memory},
+                                {"l2_bytes", info.l2_bytes},
                                 {"driver_version", info.driver_version}});
       }
     }

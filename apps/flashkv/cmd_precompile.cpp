@@ -8,24 +8,29 @@
 namespace flashkv::cli {
 
 void add_precompile_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("precompile", "compile kernels into the disk cache ($FLASHKV_CACHE_DIR); works without a GPU");
+  auto* cmd = app.add_subcommand(
+      "precompile",
+      "compile kernels into the disk cache ($FLASHKV_CACHE_DIR); works without a GPU");
   auto* o = new PrecompileOptions;
   auto* dtypes = new std::vector<std::string>{"f16", "bf16"};
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
   cmd->add_option("--ops", o->ops, "ops to compile: merge, decode")->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")->capture_default_str();
   cmd->add_option("--head-dims", o->head_dims, "head dims")->capture_default_str();
-  cmd->add_option("--group-sizes", o->group_sizes, "query heads per KV head")->capture_default_str();
+  cmd->add_option("--group-sizes", o->group_sizes, "query heads per KV head")
+      ->capture_default_str();
   cmd->add_option("--page-sizes", o->page_sizes, "page sizes")->capture_default_str();
   cmd->callback([o, dtypes] {
     o->dtypes.clear();
     for (const auto& d : *dtypes) o->dtypes.push_back(parse_dtype(d));
     std::printf("precompiling for %s into %s\n", o->arch.c_str(),
-                kernel_cache_dir().empty() ? "(memory only: no writable cache dir)" : kernel_cache_dir().c_str());
+                kernel_cache_dir().empty() ? "(memory only: no writable cache dir)"
+                                           : kernel_cache_dir().c_str());
     int cold = 0;
     double ms = 0;
     for (const auto& k : precompile(*o)) {
-      std::printf("  %-40s %s %8.0f ms\n", k.id.c_str(), k.compiled ? "compiled" : "cached  ", k.ms);
+      std::printf("  %-40s %s %8.0f ms\n", k.id.c_str(), k.compiled ? "compiled" : "cached  ",
+                  k.ms);
       cold += k.compiled;
       ms += k.ms;
     }

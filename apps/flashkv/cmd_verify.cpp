@@ -33,8 +33,8 @@ TensorView to_gpu(const HostTensor& h, std::vector<DeviceBuffer>& keep) {
     strides[i] = s;
     s *= h.shape()[i];
   }
-  return TensorView(keep.back().data(), h.dtype(), static_cast<int>(strides.size()), h.shape().data(),
-                    strides.data(), Device::cuda(0));
+  return TensorView(keep.back().data(), h.dtype(), static_cast<int>(strides.size()),
+                    h.shape().data(), strides.data(), Device::cuda(0));
 }
 
 // Decode over a random paged cache: GPU vs reference (or reference vs ⊕ of halves on CPU).
@@ -91,7 +91,8 @@ Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64
     // A second code path of the reference: gather each request's KV into ragged contiguous
     // tensors and run ragged prefill with one query row per request.
     const int64_t total = indptr.back() > 0 ? [&] { int64_t t = 0; for (int64_t l : lens) t += l; return t; }() : 0;
-    HostTensor kr(dt, {std::max<int64_t>(total, 1), Hkv, D}), vr(dt, {std::max<int64_t>(total, 1), Hkv, D});
+    HostTensor kr(dt, {std::max<int64_t>(total, 1), Hkv, D}),
+        vr(dt, {std::max<int64_t>(total, 1), Hkv, D});
     std::vector<int32_t> kv_ptr{0}, qo_ptr{0};
     int64_t row = 0;
     for (int64_t b = 0; b < B; ++b) {
@@ -106,11 +107,13 @@ Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64
       qo_ptr.push_back(static_cast<int32_t>(b + 1));
     }
     const TensorView krv = kr.view().slice0(0, total), vrv = vr.view().slice0(0, total);
-    reference::batch_prefill_ragged(q.view(), TensorView(qo_ptr.data(), DType::i32, {B + 1}), krv, vrv,
-                                    TensorView(kv_ptr.data(), DType::i32, {B + 1}), got.view(), TensorView());
+    reference::batch_prefill_ragged(q.view(), TensorView(qo_ptr.data(), DType::i32, {B + 1}), krv,
+                                    vrv, TensorView(kv_ptr.data(), DType::i32, {B + 1}), got.view(),
+                                    TensorView());
   }
-  const std::string name = std::string("decode ") + dtype_name(dt) + " H" + std::to_string(Hq) + "/" +
-                           std::to_string(Hkv) + " D" + std::to_string(D) + " page " + std::to_string(page);
+  const std::string name = std::string("decode ") + dtype_name(dt) + " H" + std::to_string(Hq) +
+                           "/" + std::to_string(Hkv) + " D" + std::to_string(D) + " page " +
+                           std::to_string(page);
   return {name, relative_error(got.to_doubles(), ref.to_doubles()), dt == DType::f16 ? 2e-3 : 1e-2};
 }
 
@@ -119,7 +122,8 @@ Check verify_merge(DType dt, bool gpu, uint64_t seed) {
   HostTensor v(dt, {n, S, H, D}), s(DType::f32, {n, S, H});
   v.fill_random(seed);
   s.fill_random(seed + 1, -4, 4);
-  HostTensor ref(dt, {n, H, D}), ref_s(DType::f32, {n, H}), got(dt, {n, H, D}), got_s(DType::f32, {n, H});
+  HostTensor ref(dt, {n, H, D}), ref_s(DType::f32, {n, H}), got(dt, {n, H, D}),
+      got_s(DType::f32, {n, H});
   reference::merge_states(v.view(), s.view(), ref.view(), ref_s.view());
   if (gpu) {
     std::vector<DeviceBuffer> keep;
@@ -140,18 +144,20 @@ Check verify_merge(DType dt, bool gpu, uint64_t seed) {
         for (int64_t j = 0; j < H * D; ++j) part.set(i * H * D + j, v.get((i * S + k) * H * D + j));
         for (int64_t j = 0; j < H; ++j) part_s.set(i * H + j, s.get((i * S + k) * H + j));
       }
-      reference::merge_state(acc.view(), acc_s.view(), part.view(), part_s.view(), acc.view(), acc_s.view());
+      reference::merge_state(acc.view(), acc_s.view(), part.view(), part_s.view(), acc.view(),
+                             acc_s.view());
     }
     for (int64_t i = 0; i < got.numel(); ++i) got.set(i, acc.get(i));
   }
-  return {std::string("merge_states ") + dtype_name(dt), relative_error(got.to_doubles(), ref.to_doubles()),
-          dt == DType::f16 ? 2e-3 : 1e-2};
+  return {std::string("merge_states ") + dtype_name(dt),
+          relative_error(got.to_doubles(), ref.to_doubles()), dt == DType::f16 ? 2e-3 : 1e-2};
 }
 
 }  // namespace
 
 void add_verify_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("verify", "run every available op on random inputs against the CPU reference");
+  auto* cmd = app.add_subcommand(
+      "verify", "run every available op on random inputs against the CPU reference");
   auto* json_path = new std::string;
   cmd->add_option("--json", *json_path, "write the checks as JSON");
   cmd->callback([json_path] {
@@ -166,17 +172,20 @@ void add_verify_command(CLI::App& app) {
       checks.push_back(verify_merge(dt, gpu, seed++));
       for (int D : {64, 128, 256})
         for (auto [hq, hkv] : {std::pair{32, 8}, {32, 32}, {32, 1}})
-          for (int page : {1, 16}) checks.push_back(verify_decode(dt, hq, hkv, D, page, gpu, seed++));
+          for (int page : {1, 16})
+            checks.push_back(verify_decode(dt, hq, hkv, D, page, gpu, seed++));
     }
     int failed = 0;
     nlohmann::json j = nlohmann::json::array();
     for (const auto& c : checks) {
       const bool ok = c.err <= c.tol;
       failed += !ok;
-      std::printf("%-4s %-40s rel_err %.2e (tol %.0e)\n", ok ? "ok" : "FAIL", c.name.c_str(), c.err, c.tol);
+      std::printf("%-4s %-40s rel_err %.2e (tol %.0e)\n", ok ? "ok" : "FAIL", c.name.c_str(), c.err,
+                  c.tol);
       j.push_back({{"check", c.name}, {"rel_err", c.err}, {"tol", c.tol}, {"ok", ok}});
     }
-    std::printf("%zu checks, %d failed (%s)\n", checks.size(), failed, gpu ? "GPU vs CPU reference" : "CPU only");
+    std::printf("%zu checks, %d failed (%s)\n", checks.size(), failed,
+                gpu ? "GPU vs CPU reference" : "CPU only");
     write_json_if(*json_path, {{"gpu", gpu}, {"checks", j}});
     if (failed) throw flashkv::Error(std::to_string(failed) + " verification checks failed");
   });

@@ -1,9 +1,8 @@
 // Writing CLI results as JSON files.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace flashkv::cli {
 

@@ -1,8 +1,8 @@
 // flashkv: info, verify, precompile, bench.
 #include <cstdio>
 
-#include "flashkv/error.h"
 #include "commands.h"
+#include "flashkv/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flashkv: attention over paged KV caches for LLM serving"};

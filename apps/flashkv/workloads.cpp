@@ -17,7 +17,8 @@ std::vector<Workload> standard_workloads() {
   double s = 0;
   for (int j = 1; j <= 16; ++j) s += std::pow(j, -1.1);
   std::vector<int64_t> zipf;
-  for (int i = 1; i <= 16; ++i) zipf.push_back(std::max<int64_t>(16, std::llround(16 * 1024 * std::pow(i, -1.1) / s)));
+  for (int i = 1; i <= 16; ++i)
+    zipf.push_back(std::max<int64_t>(16, std::llround(16 * 1024 * std::pow(i, -1.1) / s)));
   return {{"D1", "decode", std::vector<int64_t>(16, 1024)},
           {"D2", "decode", uni},
           {"D3", "decode", zipf},

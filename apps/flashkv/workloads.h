@@ -7,8 +7,8 @@
 namespace flashkv::cli {
 
 struct Workload {
-  std::string id;      // "D1"
-  std::string kind;    // "decode" or "prefill"
+  std::string id;    // "D1"
+  std::string kind;  // "decode" or "prefill"
   std::vector<int64_t> lens;
 };
 

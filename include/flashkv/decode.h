@@ -3,8 +3,9 @@
 //   BatchDecodeConfig cfg{.max_batch = 256, .num_qo_heads = 32, .head_dim = 128};
 //   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
 //   BatchDecode dec(cfg, ws.data(), ws.size());
-//   dec.plan(indptr_host, last_page_len_host, batch, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, {}, stream);
-//   dec.run(q, paged_kv, out, lse, stream);  // allocates nothing, never synchronizes
+//   dec.plan(indptr_host, last_page_len_host, batch, 32, 8, 128, 16, DType::f16, DType::f16,
+//   DType::f16, {}, stream); dec.run(q, paged_kv, out, lse, stream);  // allocates nothing, never
+//   synchronizes
 //
 // The workspace is sized once for the worst case, so its pointers never move: a CUDA graph that
 // captured run() (after a plan() with enable_cuda_graph) replays correctly after any later plan()
@@ -23,9 +24,9 @@
 namespace flashkv {
 
 struct BatchDecodeConfig {
-  int max_batch = 256;     // requests per plan(), at most
-  int num_qo_heads = 32;   // at most (sizes the partial-state buffer)
-  int head_dim = 128;      // at most
+  int max_batch = 256;    // requests per plan(), at most
+  int num_qo_heads = 32;  // at most (sizes the partial-state buffer)
+  int head_dim = 128;     // at most
   int device = 0;
   int num_sms_to_use = 0;  // 0: all SMs; fewer leaves room for overlapped work
   int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k)
@@ -37,9 +38,9 @@ struct BatchDecodeConfig {
 enum class DecodeBackend : uint8_t { kAuto, kCudaCores, kTensorCores };
 
 struct DecodePlanOptions {
-  float sm_scale = 0.0f;        // 0: 1/sqrt(head_dim)
-  int fixed_split_size = 0;     // > 0: split each request's KV in chunks of this many tokens,
-                                // independent of the rest of the batch (batch-invariant output)
+  float sm_scale = 0.0f;     // 0: 1/sqrt(head_dim)
+  int fixed_split_size = 0;  // > 0: split each request's KV in chunks of this many tokens,
+                             // independent of the rest of the batch (batch-invariant output)
   bool disable_split_kv = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
@@ -80,7 +81,7 @@ class BatchDecode {
     int num_work_items = 0;
     int num_split_tiles = 0;
     int64_t chunk_bound = 0;
-    double plan_us = 0.0;  // CPU time of the last plan()
+    double plan_us = 0.0;       // CPU time of the last plan()
     bool tensor_cores = false;  // which kernel the plan runs
   };
   PlanInfo plan_info() const;
@@ -101,6 +102,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
 // Batch decode on host tensors or, for CUDA tensors, through a BatchDecode with the library's
 // per-device workspace (plans on every call; index tensors must then be on the host too).
 void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
-                  const TensorView& lse, const AttentionOptions& opts = {}, Stream stream = nullptr);
+                  const TensorView& lse, const AttentionOptions& opts = {},
+                  Stream stream = nullptr);
 
 }  // namespace flashkv

@@ -28,12 +28,12 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 bool is_supported_head_dim(int head_dim);
 
 struct PagedKVCache {
-  TensorView k;                 // [num_pages, page_size, H_kv, D] (NHD) or [num_pages, H_kv, page_size, D] (HND)
-  TensorView v;                 // same shape, dtype and device as k
+  TensorView k;  // [num_pages, page_size, H_kv, D] (NHD) or [num_pages, H_kv, page_size, D] (HND)
+  TensorView v;  // same shape, dtype and device as k
   KVLayout layout = KVLayout::NHD;
-  TensorView indptr;            // i32 [batch + 1], indptr[0] == 0, non-decreasing
-  TensorView indices;           // i32 [indptr[batch]] page ids in [0, num_pages)
-  TensorView last_page_len;     // i32 [batch], 1 <= last_page_len <= page_size for non-empty requests
+  TensorView indptr;         // i32 [batch + 1], indptr[0] == 0, non-decreasing
+  TensorView indices;        // i32 [indptr[batch]] page ids in [0, num_pages)
+  TensorView last_page_len;  // i32 [batch], 1 <= last_page_len <= page_size for non-empty requests
 
   // Splits one interleaved tensor kv[num_pages, 2, ...] into the k and v views.
   static PagedKVCache interleaved(const TensorView& kv, KVLayout layout, const TensorView& indptr,

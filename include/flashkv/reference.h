@@ -17,7 +17,8 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
                    const TensorView& out, const TensorView& lse, KVLayout layout,
                    const AttentionOptions& opts = {});
 
-// q[batch, H_qo, D] over a paged cache (host index arrays); out[batch, H_qo, D]; lse f32[batch, H_qo].
+// q[batch, H_qo, D] over a paged cache (host index arrays); out[batch, H_qo, D]; lse f32[batch,
+// H_qo].
 void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                   const TensorView& lse, const AttentionOptions& opts = {});
 
@@ -40,7 +41,8 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, cons
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
                  const TensorView& s_b, const TensorView& v_out, const TensorView& s_out);
 
-// ⊕ over the S states of each row: v[n, S, H, D], s f32[n, S, H] -> v_out[n, H, D], s_out f32[n, H].
+// ⊕ over the S states of each row: v[n, S, H, D], s f32[n, S, H] -> v_out[n, H, D], s_out f32[n,
+// H].
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                   const TensorView& s_out);
 

@@ -26,11 +26,11 @@ struct DeviceInfo {
   int index = 0;
   int sm_count = 0;
   int cc_major = 0, cc_minor = 0;
-  std::string arch;               // NVRTC target, e.g. "sm_90a"
-  size_t total_memory = 0;        // bytes
+  std::string arch;         // NVRTC target, e.g. "sm_90a"
+  size_t total_memory = 0;  // bytes
   int l2_bytes = 0;
-  int max_smem_per_block = 0;     // opt-in maximum, bytes
-  int driver_version = 0;         // e.g. 13000
+  int max_smem_per_block = 0;  // opt-in maximum, bytes
+  int driver_version = 0;      // e.g. 13000
 };
 DeviceInfo device_info(int device = 0);
 

@@ -23,7 +23,7 @@ void check_index_tensor(const TensorView& t, const char* name) {
 void check_on_host(const TensorView& t, const char* name) {
   if (!(t.device().is_cpu())) {
     fail(name, ": expected device cpu, got ", t.device().str(),
-        " (the page table is read on the host; pass a host copy)");
+         " (the page table is read on the host; pass a host copy)");
   }
 }
 
@@ -87,12 +87,13 @@ void PagedKVCache::validate_shapes() const {
   check(v.dtype() == k.dtype(), "paged_kv.v: expected dtype ", dtype_name(k.dtype()),
         " (same as paged_kv.k), got ", dtype_name(v.dtype()));
   if (!(v.ndim() == 4 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
-            v.size(2) == k.size(2) && v.size(3) == k.size(3))) {
-    fail("paged_kv.v: expected shape ", k.shape_str(), " (same as paged_kv.k), got ", v.shape_str());
+        v.size(2) == k.size(2) && v.size(3) == k.size(3))) {
+    fail("paged_kv.v: expected shape ", k.shape_str(), " (same as paged_kv.k), got ",
+         v.shape_str());
   }
   if (!(v.device() == k.device())) {
-    fail("paged_kv.v: expected device ", k.device().str(),
-        " (same as paged_kv.k), got ", v.device().str());
+    fail("paged_kv.v: expected device ", k.device().str(), " (same as paged_kv.k), got ",
+         v.device().str());
   }
   // Kernels address k and v with one set of strides (page_stride() etc. come from k).
   for (int d = 0; d < 4; ++d) {
@@ -101,12 +102,12 @@ void PagedKVCache::validate_shapes() const {
           ": k and v must share one ", kv_layout_name(layout), " layout");
   }
   if (!(page_size() >= 1)) {
-    fail("paged_kv.k: page_size must be >= 1, got ", page_size(), " (shape ",
-        k.shape_str(), ", layout ", kv_layout_name(layout), ")");
+    fail("paged_kv.k: page_size must be >= 1, got ", page_size(), " (shape ", k.shape_str(),
+         ", layout ", kv_layout_name(layout), ")");
   }
   if (!(num_kv_heads() >= 1)) {
-    fail("paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(),
-        " (shape ", k.shape_str(), ", layout ", kv_layout_name(layout), ")");
+    fail("paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(), " (shape ", k.shape_str(),
+         ", layout ", kv_layout_name(layout), ")");
   }
   check(head_dim() >= 1, "paged_kv.k: head_dim must be >= 1, got ", head_dim());
   check_last_dim_contiguous(k, "paged_kv.k");
@@ -116,14 +117,15 @@ void PagedKVCache::validate_shapes() const {
   check_index_tensor(indices, "paged_kv.indices");
   check_index_tensor(last_page_len, "paged_kv.last_page_len");
   if (!(indptr.size(0) >= 1)) {
-    fail("paged_kv.indptr: expected shape [batch + 1] with at least 1 entry, "
+    fail(
+        "paged_kv.indptr: expected shape [batch + 1] with at least 1 entry, "
         "got ",
         indptr.shape_str());
   }
   if (!(last_page_len.size(0) == batch_size())) {
-    fail("paged_kv.last_page_len: expected shape [",
-        batch_size(), "] (batch, from paged_kv.indptr ", indptr.shape_str(), "), got ",
-        last_page_len.shape_str());
+    fail("paged_kv.last_page_len: expected shape [", batch_size(),
+         "] (batch, from paged_kv.indptr ", indptr.shape_str(), "), got ",
+         last_page_len.shape_str());
   }
 }
 

@@ -105,7 +105,8 @@ int64_t TensorView::size(int dim) const {
   const int d = dim < 0 ? dim + ndim_ : dim;
   // shape_str() only on failure: size() and stride() sit in per-element loops.
   if (d < 0 || d >= ndim_) {
-    fail("TensorView::size: dim ", dim, " is out of range for a ", ndim_, "-d tensor ", shape_str());
+    fail("TensorView::size: dim ", dim, " is out of range for a ", ndim_, "-d tensor ",
+         shape_str());
   }
   return shape_[d];
 }
@@ -114,7 +115,8 @@ int64_t TensorView::stride(int dim) const {
   const int d = dim < 0 ? dim + ndim_ : dim;
   // shape_str() only on failure: size() and stride() sit in per-element loops.
   if (d < 0 || d >= ndim_) {
-    fail("TensorView::stride: dim ", dim, " is out of range for a ", ndim_, "-d tensor ", shape_str());
+    fail("TensorView::stride: dim ", dim, " is out of range for a ", ndim_, "-d tensor ",
+         shape_str());
   }
   return strides_[d];
 }
@@ -184,8 +186,7 @@ void check_dtype_in(const TensorView& t, const char* name, std::initializer_list
 
 void check_ndim(const TensorView& t, const char* name, int ndim) {
   if (!(t.ndim() == ndim)) {
-    fail(name, ": expected ", ndim, "-d tensor, got ", t.ndim(), "-d with shape ",
-        t.shape_str());
+    fail(name, ": expected ", ndim, "-d tensor, got ", t.ndim(), "-d with shape ", t.shape_str());
   }
 }
 
@@ -204,8 +205,7 @@ void check_shape(const TensorView& t, const char* name, std::initializer_list<in
 
 void check_device(const TensorView& t, const char* name, Device expected) {
   if (!(t.device() == expected)) {
-    fail(name, ": expected device ", expected.str(), ", got ",
-        t.device().str());
+    fail(name, ": expected device ", expected.str(), ", got ", t.device().str());
   }
 }
 
@@ -223,9 +223,8 @@ void check_last_dim_contiguous(const TensorView& t, const char* name) {
   check(t.ndim() >= 1, name, ": expected at least 1 dimension, got a 0-d tensor");
   // A last dimension of size 1 has no meaningful stride.
   if (!(t.stride(-1) == 1 || t.size(-1) <= 1)) {
-    fail(name,
-        ": expected the last dimension to have stride 1, got stride ", t.stride(-1), " (shape ",
-        t.shape_str(), ")");
+    fail(name, ": expected the last dimension to have stride 1, got stride ", t.stride(-1),
+         " (shape ", t.shape_str(), ")");
   }
 }
 

@@ -1,11 +1,10 @@
 // Host side of batch decode: validation, plan (scheduler -> pinned buffer -> workspace), run.
-#include "flashkv/decode.h"
-
 #include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "attention/decode_params.cuh"
+#include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "ops/decode_workspace.h"
 #include "ops/jit_util.h"
@@ -20,7 +19,8 @@ namespace {
 std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size, bool tc) {
   const std::string qt = ops::device_type_name(q, "q");
   const std::string kvt = ops::device_type_name(kv, "kv");
-  const std::string dims = std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
+  const std::string dims =
+      std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
   return tc ? "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + ">"
             : "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
 }
@@ -34,8 +34,9 @@ DecodeGeometry decode_geometry(DType kv, int head_dim, int group, bool tc) {
   if (tc) {
     const int warps = head_dim <= 128 ? 4 : 2, tile = 16 * warps, stages = 3;
     const int row_tiles = (group + 15) / 16;
-    return {static_cast<unsigned>(warps * 32),
-            static_cast<unsigned>((row_tiles * 16 * head_dim + 2 * stages * tile * head_dim) * elem)};
+    return {
+        static_cast<unsigned>(warps * 32),
+        static_cast<unsigned>((row_tiles * 16 * head_dim + 2 * stages * tile * head_dim) * elem)};
   }
   const int tile = 4096 / head_dim * (2 / elem);
   return {128u, static_cast<unsigned>(2 * 4 * tile * head_dim * elem)};
@@ -49,13 +50,15 @@ bool decode_tc_supported(int head_dim, int group) {
   return (group + 15) / 16 * (head_dim / 8) * 4 <= 64;
 }
 
-KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size, bool tc) {
+KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size,
+                              bool tc) {
   const std::string cfg = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
   const std::string id = std::string(tc ? "decode_tc<" : "decode<") + dtype_name(q_dtype) + "," +
                          dtype_name(kv_dtype) + ",d" + std::to_string(head_dim) + ",g" +
                          std::to_string(group) + ",p" + std::to_string(page_size) + ">";
   const std::string header = tc ? "attention/decode_tc.cuh" : "attention/decode.cuh";
-  const std::string kernel = tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<";
+  const std::string kernel =
+      tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<";
   return {id, [id, cfg, header, kernel] { return make_request(id, header, {kernel + cfg + ">"}); }};
 }
 }  // namespace ops
@@ -88,9 +91,10 @@ size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
 BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t bytes)
     : impl_(std::make_unique<Impl>()) {
   check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
-  check(cfg.num_qo_heads > 0, "BatchDecodeConfig.num_qo_heads: expected > 0, got ", cfg.num_qo_heads);
-  check(is_supported_head_dim(cfg.head_dim), "BatchDecodeConfig.head_dim: expected 64, 128 or 256, got ",
-        cfg.head_dim);
+  check(cfg.num_qo_heads > 0, "BatchDecodeConfig.num_qo_heads: expected > 0, got ",
+        cfg.num_qo_heads);
+  check(is_supported_head_dim(cfg.head_dim),
+        "BatchDecodeConfig.head_dim: expected 64, 128 or 256, got ", cfg.head_dim);
   impl_->cfg = cfg;
   impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
   impl_->pinned = PinnedBuffer(impl_->ws.plan_layout().bytes, cfg.device);
@@ -100,7 +104,7 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
 
 BatchDecode::~BatchDecode() {
   if (!impl_ || !impl_->copy_done) return;
-  try {  // never throw from a destructor
+  try {                                                      // never throw from a destructor
     runtime::driver().cuEventSynchronize(impl_->copy_done);  // the pinned buffer is freed next
     runtime::driver().cuEventDestroy(impl_->copy_done);
   } catch (...) {
@@ -117,9 +121,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   Impl& m = *impl_;
   const BatchDecodeConfig& cfg = m.cfg;
   m.planned = false;  // a plan() that throws leaves the object unplanned, never half-planned
-  check(batch_size >= 0 && batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
-        cfg.max_batch, " (BatchDecodeConfig.max_batch), got ", batch_size);
-  check(kv_indptr != nullptr, "kv_indptr: expected a host array of batch_size + 1 entries, got null");
+  check(batch_size >= 0 && batch_size <= cfg.max_batch,
+        "batch_size: expected 0 <= batch_size <= ", cfg.max_batch,
+        " (BatchDecodeConfig.max_batch), got ", batch_size);
+  check(kv_indptr != nullptr,
+        "kv_indptr: expected a host array of batch_size + 1 entries, got null");
   check(batch_size == 0 || kv_last_page_len != nullptr,
         "kv_last_page_len: expected a host array of batch_size entries, got null");
   check_heads(num_qo_heads, num_kv_heads);
@@ -130,7 +136,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         " (BatchDecodeConfig.head_dim), got ", head_dim);
   check(page_size >= 1, "page_size: expected >= 1, got ", page_size);
   const int group = num_qo_heads / num_kv_heads;
-  check(group <= 64, "num_qo_heads / num_kv_heads: expected a GQA group of at most 64, got ", group);
+  check(group <= 64, "num_qo_heads / num_kv_heads: expected a GQA group of at most 64, got ",
+        group);
   for (auto [t, n] : {std::pair{q_dtype, "q_dtype"}, {o_dtype, "o_dtype"}}) {
     check(t == DType::f16 || t == DType::bf16, n, ": expected f16 or bf16, got ", dtype_name(t));
   }
@@ -147,14 +154,14 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
           ": expected >= kv_indptr[", i, "] = ", kv_indptr[i]);
     const bool empty = kv_indptr[i + 1] == kv_indptr[i];
     check(empty || (kv_last_page_len[i] >= 1 && kv_last_page_len[i] <= page_size),
-          "kv_last_page_len[", i, "] = ", kv_last_page_len[i], ": expected 1 <= value <= ",
-          page_size, " (page_size)");
+          "kv_last_page_len[", i, "] = ", kv_last_page_len[i],
+          ": expected 1 <= value <= ", page_size, " (page_size)");
     m.kv_lens[i] = paged_kv_len(kv_indptr, kv_last_page_len, page_size, i);
   }
 
   if (opts.kv_indices_host != nullptr) {
-    check(opts.num_pages > 0, "DecodePlanOptions.num_pages: expected > 0 with kv_indices_host, got ",
-          opts.num_pages);
+    check(opts.num_pages > 0,
+          "DecodePlanOptions.num_pages: expected > 0 with kv_indices_host, got ", opts.num_pages);
     for (int64_t j = 0; j < (batch_size > 0 ? kv_indptr[batch_size] : 0); ++j) {
       const int32_t id = opts.kv_indices_host[j];
       check(id >= 0 && id < opts.num_pages, "kv_indices[", j, "] = ", id,
@@ -175,7 +182,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   // state belongs to (the CTA that writes a tile's last partial state merges the tile).
   m.slot_merge.assign(s.num_slots, -1);
   for (size_t mi = 0; mi < s.merge.size(); ++mi) {
-    for (int slot = s.merge[mi].slot_begin; slot < s.merge[mi].slot_end; ++slot) m.slot_merge[slot] = static_cast<int>(mi);
+    for (int slot = s.merge[mi].slot_begin; slot < s.merge[mi].slot_end; ++slot)
+      m.slot_merge[slot] = static_cast<int>(mi);
   }
   for (DecodeWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
@@ -184,14 +192,20 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 
   // JIT: compile (first use only) at plan time so run() never compiles.
   const bool tc_ok = ops::decode_tc_supported(head_dim, group);
-  check(opts.backend != DecodeBackend::kTensorCores || tc_ok, "DecodePlanOptions.backend: the tensor-core ",
-        "decode kernel does not support head_dim ", head_dim, " with a GQA group of ", group);
-  const bool tc = opts.backend == DecodeBackend::kTensorCores || (opts.backend == DecodeBackend::kAuto && tc_ok);
-  const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
-  if (spec.id != m.kernel_id || m.decode_fn == nullptr) {  // same configuration as the last plan: reuse
-    const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
+  check(opts.backend != DecodeBackend::kTensorCores || tc_ok,
+        "DecodePlanOptions.backend: the tensor-core ", "decode kernel does not support head_dim ",
+        head_dim, " with a GQA group of ", group);
+  const bool tc = opts.backend == DecodeBackend::kTensorCores ||
+                  (opts.backend == DecodeBackend::kAuto && tc_ok);
+  const ops::KernelSpec spec =
+      ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+  if (spec.id != m.kernel_id ||
+      m.decode_fn == nullptr) {  // same configuration as the last plan: reuse
+    const runtime::LoadedModule& mod =
+        runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
     const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
-    m.decode_fn = mod.function((tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
+    m.decode_fn = mod.function(
+        (tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
     m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
     m.kernel_id = spec.id;
   }
@@ -201,16 +215,19 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   const runtime::Driver& d = runtime::driver();
   runtime::ensure_context(cfg.device);
   runtime::check_cu(d.cuEventSynchronize(m.copy_done), "cuEventSynchronize(plan copy)");
-  const size_t plan_bytes =
-      scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
-  runtime::check_cu(d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), plan_bytes, stream),
-                    "cuMemcpyHtoDAsync(decode plan)");
+  const size_t plan_bytes = scheduler::serialize_decode_schedule(
+      s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
+  runtime::check_cu(
+      d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), plan_bytes, stream),
+      "cuMemcpyHtoDAsync(decode plan)");
   runtime::check_cu(d.cuEventRecord(m.copy_done, stream), "cuEventRecord(plan copy)");
 
   int used_ctas = 0;
-  for (int c = 0; c < s.num_ctas; ++c) used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
+  for (int c = 0; c < s.num_ctas; ++c)
+    used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
   // With CUDA graphs the grids must be the same at every replay: launch the full fixed grid.
-  m.grid = opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas) : static_cast<unsigned>(used_ctas);
+  m.grid =
+      opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas) : static_cast<unsigned>(used_ctas);
   m.batch = batch_size;
   m.num_qo_heads = num_qo_heads;
   m.num_kv_heads = num_kv_heads;
@@ -226,7 +243,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.info.num_split_tiles = static_cast<int>(s.merge.size());
   m.info.chunk_bound = s.chunk_bound;
   m.planned = true;
-  m.info.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  m.info.plan_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
@@ -258,23 +276,25 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
         " (the plan's), got ", kv.page_size());
   check(kv.num_kv_heads() == m.num_kv_heads, "paged_kv.num_kv_heads: expected ", m.num_kv_heads,
         " (the plan's), got ", kv.num_kv_heads());
-  check(kv.head_dim() == m.head_dim, "paged_kv.head_dim: expected ", m.head_dim, " (the plan's), got ",
-        kv.head_dim());
-  check(kv.batch_size() == m.batch, "paged_kv batch: expected ", m.batch, " requests (the plan's), got ",
-        kv.batch_size());
+  check(kv.head_dim() == m.head_dim, "paged_kv.head_dim: expected ", m.head_dim,
+        " (the plan's), got ", kv.head_dim());
+  check(kv.batch_size() == m.batch, "paged_kv batch: expected ", m.batch,
+        " requests (the plan's), got ", kv.batch_size());
   check_aligned(kv.k, "paged_kv.k", 16);
   check_aligned(kv.v, "paged_kv.v", 16);
   for (int64_t s : {kv.page_stride(), kv.token_stride(), kv.head_stride()}) {
     check(s * static_cast<int64_t>(dtype_size(m.kv_dtype)) % 16 == 0,
           "paged_kv: strides must be multiples of 16 bytes for vector loads");
   }
-  check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0,
+  check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 &&
+            out.stride(1) % 8 == 0,
         "q/out: row strides must be multiples of 16 bytes");
   runtime::ensure_context(m.cfg.device);
-  check(m.opts.enable_cuda_graph || !runtime::stream_is_capturing(stream),
-        "BatchDecode::run: the stream is being captured into a CUDA graph, but plan() was called "
-        "without enable_cuda_graph; its grid depends on the batch, so a replay after another plan() "
-        "would be wrong. Plan with DecodePlanOptions.enable_cuda_graph = true.");
+  check(
+      m.opts.enable_cuda_graph || !runtime::stream_is_capturing(stream),
+      "BatchDecode::run: the stream is being captured into a CUDA graph, but plan() was called "
+      "without enable_cuda_graph; its grid depends on the batch, so a replay after another plan() "
+      "would be wrong. Plan with DecodePlanOptions.enable_cuda_graph = true.");
 
   DecodeParams p{};
   p.q = q.data();
@@ -296,8 +316,8 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   p.plan = m.ws.plan_ptrs();
   void* args[] = {&p};
   if (m.grid > 0) {
-    runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream, args,
-                    m.kernel_id);
+    runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream,
+                    args, m.kernel_id);
   }
 }
 

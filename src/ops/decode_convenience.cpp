@@ -28,14 +28,16 @@ struct CachedDecoder {
 std::mutex g_mu;
 // Never destroyed: at process exit the driver may already be unloading, and freeing device memory
 // from a static destructor would race it. The process exit releases the memory.
-std::vector<std::unique_ptr<CachedDecoder>>& g_decoders = *new std::vector<std::unique_ptr<CachedDecoder>>;
+std::vector<std::unique_ptr<CachedDecoder>>& g_decoders =
+    *new std::vector<std::unique_ptr<CachedDecoder>>;
 
 CachedDecoder& decoder_for(int device, int batch, int num_qo_heads, int head_dim) {
   if (static_cast<int>(g_decoders.size()) <= device) g_decoders.resize(device + 1);
   auto& slot = g_decoders[device];
   if (!slot) slot = std::make_unique<CachedDecoder>();
   CachedDecoder& c = *slot;
-  if (!c.decode || batch > c.cfg.max_batch || num_qo_heads > c.cfg.num_qo_heads || head_dim > c.cfg.head_dim) {
+  if (!c.decode || batch > c.cfg.max_batch || num_qo_heads > c.cfg.num_qo_heads ||
+      head_dim > c.cfg.head_dim) {
     c.decode.reset();
     c.cfg.device = device;
     c.cfg.max_batch = std::max({batch, c.cfg.max_batch, 1});
@@ -66,8 +68,9 @@ DecodePlanOptions plan_options(const AttentionOptions& opts) {
 
 }  // namespace
 
-void single_decode(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                   const TensorView& lse, KVLayout layout, const AttentionOptions& opts, Stream stream) {
+void single_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const TensorView& lse, KVLayout layout,
+                   const AttentionOptions& opts, Stream stream) {
   check_defined(q, "q");
   check_defined(k, "k");
   if (q.device().is_cpu()) return reference::single_decode(q, k, v, out, lse, layout, opts);
@@ -85,24 +88,31 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   const int64_t tok = layout == KVLayout::NHD ? k.stride(0) : k.stride(1);
   const int64_t head = layout == KVLayout::NHD ? k.stride(1) : k.stride(0);
   const int64_t pages = std::max<int64_t>(kv_len, 1);
-  const int64_t shape_nhd[4] = {pages, 1, num_kv_heads, head_dim}, strides_nhd[4] = {tok, tok, head, 1};
-  const int64_t shape_hnd[4] = {pages, num_kv_heads, 1, head_dim}, strides_hnd[4] = {tok, head, tok, 1};
+  const int64_t shape_nhd[4] = {pages, 1, num_kv_heads, head_dim},
+                strides_nhd[4] = {tok, tok, head, 1};
+  const int64_t shape_hnd[4] = {pages, num_kv_heads, 1, head_dim},
+                strides_hnd[4] = {tok, head, tok, 1};
   const bool nhd = layout == KVLayout::NHD;
   std::lock_guard<std::mutex> lock(g_mu);
-  CachedDecoder& c = decoder_for(device, 1, static_cast<int>(q.size(0)), static_cast<int>(head_dim));
+  CachedDecoder& c =
+      decoder_for(device, 1, static_cast<int>(q.size(0)), static_cast<int>(head_dim));
   ensure_arange(c, pages, device);
   PagedKVCache kv;
   kv.layout = layout;
-  kv.k = TensorView(k.data(), k.dtype(), 4, nhd ? shape_nhd : shape_hnd, nhd ? strides_nhd : strides_hnd, k.device());
-  kv.v = TensorView(v.data(), v.dtype(), 4, nhd ? shape_nhd : shape_hnd, nhd ? strides_nhd : strides_hnd, v.device());
+  kv.k = TensorView(k.data(), k.dtype(), 4, nhd ? shape_nhd : shape_hnd,
+                    nhd ? strides_nhd : strides_hnd, k.device());
+  kv.v = TensorView(v.data(), v.dtype(), 4, nhd ? shape_nhd : shape_hnd,
+                    nhd ? strides_nhd : strides_hnd, v.device());
   const int32_t indptr[2] = {0, static_cast<int32_t>(kv_len)}, last[1] = {1};
   kv.indices = TensorView(c.arange.data(), DType::i32, {pages}, Device::cuda(device));
   // indptr / last_page_len are read on the host by plan(); their views only carry the batch size.
   kv.indptr = TensorView(c.arange.data(), DType::i32, {2}, Device::cuda(device));
   kv.last_page_len = TensorView(c.arange.data(), DType::i32, {1}, Device::cuda(device));
   c.decode->plan(indptr, last, 1, static_cast<int>(q.size(0)), static_cast<int>(num_kv_heads),
-                 static_cast<int>(head_dim), 1, q.dtype(), k.dtype(), out.dtype(), plan_options(opts), stream);
-  const int64_t q_shape[3] = {1, q.size(0), q.size(1)}, q_strides[3] = {q.size(0) * q.stride(0), q.stride(0), q.stride(1)};
+                 static_cast<int>(head_dim), 1, q.dtype(), k.dtype(), out.dtype(),
+                 plan_options(opts), stream);
+  const int64_t q_shape[3] = {1, q.size(0), q.size(1)},
+                q_strides[3] = {q.size(0) * q.stride(0), q.stride(0), q.stride(1)};
   const int64_t o_shape[3] = {1, out.size(0), out.size(1)},
                 o_strides[3] = {out.size(0) * out.stride(0), out.stride(0), out.stride(1)};
   TensorView lse3;
@@ -111,16 +121,18 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
     lse3 = TensorView(lse.data(), lse.dtype(), 2, l_shape, l_strides, lse.device());
   }
   c.decode->run(TensorView(q.data(), q.dtype(), 3, q_shape, q_strides, q.device()), kv,
-                TensorView(out.data(), out.dtype(), 3, o_shape, o_strides, out.device()), lse3, stream);
+                TensorView(out.data(), out.dtype(), 3, o_shape, o_strides, out.device()), lse3,
+                stream);
 }
 
-void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
-                  const AttentionOptions& opts, Stream stream) {
+void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                  const TensorView& lse, const AttentionOptions& opts, Stream stream) {
   check_defined(q, "q");
   if (q.device().is_cpu()) return reference::batch_decode(q, kv, out, lse, opts);
   check_ndim(q, "q", 3);
   check(kv.indptr.device().is_cpu() && kv.last_page_len.device().is_cpu(),
-        "paged_kv.indptr / paged_kv.last_page_len: batch_decode plans on every call and reads them on the "
+        "paged_kv.indptr / paged_kv.last_page_len: batch_decode plans on every call and reads them "
+        "on the "
         "host; pass host copies (kv.indices stays on the device), or use BatchDecode");
   check_dtype(kv.indptr, "paged_kv.indptr", DType::i32);
   check_dtype(kv.last_page_len, "paged_kv.last_page_len", DType::i32);
@@ -129,10 +141,11 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   kv.validate_shapes();
   const int batch = kv.batch_size();
   std::lock_guard<std::mutex> lock(g_mu);
-  CachedDecoder& c = decoder_for(q.device().index, batch, static_cast<int>(q.size(1)), kv.head_dim());
-  c.decode->plan(kv.indptr.data_as<const int32_t>(), kv.last_page_len.data_as<const int32_t>(), batch,
-                 static_cast<int>(q.size(1)), kv.num_kv_heads(), kv.head_dim(), kv.page_size(), q.dtype(),
-                 kv.k.dtype(), out.dtype(), plan_options(opts), stream);
+  CachedDecoder& c =
+      decoder_for(q.device().index, batch, static_cast<int>(q.size(1)), kv.head_dim());
+  c.decode->plan(kv.indptr.data_as<const int32_t>(), kv.last_page_len.data_as<const int32_t>(),
+                 batch, static_cast<int>(q.size(1)), kv.num_kv_heads(), kv.head_dim(),
+                 kv.page_size(), q.dtype(), kv.k.dtype(), out.dtype(), plan_options(opts), stream);
   c.decode->run(q, kv, out, lse, stream);
 }
 

@@ -10,9 +10,11 @@ size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
 DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
-  check(cfg.ctas_per_sm >= 1, "BatchDecodeConfig.ctas_per_sm: expected >= 1, got ", cfg.ctas_per_sm);
+  check(cfg.ctas_per_sm >= 1, "BatchDecodeConfig.ctas_per_sm: expected >= 1, got ",
+        cfg.ctas_per_sm);
   const DeviceInfo info = device_info(cfg.device);
-  const int sms = cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
+  const int sms =
+      cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
   Sizes s{};
   s.num_ctas = sms * cfg.ctas_per_sm;
   s.partial_rows = 2ull * s.num_ctas * cfg.num_qo_heads;
@@ -32,7 +34,8 @@ size_t DecodeWorkspace::required_bytes(const BatchDecodeConfig& cfg) { return si
 DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_t bytes) {
   const Sizes s = sizes(cfg);
   check(base != nullptr, "workspace: expected device memory, got null");
-  check(reinterpret_cast<uintptr_t>(base) % 16 == 0, "workspace: expected a 16-byte aligned pointer");
+  check(reinterpret_cast<uintptr_t>(base) % 16 == 0,
+        "workspace: expected a 16-byte aligned pointer");
   check(bytes >= s.total, "workspace: expected at least ", s.total,
         " bytes (BatchDecode::workspace_bytes), got ", bytes);
   base_ = static_cast<std::byte*>(base);
@@ -47,9 +50,10 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
   layout_ = s.layout;
   // The merge-arrival counters start at zero; each run leaves them at zero again.
   runtime::ensure_context(cfg.device);
-  runtime::check_cu(runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + arrivals_offset_), 0,
-                                                   static_cast<size_t>(max_merge_items_)),
-                    "cuMemsetD32(decode merge counters)");
+  runtime::check_cu(
+      runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + arrivals_offset_), 0,
+                                    static_cast<size_t>(max_merge_items_)),
+      "cuMemsetD32(decode merge counters)");
 }
 
 int DecodeWorkspace::slot_capacity(int group, int head_dim) const {

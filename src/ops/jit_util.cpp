@@ -6,10 +6,14 @@ namespace flashkv::ops {
 
 const char* device_type_name(DType t, const char* arg) {
   switch (t) {
-    case DType::f16: return "flashkv::half_t";
-    case DType::bf16: return "flashkv::bf16_t";
-    case DType::f32: return "float";
-    default: fail(arg, ": dtype ", dtype_name(t), " is not supported here (expected f16, bf16 or f32)");
+    case DType::f16:
+      return "flashkv::half_t";
+    case DType::bf16:
+      return "flashkv::bf16_t";
+    case DType::f32:
+      return "float";
+    default:
+      fail(arg, ": dtype ", dtype_name(t), " is not supported here (expected f16, bf16 or f32)");
   }
 }
 
@@ -33,8 +37,8 @@ Device common_device(std::initializer_list<std::pair<const char*, const TensorVi
       dev = t->device();
     } else {
       if (!(t->device() == dev)) {
-        fail(name, ": expected device ", dev.str(), " (the device of ",
-            first_name, "), got ", t->device().str());
+        fail(name, ": expected device ", dev.str(), " (the device of ", first_name, "), got ",
+             t->device().str());
       }
     }
   }

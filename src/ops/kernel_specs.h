@@ -20,8 +20,8 @@ KernelSpec merge_kernel_spec(DType t);
 
 namespace flashkv::ops {
 // The batch decode kernel (and its merge stage) for one configuration.
-KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size, int page_size,
-                              bool tensor_cores = false);
+KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
+                              int page_size, bool tensor_cores = false);
 // Whether the tensor-core decode kernel supports this shape (its accumulators fit in registers).
 bool decode_tc_supported(int head_dim, int group_size);
 }  // namespace flashkv::ops

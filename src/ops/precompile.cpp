@@ -17,7 +17,8 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
           for (int g : opts.group_sizes)
             for (int p : opts.page_sizes) {
               specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, false));
-              if (ops::decode_tc_supported(d, g)) specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, true));
+              if (ops::decode_tc_supported(d, g))
+                specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, true));
             }
     } else {
       fail("precompile: unknown op '", op, "' (expected merge or decode)");
@@ -27,8 +28,9 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
   for (const auto& spec : specs) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool cold = runtime::KernelCache::instance().precompile(spec.id, opts.arch, spec.make);
-    out.push_back({spec.id, cold,
-                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()});
+    out.push_back(
+        {spec.id, cold,
+         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()});
   }
   return out;
 }

@@ -60,7 +60,8 @@ JitCounters jit_counters() {
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
   runtime::ensure_context(device);
   CUdeviceptr p = 0;
-  if (bytes > 0) check_cu(driver().cuMemAlloc(&p, bytes), "cuMemAlloc(" + std::to_string(bytes) + " bytes)");
+  if (bytes > 0)
+    check_cu(driver().cuMemAlloc(&p, bytes), "cuMemAlloc(" + std::to_string(bytes) + " bytes)");
   ptr_ = reinterpret_cast<void*>(p);
 }
 DeviceBuffer::~DeviceBuffer() {
@@ -72,7 +73,9 @@ DeviceBuffer::~DeviceBuffer() {
   }
 }
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), device_(o.device_) {}
+    : ptr_(std::exchange(o.ptr_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)),
+      device_(o.device_) {}
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     this->~DeviceBuffer();
@@ -83,23 +86,26 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 void DeviceBuffer::copy_from_host(const void* src, size_t bytes, size_t offset) {
-  check(offset + bytes <= bytes_, "DeviceBuffer::copy_from_host: ", bytes, " bytes at offset ", offset,
-        " exceed the buffer size ", bytes_);
+  check(offset + bytes <= bytes_, "DeviceBuffer::copy_from_host: ", bytes, " bytes at offset ",
+        offset, " exceed the buffer size ", bytes_);
   if (bytes == 0) return;
   runtime::ensure_context(device_);
-  check_cu(driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, src, bytes), "cuMemcpyHtoD");
+  check_cu(driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, src, bytes),
+           "cuMemcpyHtoD");
 }
 void DeviceBuffer::copy_to_host(void* dst, size_t bytes, size_t offset) const {
-  check(offset + bytes <= bytes_, "DeviceBuffer::copy_to_host: ", bytes, " bytes at offset ", offset,
-        " exceed the buffer size ", bytes_);
+  check(offset + bytes <= bytes_, "DeviceBuffer::copy_to_host: ", bytes, " bytes at offset ",
+        offset, " exceed the buffer size ", bytes_);
   if (bytes == 0) return;
   runtime::ensure_context(device_);
-  check_cu(driver().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset, bytes), "cuMemcpyDtoH");
+  check_cu(driver().cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(ptr_) + offset, bytes),
+           "cuMemcpyDtoH");
 }
 void DeviceBuffer::fill_bytes(uint8_t value) {
   if (bytes_ == 0) return;
   runtime::ensure_context(device_);
-  check_cu(driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(ptr_), value, bytes_, nullptr), "cuMemsetD8");
+  check_cu(driver().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(ptr_), value, bytes_, nullptr),
+           "cuMemsetD8");
   check_cu(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
@@ -157,23 +163,30 @@ EventTimer::~EventTimer() {
   } catch (...) {
   }
 }
-void EventTimer::start(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(start_), s), "cuEventRecord"); }
-void EventTimer::stop(Stream s) { check_cu(driver().cuEventRecord(static_cast<CUevent>(stop_), s), "cuEventRecord"); }
+void EventTimer::start(Stream s) {
+  check_cu(driver().cuEventRecord(static_cast<CUevent>(start_), s), "cuEventRecord");
+}
+void EventTimer::stop(Stream s) {
+  check_cu(driver().cuEventRecord(static_cast<CUevent>(stop_), s), "cuEventRecord");
+}
 float EventTimer::elapsed_ms() {
   check_cu(driver().cuEventSynchronize(static_cast<CUevent>(stop_)), "cuEventSynchronize");
   float ms = 0;
-  check_cu(driver().cuEventElapsedTime(&ms, static_cast<CUevent>(start_), static_cast<CUevent>(stop_)),
-           "cuEventElapsedTime");
+  check_cu(
+      driver().cuEventElapsedTime(&ms, static_cast<CUevent>(start_), static_cast<CUevent>(stop_)),
+      "cuEventElapsedTime");
   return ms;
 }
 
 namespace runtime {
 
-void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args, const std::string& what) {
+void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args,
+            const std::string& what) {
   const Driver& d = driver();
   if (c.smem_bytes > 48 * 1024) {
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c.smem_bytes),
-             "cuFuncSetAttribute(" + what + ", " + std::to_string(c.smem_bytes) + " bytes of shared memory)");
+             "cuFuncSetAttribute(" + what + ", " + std::to_string(c.smem_bytes) +
+                 " bytes of shared memory)");
   }
   check_cu(d.cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
                             c.smem_bytes, stream, args, nullptr),
@@ -190,7 +203,8 @@ int pointer_device(const void* p, const char* name) {
   int ordinal = -1;
   CUresult r = driver().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                               reinterpret_cast<CUdeviceptr>(p));
-  check(r == CUDA_SUCCESS, name, ": expected a CUDA device pointer, got ", p, " (not device memory)");
+  check(r == CUDA_SUCCESS, name, ": expected a CUDA device pointer, got ", p,
+        " (not device memory)");
   return ordinal;
 }
 

@@ -28,11 +28,11 @@ DriverState load_driver() {
     s.reason = "no CUDA driver: libcuda.so.1 could not be loaded";
     return s;
   }
-#define FLASHKV_LOAD_PTR(name)                                                             \
-  s.fns.name = reinterpret_cast<decltype(s.fns.name)>(dlsym(lib, FLASHKV_STR(name)));      \
-  if (!s.fns.name) {                                                                       \
+#define FLASHKV_LOAD_PTR(name)                                                               \
+  s.fns.name = reinterpret_cast<decltype(s.fns.name)>(dlsym(lib, FLASHKV_STR(name)));        \
+  if (!s.fns.name) {                                                                         \
     s.reason = std::string("CUDA driver lacks ") + FLASHKV_STR(name) + " (driver too old?)"; \
-    return s;                                                                              \
+    return s;                                                                                \
   }
   FLASHKV_DRIVER_FUNCTIONS(FLASHKV_LOAD_PTR)
 #undef FLASHKV_LOAD_PTR
@@ -90,7 +90,8 @@ void ensure_context(int device) {
     std::lock_guard<std::mutex> lock(mu);
     int count = 0;
     check_cu(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
-    check(device >= 0 && device < count, "device: expected 0 <= device < ", count, ", got ", device);
+    check(device >= 0 && device < count, "device: expected 0 <= device < ", count, ", got ",
+          device);
     if (contexts.empty()) contexts.resize(count, nullptr);
     if (!contexts[device]) {
       CUdevice dev;

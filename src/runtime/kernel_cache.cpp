@@ -1,9 +1,8 @@
 #include "runtime/kernel_cache.h"
 
 #define XXH_INLINE_ALL  // header-only xxHash: no run-time library dependency
-#include <xxhash.h>
-
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -95,7 +94,8 @@ bool deserialize(const std::string& b, uint64_t key, CompiledKernels* out) {
     pos += n;
     return true;
   };
-  if (b.size() < sizeof(kMagic) + 8 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0) return false;
+  if (b.size() < sizeof(kMagic) + 8 || std::memcmp(b.data(), kMagic, sizeof(kMagic)) != 0)
+    return false;
   const uint64_t stored_sum = [&] {
     uint64_t v;
     std::memcpy(&v, b.data() + b.size() - 8, 8);
@@ -136,7 +136,8 @@ CUfunction LoadedModule::function(const std::string& name_expression) const {
 
 std::string default_cache_dir() {
   if (const char* d = std::getenv("FLASHKV_CACHE_DIR"); d && *d) return d;
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/flashkv";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/flashkv";
   return "/tmp/flashkv-cache";
 }
 
@@ -160,8 +161,10 @@ std::string device_arch(int device) {
   CUdevice dev;
   check_cu(d.cuDeviceGet(&dev, device), "cuDeviceGet");
   int major = 0, minor = 0;
-  check_cu(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-  check_cu(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+  check_cu(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+           "cuDeviceGetAttribute");
+  check_cu(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+           "cuDeviceGetAttribute");
   // Architecture-specific targets (sm_90a, sm_100a) unlock wgmma/setmaxnreg; the cubin is then
   // only valid on that exact architecture, which is the device we are compiling for.
   return "sm_" + std::to_string(major) + std::to_string(minor) + (major >= 9 ? "a" : "");
@@ -177,7 +180,9 @@ KernelCache::KernelCache() {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec || access(dir_.c_str(), W_OK) != 0) {
-    if (!quiet()) std::fprintf(stderr, "flashkv: kernel cache dir %s is not writable; caching in memory only\n", dir_.c_str());
+    if (!quiet())
+      std::fprintf(stderr, "flashkv: kernel cache dir %s is not writable; caching in memory only\n",
+                   dir_.c_str());
     dir_.clear();
   }
 }
@@ -191,7 +196,8 @@ JitStats KernelCache::stats() const {
 
 std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& id,
                                                              const std::string& arch,
-                                                             const RequestFactory& make, bool* cold) {
+                                                             const RequestFactory& make,
+                                                             bool* cold) {
   // Called with mu_ held.
   const std::string mem_key = id + "@" + arch;
   if (auto it = compiled_.find(mem_key); it != compiled_.end()) {
@@ -216,20 +222,24 @@ std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& 
         return result;
       }
       ++stats_.corrupt_entries;
-      if (!quiet()) std::fprintf(stderr, "flashkv: cache entry %s is corrupt; recompiling\n", path.c_str());
+      if (!quiet())
+        std::fprintf(stderr, "flashkv: cache entry %s is corrupt; recompiling\n", path.c_str());
       *result = CompiledKernels{};
     }
   }
-  if (!quiet()) std::fprintf(stderr, "flashkv: compiling %s for %s ...\n", id.c_str(), arch.c_str());
+  if (!quiet())
+    std::fprintf(stderr, "flashkv: compiling %s for %s ...\n", id.c_str(), arch.c_str());
   *result = nvrtc_compile(req);
   ++stats_.compiles;
   stats_.compile_ms += result->compile_ms;
-  if (!quiet()) std::fprintf(stderr, "flashkv: compiled %s in %.0f ms\n", id.c_str(), result->compile_ms);
+  if (!quiet())
+    std::fprintf(stderr, "flashkv: compiled %s in %.0f ms\n", id.c_str(), result->compile_ms);
   *cold = true;
   if (!path.empty()) {
     // Temp file + rename: readers see either the old entry, no entry, or the complete new one.
     std::ostringstream tmp;
-    tmp << path << ".tmp." << getpid() << "." << std::hash<std::thread::id>{}(std::this_thread::get_id());
+    tmp << path << ".tmp." << getpid() << "."
+        << std::hash<std::thread::id>{}(std::this_thread::get_id());
     const std::string data = serialize(key, *result);
     {
       std::ofstream out(tmp.str(), std::ios::binary | std::ios::trunc);
@@ -243,7 +253,8 @@ std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& 
   return result;
 }
 
-const LoadedModule& KernelCache::module(const std::string& id, int device, const RequestFactory& make) {
+const LoadedModule& KernelCache::module(const std::string& id, int device,
+                                        const RequestFactory& make) {
   const std::string loaded_key = id + "@" + std::to_string(device);
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = loaded_.find(loaded_key); it != loaded_.end()) {
@@ -276,7 +287,8 @@ std::string KernelCache::entry_path(const std::string& id, const std::string& ar
   return dir_ + "/" + hex(request_hash(req)) + ".fkvbin";
 }
 
-bool KernelCache::precompile(const std::string& id, const std::string& arch, const RequestFactory& make) {
+bool KernelCache::precompile(const std::string& id, const std::string& arch,
+                             const RequestFactory& make) {
   std::lock_guard<std::mutex> lock(mu_);
   bool cold = false;
   compiled(id, arch, make, &cold);

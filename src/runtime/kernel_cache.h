@@ -31,8 +31,8 @@ struct LoadedModule {
 };
 
 struct JitStats {
-  int64_t compiles = 0;       // cold NVRTC compiles
-  double compile_ms = 0.0;    // total time in NVRTC
+  int64_t compiles = 0;     // cold NVRTC compiles
+  double compile_ms = 0.0;  // total time in NVRTC
   int64_t disk_hits = 0;
   int64_t memory_hits = 0;
   int64_t corrupt_entries = 0;
@@ -51,7 +51,8 @@ class KernelCache {
   bool precompile(const std::string& id, const std::string& arch, const RequestFactory& make);
 
   // The disk-cache file that holds `id` for `arch` ("" when the disk cache is disabled).
-  std::string entry_path(const std::string& id, const std::string& arch, const RequestFactory& make) const;
+  std::string entry_path(const std::string& id, const std::string& arch,
+                         const RequestFactory& make) const;
 
   JitStats stats() const;
   // Cache directory in use ("" when the disk cache is disabled or unwritable).
@@ -65,7 +66,7 @@ class KernelCache {
   mutable std::mutex mu_;
   std::string dir_;
   std::unordered_map<std::string, std::shared_ptr<const CompiledKernels>> compiled_;  // id@arch
-  std::unordered_map<std::string, std::unique_ptr<LoadedModule>> loaded_;            // id@device
+  std::unordered_map<std::string, std::unique_ptr<LoadedModule>> loaded_;             // id@device
   JitStats stats_;
 };
 

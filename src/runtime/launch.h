@@ -17,7 +17,8 @@ struct LaunchConfig {
 
 // Launches `f` with `args` (an array of pointers to each argument). Raises the function's dynamic
 // shared memory limit first when smem_bytes > 48 KiB. Never synchronizes.
-void launch(CUfunction f, const LaunchConfig& cfg, Stream stream, void** args, const std::string& what);
+void launch(CUfunction f, const LaunchConfig& cfg, Stream stream, void** args,
+            const std::string& what);
 
 // True while `stream` is being captured into a CUDA graph.
 bool stream_is_capturing(Stream stream);

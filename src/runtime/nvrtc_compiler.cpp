@@ -12,7 +12,8 @@ namespace flashkv::runtime {
 namespace {
 
 void check_nvrtc(nvrtcResult r, const std::string& what, const std::string& key) {
-  if (r != NVRTC_SUCCESS) fail("NVRTC ", what, " failed for kernel ", key, ": ", nvrtcGetErrorString(r));
+  if (r != NVRTC_SUCCESS)
+    fail("NVRTC ", what, " failed for kernel ", key, ": ", nvrtcGetErrorString(r));
 }
 
 struct ProgramDeleter {

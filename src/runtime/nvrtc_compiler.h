@@ -8,11 +8,11 @@
 namespace flashkv::runtime {
 
 struct CompileRequest {
-  std::string key_name;                        // human-readable key for logs and errors
-  std::string source;                          // top-level translation unit; may #include any embedded kernel header
-  std::vector<std::string> name_expressions;   // e.g. "flashkv::merge_states_kernel<__half>"
-  std::vector<std::string> options;            // extra NVRTC options
-  std::string arch;                            // "sm_90a", "sm_80", ...
+  std::string key_name;  // human-readable key for logs and errors
+  std::string source;    // top-level translation unit; may #include any embedded kernel header
+  std::vector<std::string> name_expressions;  // e.g. "flashkv::merge_states_kernel<__half>"
+  std::vector<std::string> options;           // extra NVRTC options
+  std::string arch;                           // "sm_90a", "sm_80", ...
 };
 
 struct CompiledKernels {

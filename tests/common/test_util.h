@@ -61,7 +61,6 @@ inline double rel_err(const std::vector<double>& a, const std::vector<double>& b
   return relative_error(a, b);
 }
 
-
 // The tolerance rule (STYLE.md, after FA3's tests): an output in a low-precision dtype passes iff
 //   rel_err(out, ref) <= min(2 * rel_err(ref_lowp, ref) + floor, kMaxRelTolerance)
 // where

@@ -24,7 +24,6 @@
 
 namespace flashkv::scheduler {
 
-
 namespace {
 
 // Options whose capacities are exactly the documented dynamic-splitting bounds, so a plan that

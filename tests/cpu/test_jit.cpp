@@ -36,7 +36,8 @@ TEST(Jit, EveryDecodeShapeCompiles) {
     for (int g : {1, 3, 16, 32}) {
       for (bool tc : {false, true}) {
         if (tc && !ops::decode_tc_supported(d, g)) continue;
-        const ops::KernelSpec spec = ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1, tc);
+        const ops::KernelSpec spec =
+            ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1, tc);
         runtime::CompileRequest req = spec.make();
         req.arch = "sm_90a";
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
@@ -48,7 +49,8 @@ TEST(Jit, EveryDecodeShapeCompiles) {
 TEST(Jit, CompileErrorCarriesKeyAndLog) {
   runtime::CompileRequest req;
   req.key_name = "broken_kernel";
-  req.source = "#include \"primitives/types.cuh\"\n__global__ void k() { this_is_not_defined(); }\n";
+  req.source =
+      "#include \"primitives/types.cuh\"\n__global__ void k() { this_is_not_defined(); }\n";
   req.arch = "sm_90a";
   try {
     runtime::nvrtc_compile(req);

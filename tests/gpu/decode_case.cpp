@@ -8,13 +8,15 @@ namespace flashkv::test {
 
 std::string DecodeCase::str() const {
   std::ostringstream os;
-  os << dtype_name(dtype) << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim << " page "
-     << page_size << " " << kv_layout_name(layout) << (interleaved ? " interleaved" : "") << " batch "
-     << kv_lens.size() << " lens [";
+  os << dtype_name(dtype) << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
+     << " page " << page_size << " " << kv_layout_name(layout)
+     << (interleaved ? " interleaved" : "") << " batch " << kv_lens.size() << " lens [";
   for (size_t i = 0; i < kv_lens.size() && i < 8; ++i) os << (i ? "," : "") << kv_lens[i];
   if (kv_lens.size() > 8) os << ",...";
   os << "] fixed_split " << opts.fixed_split_size << (opts.disable_split_kv ? " nosplit" : "")
-     << (opts.backend == DecodeBackend::kCudaCores ? " cuda-cores" : opts.backend == DecodeBackend::kTensorCores ? " tensor-cores" : " auto");
+     << (opts.backend == DecodeBackend::kCudaCores     ? " cuda-cores"
+         : opts.backend == DecodeBackend::kTensorCores ? " tensor-cores"
+                                                       : " auto");
   return os.str();
 }
 
@@ -26,7 +28,8 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   q.fill_random(c.seed * 7 + 1);
   AttentionOptions ao;
   ao.sm_scale = c.opts.sm_scale;
-  HostTensor ref(DType::f32, {B, c.num_qo_heads, c.head_dim}), ref_lowp(c.dtype, {B, c.num_qo_heads, c.head_dim});
+  HostTensor ref(DType::f32, {B, c.num_qo_heads, c.head_dim}),
+      ref_lowp(c.dtype, {B, c.num_qo_heads, c.head_dim});
   HostTensor ref_lse(DType::f32, {B, c.num_qo_heads});
   reference::batch_decode(q.view(), cache.cache, ref.view(), ref_lse.view(), ao);
   // The reference rounds once, at the end: rounding its f32 output to the dtype is what writing

@@ -16,7 +16,9 @@ class DecodeGpu : public GpuTest {};
 const std::vector<int64_t> kMixedLens = {0, 1, 17, 113, 577, 1023, 2051, 5};
 
 TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
-  struct Heads { int qo, kv; };
+  struct Heads {
+    int qo, kv;
+  };
   // GQA ratios 1, 4, 8, 16 and MQA (32 query heads on one KV head).
   const Heads heads[] = {{8, 8}, {32, 8}, {32, 4}, {32, 2}, {32, 1}};
   uint64_t seed = 100;
@@ -48,13 +50,13 @@ TEST_F(DecodeGpu, BothLayoutsAndInterleavingAgree) {
   for (KVLayout l : {KVLayout::NHD, KVLayout::HND}) {
     for (bool inter : {false, true}) {
       for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
-      DecodeCase c;
-      c.opts.backend = b;
-      c.kv_lens = {300, 1, 4000};
-      c.layout = l;
-      c.interleaved = inter;
-      c.seed = 7;
-      expect_decode_ok(c, run_decode_case(c));
+        DecodeCase c;
+        c.opts.backend = b;
+        c.kv_lens = {300, 1, 4000};
+        c.layout = l;
+        c.interleaved = inter;
+        c.seed = 7;
+        expect_decode_ok(c, run_decode_case(c));
       }
     }
   }
@@ -147,7 +149,7 @@ TEST_F(DecodeGpu, ConvenienceFunctions) {
       HostTensor q(DType::f16, {Hq, D});
       q.fill_random(len + 1);
       std::vector<int64_t> kshape = layout == KVLayout::NHD ? std::vector<int64_t>{len, Hkv, D}
-                                                           : std::vector<int64_t>{Hkv, len, D};
+                                                            : std::vector<int64_t>{Hkv, len, D};
       HostTensor k(DType::f16, kshape), v(DType::f16, kshape);
       if (len > 0) {
         k.fill_random(len + 2);
@@ -163,13 +165,15 @@ TEST_F(DecodeGpu, ConvenienceFunctions) {
       synchronize();
       to_host(dout, out);
       to_host(dlse, lse);
-      EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::f16))
+      EXPECT_TRUE(
+          matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::f16))
           << "single_decode len " << len << " " << kv_layout_name(layout);
       EXPECT_LE(rel_err(lse.to_doubles(), ref_lse.to_doubles()), 1e-4);
     }
   }
   // batch_decode: host indptr / last_page_len, device k, v, indices.
-  PagedCacheHost cache = make_paged_cache({5, 0, 3000, 64}, 16, 8, 128, KVLayout::NHD, DType::bf16, 9);
+  PagedCacheHost cache =
+      make_paged_cache({5, 0, 3000, 64}, 16, 8, 128, KVLayout::NHD, DType::bf16, 9);
   DeviceCache dc = to_device(cache);
   PagedKVCache mixed = dc.cache;
   mixed.indptr = cache.indptr.view();
@@ -185,7 +189,8 @@ TEST_F(DecodeGpu, ConvenienceFunctions) {
   batch_decode(dq.view, mixed, dout.view, TensorView());
   synchronize();
   to_host(dout, out);
-  EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::bf16));
+  EXPECT_TRUE(
+      matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::bf16));
   // Device indptr is refused with a message saying why.
   EXPECT_THROW(batch_decode(dq.view, dc.cache, dout.view, TensorView()), Error);
 }

@@ -8,10 +8,10 @@
 #include <random>
 #include <vector>
 
+#include "common/gpu_util.h"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/reference.h"
-#include "common/gpu_util.h"
 #include "runtime/driver.h"
 
 namespace flashkv::test {
@@ -68,7 +68,8 @@ PagedKVCache host_cache(const Pool& pool, const Batch& b) {
   c.k = pool.k.view();
   c.v = pool.v.view();
   c.indptr = b.indptr.view();
-  c.indices = TensorView(const_cast<void*>(b.indices.data()), DType::i32, {b.indptr.get(b.lens.size())});
+  c.indices =
+      TensorView(const_cast<void*>(b.indices.data()), DType::i32, {b.indptr.get(b.lens.size())});
   c.last_page_len = b.last.view();
   return c;
 }
@@ -120,12 +121,12 @@ TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
   // across CTAs) and it leaves at step 40, so ten re-plans carry it.
   std::vector<int64_t> cur = {5, 300, 1};
   for (int step = 0; step < 60; ++step) {
-    for (auto& l : cur) l += 1;                                            // every request grows by one token
+    for (auto& l : cur) l += 1;  // every request grows by one token
     if (step % 3 == 0 && cur.size() < kMaxBatch) cur.push_back(rng() % 2000);  // a request joins
     if (step % 7 == 6 && cur.size() > 1) cur.erase(cur.begin() + rng() % cur.size());  // one leaves
-    if (step == 30) cur[0] = 30000;                                          // one becomes very long
+    if (step == 30) cur[0] = 30000;  // one becomes very long
     if (step == 40) std::erase_if(cur, [](int64_t l) { return l >= 30000; });  // and leaves
-    if (step == 45) cur.push_back(0);                                        // an empty request
+    if (step == 45) cur.push_back(0);                                          // an empty request
     Batch sb = make_batch(cur, pool.num_pages, rng);
     const int B = static_cast<int>(cur.size());
     HostTensor q(dt, {B, kHqo, kD});
@@ -175,7 +176,8 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
     int next = 0;
     for (size_t i = 0; i < lens.size(); ++i) {
       const int64_t pages = (lens[i] + kPage - 1) / kPage;
-      for (int64_t p = 0; p < pages; ++p) idx.push_back(static_cast<int>(i) == x_pos ? x_pages[p] : (next++ % 1500));
+      for (int64_t p = 0; p < pages; ++p)
+        idx.push_back(static_cast<int>(i) == x_pos ? x_pages[p] : (next++ % 1500));
       indptr.push_back(indptr.back() + pages);
       last.push_back(pages ? lens[i] - (pages - 1) * kPage : 0);
     }
@@ -250,20 +252,25 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   auto dq = to_device(q), dout = poisoned_like(out);
   const int32_t* ip = cache.indptr.view().data_as<int32_t>();
   const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
-  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView()); }, "before a successful plan");
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView()); },
+               "before a successful plan");
   expect_error([&] { dec.plan(ip, lp, 5, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "batch_size");
   expect_error([&] { dec.plan(ip, lp, 2, kHqo, 5, kD, kPage, dt, dt, dt); }, "num_kv_heads");
   expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, 96, kPage, dt, dt, dt); }, "head_dim");
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); }, "kv_dtype");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); },
+               "kv_dtype");
   std::vector<int32_t> bad_last = {0, 3};
-  expect_error([&] { dec.plan(ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "kv_last_page_len[0]");
+  expect_error([&] { dec.plan(ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt); },
+               "kv_last_page_len[0]");
   std::vector<int32_t> bad_indptr = {0, 3, 2};
-  expect_error([&] { dec.plan(bad_indptr.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "kv_indptr[2]");
+  expect_error([&] { dec.plan(bad_indptr.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt); },
+               "kv_indptr[2]");
   DecodePlanOptions check_idx;
   std::vector<int32_t> bad_idx = {0, 1, 99, 3};
   check_idx.kv_indices_host = bad_idx.data();
   check_idx.num_pages = cache.cache.num_pages();
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, check_idx); }, "kv_indices[2]");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, check_idx); },
+               "kv_indices[2]");
 
   dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
   HostTensor q3(dt, {3, kHqo, kD});
@@ -277,7 +284,8 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   Stream s = create_stream();
   const auto& d = driver();
   check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
-  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView(), s); }, "enable_cuda_graph");
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView(), s); },
+               "enable_cuda_graph");
   CUgraph g;
   d.cuStreamEndCapture(s, &g);
   if (g) d.cuGraphDestroy(g);

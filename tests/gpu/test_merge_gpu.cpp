@@ -18,7 +18,8 @@ class MergeGpu : public GpuTest {};
 HostTensor random_lse(std::vector<int64_t> shape, uint64_t seed, int empty_every) {
   HostTensor s(DType::f32, shape);
   s.fill_random(seed, -5.0, 5.0);
-  for (int64_t i = 0; i < s.numel(); i += empty_every) s.set(i, -std::numeric_limits<double>::infinity());
+  for (int64_t i = 0; i < s.numel(); i += empty_every)
+    s.set(i, -std::numeric_limits<double>::infinity());
   return s;
 }
 
@@ -32,13 +33,15 @@ void expect_close(const HostTensor& got, const HostTensor& want, DType dt, const
 
 TEST_F(MergeGpu, MergeStateMatchesReference) {
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    for (auto [n, h, d] : {std::tuple{1, 1, 64}, {7, 3, 128}, {129, 32, 128}, {33, 8, 256}, {1000, 4, 64}}) {
+    for (auto [n, h, d] :
+         {std::tuple{1, 1, 64}, {7, 3, 128}, {129, 32, 128}, {33, 8, 256}, {1000, 4, 64}}) {
       HostTensor va(dt, {n, h, d}), vb(dt, {n, h, d});
       va.fill_random(1 + n);
       vb.fill_random(2 + n);
       HostTensor sa = random_lse({n, h}, 3 + n, 7), sb = random_lse({n, h}, 4 + n, 11);
       HostTensor ref_v(dt, {n, h, d}), ref_s(DType::f32, {n, h});
-      reference::merge_state(va.view(), sa.view(), vb.view(), sb.view(), ref_v.view(), ref_s.view());
+      reference::merge_state(va.view(), sa.view(), vb.view(), sb.view(), ref_v.view(),
+                             ref_s.view());
       auto dva = to_device(va), dvb = to_device(vb), dsa = to_device(sa), dsb = to_device(sb);
       auto dvo = poisoned_like(ref_v), dso = poisoned_like(ref_s);
       merge_state(dva.view, dsa.view, dvb.view, dsb.view, dvo.view, dso.view);
@@ -61,7 +64,11 @@ TEST_F(MergeGpu, MergeStateMatchesReference) {
 
 TEST_F(MergeGpu, MergeStatesMatchesReference) {
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    for (auto [n, S, h, d] : {std::tuple{1, 1, 1, 64}, {5, 2, 4, 128}, {64, 7, 8, 128}, {3, 33, 2, 256}, {17, 0, 4, 64}}) {
+    for (auto [n, S, h, d] : {std::tuple{1, 1, 1, 64},
+                              {5, 2, 4, 128},
+                              {64, 7, 8, 128},
+                              {3, 33, 2, 256},
+                              {17, 0, 4, 64}}) {
       HostTensor v(dt, {n, S, h, d});
       if (v.numel() > 0) v.fill_random(10 + S);
       HostTensor s = random_lse({n, S, h}, 20 + S, 5);
