@@ -75,6 +75,11 @@ class BatchDecode {
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
 
+  // A CUDA graph that captured run() keeps its q/out/lse/indices pointers, kernel and sm_scale, so
+  // plan() refuses a batch or configuration the captured graph cannot run. Call this after
+  // destroying every graph that captured this object's run() to lift those limits.
+  void forget_captured_graphs();
+
   // Statistics of the last plan (for benchmarks and tests).
   struct PlanInfo {
     int num_ctas = 0;

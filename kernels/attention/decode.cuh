@@ -68,7 +68,7 @@ struct DecodeConfig {
   static_assert(GROUP >= 1 && GROUP <= 64, "GQA group size must be in [1, 64]");
   static_assert(kTile % kBdz == 0 && kTokensPerLane % kInner == 0, "tile must split over token lanes");
   static_assert((kTile * kBdx) % kThreads == 0, "a stage must split evenly over the threads");
-  static_assert(kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
+  static_assert(kBdz == 1 || kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
 

@@ -68,6 +68,16 @@ struct BatchDecode::Impl {
   ops::DecodeWorkspace ws;
   PinnedBuffer pinned;
   CUevent copy_done = nullptr;  // the last plan copy out of `pinned`
+  CUevent run_done = nullptr;   // the last eager run(): a plan() on any stream waits for it
+  int max_smem = 0;             // the device's opt-in shared memory per block
+  int64_t nnz_pages = 0;        // kv_indptr[batch] of the plan in force
+  // What a CUDA graph captured by run() holds fixed: later plans must fit it.
+  struct Captured {
+    bool any = false;
+    int64_t q_rows = 0, out_rows = 0, lse_rows = -1, indices = 0;
+    std::string kernel_id;
+    float sm_scale = 0.f;
+  } captured;
   // The plan in force.
   bool planned = false;
   int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
@@ -98,20 +108,27 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
   impl_->cfg = cfg;
   impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
   impl_->pinned = PinnedBuffer(impl_->ws.plan_layout().bytes, cfg.device);
+  impl_->max_smem = device_info(cfg.device).max_smem_per_block;
   runtime::check_cu(runtime::driver().cuEventCreate(&impl_->copy_done, CU_EVENT_DISABLE_TIMING),
+                    "cuEventCreate");
+  runtime::check_cu(runtime::driver().cuEventCreate(&impl_->run_done, CU_EVENT_DISABLE_TIMING),
                     "cuEventCreate");
 }
 
 BatchDecode::~BatchDecode() {
   if (!impl_ || !impl_->copy_done) return;
-  try {                                                      // never throw from a destructor
+  try {  // never throw from a destructor
+    runtime::ensure_context(impl_->cfg.device);
     runtime::driver().cuEventSynchronize(impl_->copy_done);  // the pinned buffer is freed next
     runtime::driver().cuEventDestroy(impl_->copy_done);
+    if (impl_->run_done) runtime::driver().cuEventDestroy(impl_->run_done);
   } catch (...) {
   }
 }
 
 BatchDecode::PlanInfo BatchDecode::plan_info() const { return impl_->info; }
+
+void BatchDecode::forget_captured_graphs() { impl_->captured = {}; }
 
 void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
                        int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
@@ -120,6 +137,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   const BatchDecodeConfig& cfg = m.cfg;
+  runtime::ensure_context(cfg.device);
+  check(!runtime::stream_is_capturing(stream),
+        "BatchDecode::plan: the stream is being captured into a CUDA graph; plan() runs on the "
+        "CPU and copies the schedule from pinned memory, so call it before each replay, outside "
+        "the capture, and capture only run()");
   m.planned = false;  // a plan() that throws leaves the object unplanned, never half-planned
   check(batch_size >= 0 && batch_size <= cfg.max_batch,
         "batch_size: expected 0 <= batch_size <= ", cfg.max_batch,
@@ -195,8 +217,13 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   check(opts.backend != DecodeBackend::kTensorCores || tc_ok,
         "DecodePlanOptions.backend: the tensor-core ", "decode kernel does not support head_dim ",
         head_dim, " with a GQA group of ", group);
+  // The tensor-core kernel needs ~100 KB of shared memory at head_dim 128: more than some GPUs
+  // (sm_86/sm_89) allow per block; auto falls back to CUDA cores there.
+  const bool tc_fits = decode_geometry(kv_dtype, head_dim, group, true).smem <= static_cast<unsigned>(m.max_smem);
+  check(opts.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",
+        "tensor-core decode kernel needs more shared memory than this GPU allows per block");
   const bool tc = opts.backend == DecodeBackend::kTensorCores ||
-                  (opts.backend == DecodeBackend::kAuto && tc_ok);
+                  (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
   const ops::KernelSpec spec =
       ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
   if (spec.id != m.kernel_id ||
@@ -211,10 +238,27 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   }
   m.info.tensor_cores = tc;
 
-  // The previous plan's copy must have left the pinned buffer before it is rewritten.
+  // A captured graph keeps its q/out/lse/indices pointers, kernel and sm_scale: refuse a plan it
+  // cannot run (before anything in the workspace changes).
+  const int64_t nnz = batch_size > 0 ? kv_indptr[batch_size] : 0;
+  const float sm_scale = resolve_sm_scale(opts.sm_scale, head_dim);
+  if (m.captured.any) {
+    const auto& c = m.captured;
+    check(batch_size <= c.q_rows && batch_size <= c.out_rows && (c.lse_rows < 0 || batch_size <= c.lse_rows),
+          "batch_size: ", batch_size, " exceeds the ", std::min(c.q_rows, c.out_rows),
+          " rows of q/out a captured CUDA graph holds; capture run() with max_batch-row views");
+    check(nnz <= c.indices, "kv_indptr[batch_size] = ", nnz, " exceeds the ", c.indices,
+          " kv_indices entries a captured CUDA graph holds; capture with the full indices buffer");
+    check(spec.id == c.kernel_id && sm_scale == c.sm_scale, "plan: a captured CUDA graph runs kernel ",
+          c.kernel_id, " with sm_scale ", c.sm_scale, "; this plan needs ", spec.id, " with sm_scale ",
+          sm_scale, ". Capture a new graph for a new configuration.");
+  }
+
+  // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
+  // last run() (on whatever stream) must be done with the workspace before this plan replaces it.
   const runtime::Driver& d = runtime::driver();
-  runtime::ensure_context(cfg.device);
   runtime::check_cu(d.cuEventSynchronize(m.copy_done), "cuEventSynchronize(plan copy)");
+  runtime::check_cu(d.cuStreamWaitEvent(stream, m.run_done, 0), "cuStreamWaitEvent(last run)");
   const size_t plan_bytes = scheduler::serialize_decode_schedule(
       s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
   runtime::check_cu(
@@ -237,7 +281,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.kv_dtype = kv_dtype;
   m.o_dtype = o_dtype;
   m.opts = opts;
-  m.sm_scale = resolve_sm_scale(opts.sm_scale, head_dim);
+  m.sm_scale = sm_scale;
+  m.nnz_pages = nnz;
   m.info.num_ctas = s.num_ctas;
   m.info.num_work_items = static_cast<int>(s.work.size());
   m.info.num_split_tiles = static_cast<int>(s.merge.size());
@@ -252,25 +297,49 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   Impl& m = *impl_;
   check(m.planned, "BatchDecode::run: called before a successful plan()");
   const Device dev = Device::cuda(m.cfg.device);
+  // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
+  // max_batch so later, larger plans still fit); eagerly they must match the plan exactly.
+  const bool graph = m.opts.enable_cuda_graph;
+  const auto check_rows = [&](const TensorView& t, const char* name) {
+    if (graph ? t.size(0) < m.batch : t.size(0) != m.batch) {
+      fail(name, ": expected ", graph ? "at least " : "", m.batch, " rows (the plan's batch), got ",
+           t.size(0));
+    }
+  };
   check_device(q, "q", dev);
   check_dtype(q, "q", m.q_dtype);
-  check_shape(q, "q", {m.batch, m.num_qo_heads, m.head_dim});
+  check_ndim(q, "q", 3);
+  check_rows(q, "q");
+  check_shape(q, "q", {-1, m.num_qo_heads, m.head_dim});
   check_last_dim_contiguous(q, "q");
   check_aligned(q, "q", 16);
   check_device(out, "out", dev);
   check_dtype(out, "out", m.o_dtype);
-  check_shape(out, "out", {m.batch, m.num_qo_heads, m.head_dim});
+  check_ndim(out, "out", 3);
+  check_rows(out, "out");
+  check_shape(out, "out", {-1, m.num_qo_heads, m.head_dim});
   check_last_dim_contiguous(out, "out");
   check_aligned(out, "out", 16);
   if (lse.defined()) {
     check_device(lse, "lse", dev);
     check_dtype(lse, "lse", DType::f32);
-    check_shape(lse, "lse", {m.batch, m.num_qo_heads});
-    check(lse.stride(1) == 1, "lse: expected the head dimension to be contiguous");
+    check_ndim(lse, "lse", 2);
+    check_rows(lse, "lse");
+    check_shape(lse, "lse", {-1, m.num_qo_heads});
+    check(lse.stride(1) == 1 && (lse.size(0) <= 1 || lse.stride(0) >= m.num_qo_heads),
+          "lse: expected contiguous heads and non-overlapping rows");
+    check_aligned(lse, "lse", 4);
   }
   kv.validate_shapes();
   check_device(kv.k, "paged_kv.k", dev);
   check_device(kv.indices, "paged_kv.indices", dev);
+  // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
+  if (kv.indices.size(0) < m.nnz_pages) {
+    fail("paged_kv.indices: expected at least ", m.nnz_pages, " entries (kv_indptr[batch] of the plan), got ",
+         kv.indices.size(0));
+  }
+  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1, "paged_kv.indices: expected a contiguous array");
+  check_aligned(kv.indices, "paged_kv.indices", 4);
   check_dtype(kv.k, "paged_kv.k", m.kv_dtype);
   check(kv.page_size() == m.page_size, "paged_kv.page_size: expected ", m.page_size,
         " (the plan's), got ", kv.page_size());
@@ -278,8 +347,10 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
         " (the plan's), got ", kv.num_kv_heads());
   check(kv.head_dim() == m.head_dim, "paged_kv.head_dim: expected ", m.head_dim,
         " (the plan's), got ", kv.head_dim());
-  check(kv.batch_size() == m.batch, "paged_kv batch: expected ", m.batch,
-        " requests (the plan's), got ", kv.batch_size());
+  if (graph ? kv.batch_size() < m.batch : kv.batch_size() != m.batch) {
+    fail("paged_kv batch: expected ", graph ? "at least " : "", m.batch, " requests (the plan's), got ",
+         kv.batch_size());
+  }
   check_aligned(kv.k, "paged_kv.k", 16);
   check_aligned(kv.v, "paged_kv.v", 16);
   for (int64_t s : {kv.page_stride(), kv.token_stride(), kv.head_stride()}) {
@@ -289,9 +360,12 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 &&
             out.stride(1) % 8 == 0,
         "q/out: row strides must be multiples of 16 bytes");
+  check((m.batch <= 1 || out.stride(0) != 0) && (m.num_qo_heads <= 1 || out.stride(1) != 0),
+        "out: rows must not overlap (zero stride)");
   runtime::ensure_context(m.cfg.device);
+  const bool capturing = runtime::stream_is_capturing(stream);
   check(
-      m.opts.enable_cuda_graph || !runtime::stream_is_capturing(stream),
+      m.opts.enable_cuda_graph || !capturing,
       "BatchDecode::run: the stream is being captured into a CUDA graph, but plan() was called "
       "without enable_cuda_graph; its grid depends on the batch, so a replay after another plan() "
       "would be wrong. Plan with DecodePlanOptions.enable_cuda_graph = true.");
@@ -318,6 +392,14 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   if (m.grid > 0) {
     runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream,
                     args, m.kernel_id);
+  }
+  if (capturing) {
+    m.captured = {true, q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1,
+                  kv.indices.size(0), m.kernel_id, m.sm_scale};
+  } else {
+    // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
+    // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
+    runtime::check_cu(runtime::driver().cuEventRecord(m.run_done, stream), "cuEventRecord(run)");
   }
 }
 

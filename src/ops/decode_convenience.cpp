@@ -32,19 +32,26 @@ std::vector<std::unique_ptr<CachedDecoder>>& g_decoders =
     *new std::vector<std::unique_ptr<CachedDecoder>>;
 
 CachedDecoder& decoder_for(int device, int batch, int num_qo_heads, int head_dim) {
+  check(device >= 0, "device: expected a CUDA device index >= 0, got ", device);
+  check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);
   if (static_cast<int>(g_decoders.size()) <= device) g_decoders.resize(device + 1);
   auto& slot = g_decoders[device];
   if (!slot) slot = std::make_unique<CachedDecoder>();
   CachedDecoder& c = *slot;
   if (!c.decode || batch > c.cfg.max_batch || num_qo_heads > c.cfg.num_qo_heads ||
       head_dim > c.cfg.head_dim) {
-    c.decode.reset();
-    c.cfg.device = device;
-    c.cfg.max_batch = std::max({batch, c.cfg.max_batch, 1});
-    c.cfg.num_qo_heads = std::max(num_qo_heads, c.cfg.num_qo_heads);
-    c.cfg.head_dim = std::max({head_dim, c.cfg.head_dim, 64});
-    c.workspace = DeviceBuffer(BatchDecode::workspace_bytes(c.cfg), device);
-    c.decode = std::make_unique<BatchDecode>(c.cfg, c.workspace.data(), c.workspace.size());
+    // Build the grown configuration aside and commit it only once it exists, so a failed call
+    // (out of memory, say) leaves the cached decoder as it was.
+    BatchDecodeConfig cfg = c.cfg;
+    cfg.device = device;
+    cfg.max_batch = std::max({batch, c.decode ? c.cfg.max_batch : 1, 1});
+    cfg.num_qo_heads = std::max(num_qo_heads, c.decode ? c.cfg.num_qo_heads : 1);
+    cfg.head_dim = std::max(head_dim, c.decode ? c.cfg.head_dim : 64);
+    DeviceBuffer ws(BatchDecode::workspace_bytes(cfg), device);
+    auto dec = std::make_unique<BatchDecode>(cfg, ws.data(), ws.size());
+    c.decode = std::move(dec);
+    c.workspace = std::move(ws);
+    c.cfg = cfg;
   }
   return c;
 }

@@ -12,6 +12,15 @@ size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
   check(cfg.ctas_per_sm >= 1, "BatchDecodeConfig.ctas_per_sm: expected >= 1, got ",
         cfg.ctas_per_sm);
+  check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
+  check(cfg.num_qo_heads > 0, "BatchDecodeConfig.num_qo_heads: expected > 0, got ",
+        cfg.num_qo_heads);
+  check(is_supported_head_dim(cfg.head_dim),
+        "BatchDecodeConfig.head_dim: expected 64, 128 or 256, got ", cfg.head_dim);
+  // Work items are indexed with int: keep every count well inside it.
+  check(int64_t{cfg.max_batch} * cfg.num_qo_heads <= (int64_t{1} << 28),
+        "BatchDecodeConfig: max_batch * num_qo_heads = ", int64_t{cfg.max_batch} * cfg.num_qo_heads,
+        " is too large (at most 2^28)");
   const DeviceInfo info = device_info(cfg.device);
   const int sms =
       cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;

@@ -5,6 +5,7 @@
 #include "flashkv/reference.h"
 #include "ops/jit_util.h"
 #include "ops/kernel_specs.h"
+#include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
 
@@ -20,6 +21,12 @@ void check_state(const TensorView& v, const char* vn, const TensorView& s, const
   check_dtype_in(v, vn, {DType::f16, DType::bf16, DType::f32});
   check_dtype(s, sn, DType::f32);
   check_shape(s, sn, {v.size(0), v.size(1)});
+}
+
+// The GPU kernels index LSEs flat: they must be contiguous.
+void check_gpu_lse(const TensorView& s, const char* name) {
+  check_contiguous(s, name);
+  check_aligned(s, name, 4);
 }
 
 void check_gpu_layout(const TensorView& t, const char* name, int head_dim) {
@@ -45,9 +52,11 @@ void gpu_merge_state(const TensorView& v_a, const TensorView& s_a, const TensorV
   const int head_dim = static_cast<int>(v_a.size(2));
   for (auto [t, n] : {std::pair{&v_a, "v_a"}, {&v_b, "v_b"}, {&v_out, "v_out"}})
     check_gpu_layout(*t, n, head_dim);
+  for (auto [t, n] : {std::pair{&s_a, "s_a"}, {&s_b, "s_b"}, {&s_out, "s_out"}}) check_gpu_lse(*t, n);
   const int64_t rows = v_a.size(0) * v_a.size(1);
   if (rows == 0) return;
   const auto& mod = merge_module(v_a.dtype(), device);
+  runtime::ensure_context(device);  // a cached module may have been loaded by another thread
   const std::string tn = ops::device_type_name(v_a.dtype(), "v_a");
   const void* pa = v_a.data();
   const void* psa = s_a.data();
@@ -142,6 +151,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   const int64_t rows = v.size(0) * v.size(2);
   if (rows == 0) return;
   const auto& mod = merge_module(v.dtype(), v.device().index);
+  runtime::ensure_context(v.device().index);
   const std::string tn = ops::device_type_name(v.dtype(), "v");
   const void* pv = v.data();
   const void* ps = s.data();

@@ -12,23 +12,20 @@
 namespace flashkv::runtime {
 
 // The list of driver entry points flashkv uses: X(name) for each.
-#define FLASHKV_DRIVER_FUNCTIONS(X)                                                                \
-  X(cuInit)                                                                                        \
-  X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)                      \
-      X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
-          X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuGetErrorName) X(            \
-              cuGetErrorString) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncSetAttribute)   \
-              X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) \
-                  X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync)            \
-                      X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async)                 \
-                          X(cuMemsetD32Async) X(cuMemsetD32) X(cuStreamCreate) X(cuStreamDestroy)  \
-                              X(cuStreamSynchronize) X(cuStreamIsCapturing)                        \
-                                  X(cuStreamBeginCapture) X(cuStreamEndCapture)                    \
-                                      X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy)     \
-                                          X(cuGraphExecDestroy) X(cuEventCreate) X(cuEventDestroy) \
-                                              X(cuEventRecord) X(cuEventSynchronize)               \
-                                                  X(cuEventElapsedTime) X(cuPointerGetAttribute)   \
-                                                      X(cuMemGetInfo)
+// clang-format off
+#define FLASHKV_DRIVER_FUNCTIONS(X) \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) \
+  X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) \
+  X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuGetErrorName) X(cuGetErrorString) \
+  X(cuModuleLoadData) X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuFuncGetAttribute) \
+  X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) \
+  X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) \
+  X(cuMemsetD32Async) X(cuMemsetD32) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) \
+  X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamWaitEvent) \
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuEventCreate) \
+  X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute) \
+  X(cuMemGetInfo)
+// clang-format on
 
 struct Driver {
 #define FLASHKV_DECLARE_PTR(name) decltype(&::name) name = nullptr;

@@ -229,6 +229,55 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
   EXPECT_EQ(alone, c) << "output changed between eager and graph replay";
 }
 
+// A captured graph holds fixed q/out/indices pointers, kernel and sm_scale: a later plan it could
+// not run is refused before the workspace changes; forget_captured_graphs() lifts the limits.
+TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
+  const DType dt = DType::f16;
+  BatchDecodeConfig cfg{8, kHqo, kD};
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 2);
+  DeviceCache dc = to_device(cache);
+  HostTensor q(dt, {2, kHqo, kD}), out(dt, {2, kHqo, kD});
+  q.fill_random(3);
+  auto dq = to_device(q), dout = poisoned_like(out);
+  DecodePlanOptions opts;
+  opts.enable_cuda_graph = true;
+  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
+  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  Stream s = create_stream();
+  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s);
+  const auto& d = driver();
+  check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+  // plan() inside a capture is refused too.
+  EXPECT_NE(error_of([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s); })
+                .find("captured"),
+            std::string::npos);
+  dec.run(dq.view, dc.cache, dout.view, TensorView(), s);
+  CUgraph g;
+  check_cu(d.cuStreamEndCapture(s, &g), "end capture");
+  // The graph holds 2 rows of q/out: a batch of 3 no longer fits.
+  PagedCacheHost bigger = make_paged_cache({40, 3, 5}, kPage, kHkv, kD, KVLayout::NHD, dt, 4);
+  EXPECT_NE(error_of([&] {
+              dec.plan(bigger.indptr.view().data_as<int32_t>(),
+                       bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD, kPage, dt,
+                       dt, dt, opts, s);
+            }).find("batch_size"),
+            std::string::npos);
+  DecodePlanOptions other = opts;
+  other.sm_scale = 0.5f;
+  EXPECT_NE(error_of([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, other, s); })
+                .find("sm_scale"),
+            std::string::npos);
+  d.cuGraphDestroy(g);
+  dec.forget_captured_graphs();
+  EXPECT_NO_THROW(dec.plan(bigger.indptr.view().data_as<int32_t>(),
+                           bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD, kPage,
+                           dt, dt, dt, opts, s));
+  synchronize(s);
+  destroy_stream(s);
+}
+
 TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   const DType dt = DType::f16;
   BatchDecodeConfig cfg{4, kHqo, kD};
