@@ -1,5 +1,6 @@
 // Host side of batch decode: validation, plan (scheduler -> pinned buffer -> workspace), run.
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -168,6 +169,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   check(o_dtype == q_dtype, "o_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
         dtype_name(o_dtype));
   check(opts.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", opts.fixed_split_size);
+  check(opts.sm_scale >= 0.0f && std::isfinite(opts.sm_scale),
+        "sm_scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), got ", opts.sm_scale);
   check(kv_indptr[0] == 0 || batch_size == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
 
   m.kv_lens.resize(batch_size);

@@ -74,7 +74,8 @@ std::string serialize(uint64_t key, const CompiledKernels& k) {
 // Parses a cache entry; returns false on any inconsistency (truncation, bad checksum, wrong key).
 bool deserialize(const std::string& b, uint64_t key, CompiledKernels* out) {
   size_t pos = 0;
-  auto need = [&](size_t n) { return pos + n <= b.size(); };
+  // Written so a huge n from a corrupt file cannot overflow the sum.
+  auto need = [&](size_t n) { return pos <= b.size() && n <= b.size() - pos; };
   auto get_u32 = [&](uint32_t* v) {
     if (!need(4)) return false;
     std::memcpy(v, b.data() + pos, 4);
@@ -138,7 +139,8 @@ std::string default_cache_dir() {
   if (const char* d = std::getenv("FLASHKV_CACHE_DIR"); d && *d) return d;
   if (const char* home = std::getenv("HOME"); home && *home)
     return std::string(home) + "/.cache/flashkv";
-  return "/tmp/flashkv-cache";
+  // Per user: a shared world-writable directory would let another user plant cubins.
+  return "/tmp/flashkv-cache-" + std::to_string(getuid());
 }
 
 uint64_t embedded_sources_hash() {

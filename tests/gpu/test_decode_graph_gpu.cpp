@@ -314,6 +314,9 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   std::vector<int32_t> bad_indptr = {0, 3, 2};
   expect_error([&] { dec.plan(bad_indptr.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt); },
                "kv_indptr[2]");
+  DecodePlanOptions neg_scale;
+  neg_scale.sm_scale = -1.f;
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, neg_scale); }, "sm_scale");
   DecodePlanOptions check_idx;
   std::vector<int32_t> bad_idx = {0, 1, 99, 3};
   check_idx.kv_indices_host = bad_idx.data();
