@@ -25,6 +25,9 @@ std::string utc_now_iso() {
 
 std::string source_commit() {
   if (const char* c = std::getenv("FLASHKV_COMMIT"); c && *c) return c;
+#ifdef FLASHKV_BUILD_COMMIT
+  if (sizeof(FLASHKV_BUILD_COMMIT) > 1) return FLASHKV_BUILD_COMMIT;  // configure-time commit
+#endif
   FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
   if (!p) return "unknown";
   char buf[64] = {};

@@ -10,7 +10,8 @@ namespace flashkv::cli {
 void write_json_if(const std::string& path, const nlohmann::json& j);
 // "2026-11-29T10:00:00Z"
 std::string utc_now_iso();
-// Short commit of the source tree the binary was built from ($FLASHKV_COMMIT or git), or "unknown".
+// Short commit of the source tree: $FLASHKV_COMMIT, else the commit CMake was configured from,
+// else git at run time, else "unknown".
 std::string source_commit();
 
 }  // namespace flashkv::cli
