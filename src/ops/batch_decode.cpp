@@ -64,6 +64,16 @@ KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int g
 }
 }  // namespace ops
 
+namespace {
+// What selects the decode kernel of a plan.
+struct KernelKey {
+  DType q{}, kv{};
+  int head_dim = 0, group = 0, page_size = 0;
+  bool tensor_cores = false;
+  bool operator==(const KernelKey&) const = default;
+};
+}  // namespace
+
 struct BatchDecode::Impl {
   BatchDecodeConfig cfg;
   ops::DecodeWorkspace ws;
@@ -89,6 +99,7 @@ struct BatchDecode::Impl {
   DecodeGeometry geometry{};
   CUfunction decode_fn = nullptr;
   std::string kernel_id;
+  KernelKey kernel_key;
   PlanInfo info;
   std::vector<int64_t> kv_lens;
   std::vector<int> slot_merge;
@@ -222,15 +233,18 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         head_dim, " with a GQA group of ", group);
   // The tensor-core kernel needs ~100 KB of shared memory at head_dim 128: more than some GPUs
   // (sm_86/sm_89) allow per block; auto falls back to CUDA cores there.
-  const bool tc_fits = decode_geometry(kv_dtype, head_dim, group, true).smem <= static_cast<unsigned>(m.max_smem);
+  const bool tc_fits =
+      decode_geometry(kv_dtype, head_dim, group, true).smem <= static_cast<unsigned>(m.max_smem);
   check(opts.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",
         "tensor-core decode kernel needs more shared memory than this GPU allows per block");
   const bool tc = opts.backend == DecodeBackend::kTensorCores ||
                   (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
-  const ops::KernelSpec spec =
-      ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
-  if (spec.id != m.kernel_id ||
-      m.decode_fn == nullptr) {  // same configuration as the last plan: reuse
+  // Same kernel as the last plan (the common case, every generation step): skip building its
+  // id and the cache lookup.
+  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc};
+  if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
+    const ops::KernelSpec spec =
+        ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
     const runtime::LoadedModule& mod =
         runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
     const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
@@ -238,6 +252,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         (tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
     m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
     m.kernel_id = spec.id;
+    m.kernel_key = key;
   }
   m.info.tensor_cores = tc;
 
@@ -247,14 +262,16 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   const float sm_scale = resolve_sm_scale(opts.sm_scale, head_dim);
   if (m.captured.any) {
     const auto& c = m.captured;
-    check(batch_size <= c.q_rows && batch_size <= c.out_rows && (c.lse_rows < 0 || batch_size <= c.lse_rows),
+    check(batch_size <= c.q_rows && batch_size <= c.out_rows &&
+              (c.lse_rows < 0 || batch_size <= c.lse_rows),
           "batch_size: ", batch_size, " exceeds the ", std::min(c.q_rows, c.out_rows),
           " rows of q/out a captured CUDA graph holds; capture run() with max_batch-row views");
     check(nnz <= c.indices, "kv_indptr[batch_size] = ", nnz, " exceeds the ", c.indices,
           " kv_indices entries a captured CUDA graph holds; capture with the full indices buffer");
-    check(spec.id == c.kernel_id && sm_scale == c.sm_scale, "plan: a captured CUDA graph runs kernel ",
-          c.kernel_id, " with sm_scale ", c.sm_scale, "; this plan needs ", spec.id, " with sm_scale ",
-          sm_scale, ". Capture a new graph for a new configuration.");
+    check(m.kernel_id == c.kernel_id && sm_scale == c.sm_scale,
+          "plan: a captured CUDA graph runs kernel ", c.kernel_id, " with sm_scale ", c.sm_scale,
+          "; this plan needs ", m.kernel_id, " with sm_scale ", sm_scale,
+          ". Capture a new graph for a new configuration.");
   }
 
   // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
@@ -338,10 +355,11 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   check_device(kv.indices, "paged_kv.indices", dev);
   // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
   if (kv.indices.size(0) < m.nnz_pages) {
-    fail("paged_kv.indices: expected at least ", m.nnz_pages, " entries (kv_indptr[batch] of the plan), got ",
-         kv.indices.size(0));
+    fail("paged_kv.indices: expected at least ", m.nnz_pages,
+         " entries (kv_indptr[batch] of the plan), got ", kv.indices.size(0));
   }
-  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1, "paged_kv.indices: expected a contiguous array");
+  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1,
+        "paged_kv.indices: expected a contiguous array");
   check_aligned(kv.indices, "paged_kv.indices", 4);
   check_dtype(kv.k, "paged_kv.k", m.kv_dtype);
   check(kv.page_size() == m.page_size, "paged_kv.page_size: expected ", m.page_size,
@@ -351,8 +369,8 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   check(kv.head_dim() == m.head_dim, "paged_kv.head_dim: expected ", m.head_dim,
         " (the plan's), got ", kv.head_dim());
   if (graph ? kv.batch_size() < m.batch : kv.batch_size() != m.batch) {
-    fail("paged_kv batch: expected ", graph ? "at least " : "", m.batch, " requests (the plan's), got ",
-         kv.batch_size());
+    fail("paged_kv batch: expected ", graph ? "at least " : "", m.batch,
+         " requests (the plan's), got ", kv.batch_size());
   }
   check_aligned(kv.k, "paged_kv.k", 16);
   check_aligned(kv.v, "paged_kv.v", 16);
@@ -397,8 +415,9 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
                     args, m.kernel_id);
   }
   if (capturing) {
-    m.captured = {true, q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1,
-                  kv.indices.size(0), m.kernel_id, m.sm_scale};
+    m.captured = {
+        true,        q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1, kv.indices.size(0),
+        m.kernel_id, m.sm_scale};
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
