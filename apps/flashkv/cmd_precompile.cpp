@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "flashkv/jit.h"
 #include "flashkv/runtime.h"
+#include "json_out.h"
 
 namespace flashkv::cli {
 
@@ -13,6 +14,8 @@ void add_precompile_command(CLI::App& app) {
       "compile kernels into the disk cache ($FLASHKV_CACHE_DIR); works without a GPU");
   auto* o = new PrecompileOptions;
   auto* dtypes = new std::vector<std::string>{"f16", "bf16"};
+  auto* json_path = new std::string;
+  cmd->add_option("--json", *json_path, "also write the compiled kernels and times as JSON");
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
   cmd->add_option("--ops", o->ops, "ops to compile: merge, decode")->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")->capture_default_str();
@@ -20,7 +23,7 @@ void add_precompile_command(CLI::App& app) {
   cmd->add_option("--group-sizes", o->group_sizes, "query heads per KV head")
       ->capture_default_str();
   cmd->add_option("--page-sizes", o->page_sizes, "page sizes")->capture_default_str();
-  cmd->callback([o, dtypes] {
+  cmd->callback([o, dtypes, json_path] {
     o->dtypes.clear();
     for (const auto& d : *dtypes) o->dtypes.push_back(parse_dtype(d));
     std::printf("precompiling for %s into %s\n", o->arch.c_str(),
@@ -28,13 +31,16 @@ void add_precompile_command(CLI::App& app) {
                                            : kernel_cache_dir().c_str());
     int cold = 0;
     double ms = 0;
+    nlohmann::json rows = nlohmann::json::array();
     for (const auto& k : precompile(*o)) {
       std::printf("  %-40s %s %8.0f ms\n", k.id.c_str(), k.compiled ? "compiled" : "cached  ",
                   k.ms);
       cold += k.compiled;
       ms += k.ms;
+      rows.push_back({{"kernel", k.id}, {"compiled", k.compiled}, {"ms", k.ms}});
     }
     std::printf("%d compiled, %.1f s\n", cold, ms / 1000.0);
+    write_json_if(*json_path, {{"arch", o->arch}, {"kernels", rows}});
   });
 }
 

@@ -1,0 +1,400 @@
+// The load-balanced prefill/append schedule: query tiling, causal visibility, KV chunking, greedy
+// (LPT) assignment of chunks to CTAs, partial-state slots and merge items. Contract in
+// prefill_scheduler.h; the algorithm is the FlashInfer paper's (DESIGN.md "The load-balanced
+// schedule") with tiles = (request, kv_head, query tile). The decode scheduler is the special
+// case of one query token per tile; it is kept separate because decode plans run at every step
+// and are tuned for that (decode_scheduler.cpp), while this one favours being easy to read.
+//
+// Workspace bounds for dynamic splitting, proved. Let tile j see v_j KV tokens (v_j <= INT32_MAX),
+// T = sum_j v_j, C = num_ctas and L = max(min_chunk_tokens, ceil(T / C)); so L >= T / C, i.e.
+// T / L <= C. Tile j gets n_j = max(1, ceil(v_j / L)) chunks.
+//  * Work items (max_prefill_work_items). n_j <= 1 + v_j / L for every tile: a tile that sees
+//    nothing has n_j = 1, and for v_j >= 1, ceil(v_j / L) <= 1 + (v_j - 1) / L. Summing,
+//    sum_j n_j <= #tiles + T / L <= #tiles + C.
+//  * Slots (max_prefill_slots). Only split tiles (n_j >= 2, i.e. v_j > L) use slots, n_j each.
+//    For such a tile n_j = ceil(v_j / L) < v_j / L + 1 < 2 * v_j / L, as v_j / L > 1. Summing
+//    over the split tiles, slots < 2 * T / L <= 2 * C, so slots <= 2 * C - 1.
+//  * Merge items: each owns >= 2 slots, so merges <= slots / 2 < C.
+//  * Tiles (max_prefill_tiles). With t query tokens per tile, a request of Q >= 1 tokens has
+//    ceil(Q / t) <= (Q + t - 1) / t tiles per KV head and an empty one none; at most
+//    b = min(max_batch, N) requests of a batch with N query tokens are non-empty, so the tiles
+//    per head are <= (N + b * (t - 1)) / t (an integer, so its floor too). The count never grows
+//    with t, and choose_query_tile_rows never picks fewer tokens per tile than the smallest tile
+//    that holds one token, so that tile's t bounds every choice. (Tight for one-token requests.)
+// If ceil(T / C) exceeds INT32_MAX, L is clamped there: no tile (v_j <= INT32_MAX) splits and both
+// bounds hold trivially. fixed_split_size has no bound in terms of C (its chunks follow the
+// lengths alone) and disable_split_kv uses no slots and exactly #tiles work items.
+//
+// Plan time (measured on the 2-vCPU dev VM, 8 KV heads, group 4, 264 CTAs; see the
+// PlanTimeMicroBenchmark test): batch 16 x 1024 causal (4096 tiles) and batch 64 x qo 4 /
+// kv 4096 both plan in well under a millisecond; the greedy's binary heap dominates.
+#include "scheduler/prefill_scheduler.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "flashkv/error.h"
+
+namespace flashkv::scheduler {
+namespace {
+
+// Counts saturate here instead of overflowing; a saturated count always fails a capacity check
+// (capacities are ints) and the message still says "needs >= this many".
+constexpr int64_t kCountSaturation = int64_t{1} << 62;
+
+int64_t saturating_add(int64_t a, int64_t b) { return std::min(a + b, kCountSaturation); }
+int64_t saturating_mul(int64_t a, int64_t b) {  // a, b >= 0
+  return (b != 0 && a > kCountSaturation / b) ? kCountSaturation : a * b;
+}
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool is_tile_rows(int rows) {
+  return std::find(std::begin(kPrefillTileRows), std::end(kPrefillTileRows), rows) !=
+         std::end(kPrefillTileRows);
+}
+
+void check_group(int group, const char* who) {
+  check(group >= 1 && group <= kMaxPrefillTileRows, who, ": group (query heads per KV head) must "
+        "be in [1, ", kMaxPrefillTileRows, "] so that a query tile holds a whole token (got ",
+        group, ")");
+}
+
+// The smallest tile that holds one whole token of `group` rows.
+int smallest_tile_rows(int group) {
+  for (int rows : kPrefillTileRows) {
+    if (rows >= group) return rows;
+  }
+  return kMaxPrefillTileRows;  // unreachable after check_group
+}
+
+// One past the last KV position a tile of query tokens [q_start, q_end) sees (it sees [0, end)).
+int64_t visible_end(int64_t qo_len, int64_t kv_len, int64_t q_end, bool causal) {
+  if (!causal) return kv_len;
+  return std::clamp<int64_t>(kv_len - qo_len + q_end, 0, kv_len);
+}
+
+// Chunks of a tile that sees v KV tokens, under the chunk bound L of the mode.
+int64_t num_chunks(int64_t v, int64_t bound, const PrefillScheduleOptions& o) {
+  if (v == 0 || o.disable_split_kv || v <= bound) return 1;
+  return ceil_div(v, bound);  // fixed_split_size: bound == fs
+}
+
+void validate_options(const PrefillScheduleOptions& o) {
+  check(o.num_ctas > 0, "plan_prefill: num_ctas must be > 0 (got ", o.num_ctas, ")");
+  check(o.num_kv_heads > 0, "plan_prefill: num_kv_heads must be > 0 (got ", o.num_kv_heads, ")");
+  check_group(o.group, "plan_prefill");
+  check(o.tile_rows == 0 || is_tile_rows(o.tile_rows), "plan_prefill: tile_rows must be 0 "
+        "(choose) or one of 16, 32, 64, 128 (got ", o.tile_rows, ")");
+  check(o.tile_rows == 0 || o.tile_rows >= o.group, "plan_prefill: tile_rows (", o.tile_rows,
+        ") must be >= group (", o.group, ") so that a tile holds a whole query token");
+  check(o.fixed_split_size >= 0, "plan_prefill: fixed_split_size must be >= 0 (0 = dynamic; got ",
+        o.fixed_split_size, ")");
+  check(!(o.fixed_split_size > 0 && o.disable_split_kv), "plan_prefill: fixed_split_size (",
+        o.fixed_split_size, ") and disable_split_kv are mutually exclusive; set one of them");
+  check(o.min_chunk_tokens > 0, "plan_prefill: min_chunk_tokens must be > 0 (got ",
+        o.min_chunk_tokens, ")");
+  check(o.max_slots > 0, "plan_prefill: max_slots must be > 0 (got ", o.max_slots, ")");
+  check(o.max_work_items > 0, "plan_prefill: max_work_items must be > 0 (got ", o.max_work_items,
+        ")");
+  check(std::isfinite(o.cost.alpha) && o.cost.alpha >= 0,
+        "plan_prefill: cost.alpha must be finite and >= 0 (got ", o.cost.alpha, ")");
+  check(std::isfinite(o.cost.beta) && o.cost.beta > 0,
+        "plan_prefill: cost.beta must be finite and > 0 (got ", o.cost.beta, ")");
+}
+
+void validate_lengths(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens) {
+  check(qo_lens.size() == kv_lens.size(), "plan_prefill: qo_lens has ", qo_lens.size(),
+        " entries but kv_lens has ", kv_lens.size(), "; one of each per request");
+  check(qo_lens.size() <= static_cast<size_t>(INT_MAX), "plan_prefill: batch of ", qo_lens.size(),
+        " requests exceeds the int32 request index of PrefillWorkItem");
+  for (size_t i = 0; i < qo_lens.size(); ++i) {
+    for (const auto& [lens, name] : {std::pair{qo_lens, "qo_lens"}, std::pair{kv_lens, "kv_lens"}}) {
+      check(lens[i] >= 0, "plan_prefill: ", name, "[", i, "] = ", lens[i], " is negative");
+      check(lens[i] <= INT32_MAX, "plan_prefill: ", name, "[", i, "] = ", lens[i],
+            " does not fit the int32 token positions of PrefillWorkItem (max ", INT32_MAX, ")");
+    }
+  }
+}
+
+// One KV chunk of one (request, query tile), shared by all its KV heads: the work items of the
+// chunk are this piece once per kv_head.
+struct Piece {
+  int request;
+  int q_start, q_end;
+  int kv_start, kv_end;
+  int chunk;        // index of the chunk within its tile
+  int tile_chunks;  // chunks of its tile; 1 means write-through (no slot)
+  int first_slot;   // slot of chunk 0 of the tile's kv_head 0 (head h: + h * tile_chunks); or -1
+  int first_merge;  // merge item of the tile's kv_head 0 (head h: + h); or -1
+  double cost;
+};
+
+// Appends the chunks of one tile that sees [0, v) to `pieces`.
+void cut_tile(const Piece& tile, int64_t v, int64_t n, const PrefillScheduleOptions& o,
+              std::vector<Piece>& pieces) {
+  const int64_t rows = int64_t{tile.q_end - tile.q_start} * o.group;
+  Piece p = tile;
+  p.tile_chunks = static_cast<int>(n);
+  int64_t start = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t len;
+    if (n == 1) {
+      len = v;  // whole (or empty: one item written as zeros / -inf)
+    } else if (o.fixed_split_size > 0) {
+      // [0, fs), [fs, 2 fs), ...: edges depend on this tile alone (batch invariance).
+      len = std::min<int64_t>(o.fixed_split_size, v - start);
+    } else {
+      // Near-equal: the first v % n chunks get one more token, so no chunk is a short tail.
+      len = v / n + (k < v % n ? 1 : 0);
+    }
+    p.chunk = static_cast<int>(k);
+    p.kv_start = static_cast<int>(start);
+    p.kv_end = static_cast<int>(start + len);
+    p.cost = o.cost.cost(rows, len);
+    pieces.push_back(p);
+    start += len;
+  }
+}
+
+void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
+                       const PrefillScheduleOptions& o, PrefillSchedule& s) {
+  validate_options(o);
+  validate_lengths(qo_lens, kv_lens);
+  const int batch = static_cast<int>(qo_lens.size());
+  const int heads = o.num_kv_heads;
+  const int ctas = o.num_ctas;
+  const int tile_rows = o.tile_rows > 0 ? o.tile_rows : choose_query_tile_rows(qo_lens, o.group);
+  const int tile_tokens = tile_rows / o.group;
+
+  // Every tile has >= 1 work item: fail before walking an impossible number of tiles.
+  int64_t num_tiles = 0;
+  for (int r = 0; r < batch; ++r) {
+    num_tiles = saturating_add(num_tiles, saturating_mul(ceil_div(qo_lens[r], tile_tokens), heads));
+  }
+  check(num_tiles <= o.max_work_items, "plan_prefill: the schedule needs at least ", num_tiles,
+        " work items (one per query tile and KV head, ", tile_rows, "-row tiles) but the "
+        "workspace has max_work_items = ", o.max_work_items);
+
+  // T (visible KV over all tiles and heads) and the longest visible range; then L_kv.
+  __int128 total = 0;  // up to 2^31 tiles x 2^31 tokens x 2^31 heads: int64 could overflow
+  int64_t longest = 0;
+  for (int r = 0; r < batch; ++r) {
+    for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
+      const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
+      const int64_t v = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      total += static_cast<__int128>(v) * heads;
+      longest = std::max(longest, v);
+    }
+  }
+  int64_t bound;
+  if (o.fixed_split_size > 0) {
+    bound = o.fixed_split_size;
+  } else if (o.disable_split_kv) {
+    bound = longest;
+  } else {
+    // Clamping at INT32_MAX changes no chunk: no tile sees more.
+    const __int128 per_cta = (total + ctas - 1) / ctas;
+    bound = std::max<int64_t>(o.min_chunk_tokens,
+                              static_cast<int64_t>(std::min<__int128>(per_cta, INT32_MAX)));
+  }
+
+  // Count items and slots before building anything, so an impossible plan fails fast.
+  int64_t num_items = 0, num_slots = 0;
+  for (int r = 0; r < batch; ++r) {
+    for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
+      const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
+      const int64_t n =
+          num_chunks(visible_end(qo_lens[r], kv_lens[r], q_end, o.causal), bound, o);
+      num_items = saturating_add(num_items, saturating_mul(n, heads));
+      if (n > 1) num_slots = saturating_add(num_slots, saturating_mul(n, heads));
+    }
+  }
+  const char* advice =
+      o.fixed_split_size > 0
+          ? "use a larger fixed_split_size or a larger workspace"
+          : "size the workspace with max_prefill_slots / max_prefill_work_items, or use a larger "
+            "fixed_split_size";
+  check(num_slots <= o.max_slots, "plan_prefill: the schedule needs ", num_slots,
+        " partial-state slots but the workspace has max_slots = ", o.max_slots, "; ", advice);
+  check(num_items <= o.max_work_items, "plan_prefill: the schedule needs ", num_items,
+        " work items but the workspace has max_work_items = ", o.max_work_items, "; ", advice);
+
+  // Cut every tile into pieces, in (request, q_start, kv_start) order. A split tile's kv_head h
+  // takes slots first_slot + h * n + [0, n) (consecutive, in KV order) and merge first_merge + h.
+  std::vector<Piece> pieces;
+  pieces.reserve(static_cast<size_t>(num_items / heads));
+  int next_slot = 0, next_merge = 0;
+  for (int r = 0; r < batch; ++r) {
+    for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
+      const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
+      const int64_t v = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t n = num_chunks(v, bound, o);
+      Piece tile{r, static_cast<int>(q), static_cast<int>(q_end), 0, 0, 0, 1, -1, -1, 0.0};
+      if (n > 1) {
+        tile.first_slot = next_slot;
+        tile.first_merge = next_merge;
+        next_slot += static_cast<int>(n) * heads;  // <= num_slots <= max_slots: no overflow
+        next_merge += heads;
+      }
+      cut_tile(tile, v, n, o, pieces);
+    }
+  }
+
+  // Costliest first; ties in piece order, i.e. by (request, q_start, kv_start). The heads of a
+  // piece follow one another (equal cost), so the order of chunks is total and deterministic.
+  std::vector<uint32_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    if (pieces[a].cost != pieces[b].cost) return pieces[a].cost > pieces[b].cost;
+    return a < b;
+  });
+
+  // Greedy LPT: each chunk, in that order, goes to the least-loaded CTA (ties to the lower index),
+  // popped from a min-heap of (load, cta). With any order, when the last chunk c of the most
+  // loaded CTA was given its load was the minimum, <= (total - c) / C: max <= mean + max chunk.
+  using Load = std::pair<double, int>;
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+  for (int c = 0; c < ctas; ++c) heap.push({0.0, c});
+  std::vector<int> cta_of(static_cast<size_t>(num_items));  // CTA of each chunk, in order
+  s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
+  s.cta_cost.assign(static_cast<size_t>(ctas), 0.0);
+  size_t i = 0;
+  for (uint32_t p : order) {
+    for (int h = 0; h < heads; ++h) {
+      const auto [load, c] = heap.top();
+      heap.pop();
+      heap.push({load + pieces[p].cost, c});
+      cta_of[i++] = c;
+      ++s.cta_work_indptr[c + 1];
+    }
+  }
+  while (!heap.empty()) {
+    s.cta_cost[heap.top().second] = heap.top().first;
+    heap.pop();
+  }
+  for (int c = 0; c < ctas; ++c) s.cta_work_indptr[c + 1] += s.cta_work_indptr[c];
+
+  // Group by CTA, each CTA's items in assignment order (a counting sort).
+  std::vector<int> next(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
+  s.work.resize(static_cast<size_t>(num_items));
+  i = 0;
+  for (uint32_t p : order) {
+    const Piece& piece = pieces[p];
+    for (int h = 0; h < heads; ++h) {
+      // Every field is written, so a reused schedule keeps nothing stale; page_base is the op's.
+      PrefillWorkItem item{};
+      item.request = piece.request;
+      item.kv_head = h;
+      item.q_start = piece.q_start;
+      item.q_end = piece.q_end;
+      item.kv_start = piece.kv_start;
+      item.kv_end = piece.kv_end;
+      const bool split = piece.first_slot >= 0;
+      item.slot = split ? piece.first_slot + h * piece.tile_chunks + piece.chunk : -1;
+      item.merge = split ? piece.first_merge + h : -1;
+      item.page_base = 0;
+      s.work[next[cta_of[i++]]++] = item;
+    }
+  }
+
+  // One merge item per split tile and head, in (request, q_start, kv_head) order.
+  s.merge.clear();
+  s.merge.reserve(static_cast<size_t>(next_merge));
+  for (const Piece& piece : pieces) {
+    if (piece.first_slot < 0 || piece.chunk != 0) continue;
+    for (int h = 0; h < heads; ++h) {
+      const int begin = piece.first_slot + h * piece.tile_chunks;
+      s.merge.push_back(
+          {piece.request, h, piece.q_start, piece.q_end, begin, begin + piece.tile_chunks});
+    }
+  }
+  s.num_ctas = ctas;
+  s.tile_rows = tile_rows;
+  s.tile_tokens = tile_tokens;
+  s.num_slots = next_slot;
+  s.chunk_bound = bound;
+}
+
+}  // namespace
+
+int choose_query_tile_rows(std::span<const int64_t> qo_lens, int group) {
+  check_group(group, "choose_query_tile_rows");
+  __int128 sum = 0;
+  int64_t non_empty = 0;
+  for (size_t i = 0; i < qo_lens.size(); ++i) {
+    check(qo_lens[i] >= 0, "choose_query_tile_rows: qo_lens[", i, "] = ", qo_lens[i],
+          " is negative");
+    sum += qo_lens[i];
+    non_empty += qo_lens[i] > 0;
+  }
+  const int floor_rows = smallest_tile_rows(group);
+  if (non_empty == 0) return floor_rows;
+  // rows >= average * group  <=>  rows * non_empty >= sum * group (exact, no rounding).
+  for (int rows : kPrefillTileRows) {
+    if (static_cast<__int128>(rows) * non_empty >= sum * group) return std::max(rows, floor_rows);
+  }
+  return kMaxPrefillTileRows;
+}
+
+void plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
+                  const PrefillScheduleOptions& opts, PrefillSchedule* out) {
+  check(out != nullptr, "plan_prefill: out is null");
+  // Everything that can throw does so before `out` is first written.
+  plan_prefill_into(qo_lens, kv_lens, opts, *out);
+}
+
+PrefillSchedule plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
+                             const PrefillScheduleOptions& opts) {
+  PrefillSchedule s;
+  plan_prefill(qo_lens, kv_lens, opts, &s);
+  return s;
+}
+
+int max_prefill_tiles(int max_batch, int64_t max_qo_tokens, int num_kv_heads, int group,
+                      int tile_rows) {
+  check(max_batch > 0 && num_kv_heads > 0 && max_qo_tokens >= 0,
+        "max_prefill_tiles: max_batch and num_kv_heads must be > 0 and max_qo_tokens >= 0 (got ",
+        max_batch, ", ", num_kv_heads, ", ", max_qo_tokens, ")");
+  check_group(group, "max_prefill_tiles");
+  check(tile_rows == 0 || (is_tile_rows(tile_rows) && tile_rows >= group),
+        "max_prefill_tiles: tile_rows must be 0 (any the heuristic picks) or one of 16, 32, 64, "
+        "128 and >= group (got ", tile_rows, ", group ", group, ")");
+  const int64_t t = (tile_rows > 0 ? tile_rows : smallest_tile_rows(group)) / group;
+  const int64_t non_empty = std::min<int64_t>(max_batch, max_qo_tokens);
+  const __int128 per_head = (static_cast<__int128>(max_qo_tokens) + non_empty * (t - 1)) / t;
+  const __int128 tiles = per_head * num_kv_heads;
+  check(tiles <= INT_MAX, "max_prefill_tiles: ", static_cast<int64_t>(std::min<__int128>(
+        tiles, kCountSaturation)), " tiles overflow int (max_batch ", max_batch,
+        ", max_qo_tokens ", max_qo_tokens, ", num_kv_heads ", num_kv_heads, ")");
+  return static_cast<int>(tiles);
+}
+
+int max_prefill_work_items(int max_tiles, int num_ctas) {
+  check(max_tiles >= 0 && num_ctas > 0, "max_prefill_work_items: max_tiles must be >= 0 and "
+        "num_ctas > 0 (got ", max_tiles, ", ", num_ctas, ")");
+  const int64_t items = int64_t{max_tiles} + num_ctas;
+  check(items <= INT_MAX, "max_prefill_work_items: ", max_tiles, " + ", num_ctas, " = ", items,
+        " overflows int");
+  return static_cast<int>(items);
+}
+
+int max_prefill_slots(int num_ctas) {
+  check(num_ctas > 0, "max_prefill_slots: num_ctas must be > 0 (got ", num_ctas, ")");
+  check(num_ctas <= INT_MAX / 2,
+        "max_prefill_slots: 2 * num_ctas overflows int (num_ctas = ", num_ctas, ")");
+  return 2 * num_ctas;
+}
+
+int max_prefill_merge_items(int max_slots) {
+  check(max_slots >= 0, "max_prefill_merge_items: max_slots must be >= 0 (got ", max_slots, ")");
+  return max_slots / 2;
+}
+
+}  // namespace flashkv::scheduler
