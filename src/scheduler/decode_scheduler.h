@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/decode_plan.cuh"
+#include "scheduler/plan_image.h"
 
 namespace flashkv::scheduler {
 
@@ -74,15 +75,7 @@ int max_decode_merge_items(int max_slots);
 // The arrays lie one after another in this order, each starting at a 16-byte aligned offset:
 //   int cta_work_indptr[num_ctas + 1]; DecodeWorkItem work[max_work_items];
 //   int num_merge_items; DecodeMergeItem merge[max_merge_items].
-struct DecodePlanLayout {
-  size_t header = 0;           // DecodePlanHeader, offsets in bytes from the start of the region
-  size_t cta_work_indptr = 0;  // [num_ctas + 1] ints
-  size_t work = 0;             // used work items, then (16-byte aligned) the used merge items
-  size_t bytes = 0;            // capacity of the region for the largest schedule
-  int num_ctas = 0;            // the capacities the layout was made for
-  int max_work_items = 0;
-  int max_merge_items = 0;
-};
+using DecodePlanLayout = PlanLayout;  // plan_image.h
 DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
 // Writes `s` into `dst` (layout.bytes long) compactly: header, indptr, the used work items, then
 // the used merge items at header.merge_offset. Returns the number of bytes written, so plan()

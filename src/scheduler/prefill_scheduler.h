@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attention/prefill_plan.cuh"
+#include "scheduler/plan_image.h"
 
 namespace flashkv::scheduler {
 
@@ -107,15 +108,7 @@ int max_prefill_merge_items(int max_slots);
 // in this order, each starting at a 16-byte aligned offset:
 //   PrefillPlanHeader; int cta_work_indptr[num_ctas + 1]; PrefillWorkItem work[used];
 //   PrefillMergeItem merge[used] (at header.merge_offset).
-struct PrefillPlanLayout {
-  size_t header = 0;           // PrefillPlanHeader, offsets in bytes from the start of the region
-  size_t cta_work_indptr = 0;  // [num_ctas + 1] ints
-  size_t work = 0;             // used work items, then (16-byte aligned) the used merge items
-  size_t bytes = 0;            // capacity of the region for the largest schedule
-  int num_ctas = 0;            // the capacities the layout was made for
-  int max_work_items = 0;
-  int max_merge_items = 0;
-};
+using PrefillPlanLayout = PlanLayout;  // plan_image.h
 PrefillPlanLayout prefill_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
 // Writes `s` into `dst` (layout.bytes long) compactly and returns the number of bytes written, so
 // plan() copies only those. Throws flashkv::Error if `s` does not fit the layout.
