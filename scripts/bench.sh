@@ -3,6 +3,7 @@
 # Extra arguments go to `flashkv bench` (e.g. `scripts/bench.sh decode --json out.json`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh
 BUILD=${BUILD:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target flashkv_cli

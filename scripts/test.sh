@@ -4,6 +4,7 @@
 # project through find_package(flashkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh
 BUILD=${BUILD:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
