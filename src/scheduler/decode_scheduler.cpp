@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
+#include "scheduler/split_options.h"
 
 namespace flashkv::scheduler {
 namespace {
@@ -357,24 +358,7 @@ struct PlanScratch {
 };
 constexpr int64_t kKeptScratchItems = int64_t{1} << 20;
 
-void validate_options(const DecodeScheduleOptions& o) {
-  check(o.num_ctas > 0, "plan_decode: num_ctas must be > 0 (got ", o.num_ctas, ")");
-  check(o.num_kv_heads > 0, "plan_decode: num_kv_heads must be > 0 (got ", o.num_kv_heads, ")");
-  check(o.fixed_split_size >= 0, "plan_decode: fixed_split_size must be >= 0 (0 = dynamic; got ",
-        o.fixed_split_size, ")");
-  check(!(o.fixed_split_size > 0 && o.disable_split_kv), "plan_decode: fixed_split_size (",
-        o.fixed_split_size, ") and disable_split_kv are mutually exclusive; set one of them");
-  check(o.min_chunk_tokens > 0, "plan_decode: min_chunk_tokens must be > 0 (got ",
-        o.min_chunk_tokens, ")");
-  check(o.max_slots > 0, "plan_decode: max_slots must be > 0 (got ", o.max_slots, ")");
-  check(o.max_work_items > 0, "plan_decode: max_work_items must be > 0 (got ", o.max_work_items,
-        ")");
-  check(std::isfinite(o.cost.alpha) && o.cost.alpha >= 0,
-        "plan_decode: cost.alpha must be finite and >= 0 (got ", o.cost.alpha, ")");
-  // beta > 0 makes cost strictly increasing in chunk length, which the run sort relies on.
-  check(std::isfinite(o.cost.beta) && o.cost.beta > 0,
-        "plan_decode: cost.beta must be finite and > 0 (got ", o.cost.beta, ")");
-}
+void validate_options(const DecodeScheduleOptions& o) { validate_split_options("plan_decode", o); }
 
 // The chunk bound L_kv of the batch (see the proof at the top of the file for the dynamic case).
 // Also validates the lengths, whatever the mode.

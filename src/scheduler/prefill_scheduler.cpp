@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
+#include "scheduler/split_options.h"
 
 namespace flashkv::scheduler {
 namespace {
@@ -88,27 +89,13 @@ int64_t num_chunks(int64_t v, int64_t bound, const PrefillScheduleOptions& o) {
 }
 
 void validate_options(const PrefillScheduleOptions& o) {
-  check(o.num_ctas > 0, "plan_prefill: num_ctas must be > 0 (got ", o.num_ctas, ")");
-  check(o.num_kv_heads > 0, "plan_prefill: num_kv_heads must be > 0 (got ", o.num_kv_heads, ")");
+  validate_split_options("plan_prefill", o);
   check_group(o.group, "plan_prefill");
   check(o.tile_rows == 0 || is_tile_rows(o.tile_rows),
         "plan_prefill: tile_rows must be 0 (choose) or one of 16, 32, 64, 128 (got ", o.tile_rows,
         ")");
   check(o.tile_rows == 0 || o.tile_rows >= o.group, "plan_prefill: tile_rows (", o.tile_rows,
         ") must be >= group (", o.group, ") so that a tile holds a whole query token");
-  check(o.fixed_split_size >= 0, "plan_prefill: fixed_split_size must be >= 0 (0 = dynamic; got ",
-        o.fixed_split_size, ")");
-  check(!(o.fixed_split_size > 0 && o.disable_split_kv), "plan_prefill: fixed_split_size (",
-        o.fixed_split_size, ") and disable_split_kv are mutually exclusive; set one of them");
-  check(o.min_chunk_tokens > 0, "plan_prefill: min_chunk_tokens must be > 0 (got ",
-        o.min_chunk_tokens, ")");
-  check(o.max_slots > 0, "plan_prefill: max_slots must be > 0 (got ", o.max_slots, ")");
-  check(o.max_work_items > 0, "plan_prefill: max_work_items must be > 0 (got ", o.max_work_items,
-        ")");
-  check(std::isfinite(o.cost.alpha) && o.cost.alpha >= 0,
-        "plan_prefill: cost.alpha must be finite and >= 0 (got ", o.cost.alpha, ")");
-  check(std::isfinite(o.cost.beta) && o.cost.beta > 0,
-        "plan_prefill: cost.beta must be finite and > 0 (got ", o.cost.beta, ")");
 }
 
 void validate_lengths(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens) {

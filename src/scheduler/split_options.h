@@ -1,0 +1,31 @@
+// Checks of the split-KV options the decode and prefill schedulers share (fixed_split_size,
+// disable_split_kv, min_chunk_tokens, the capacities and the cost model). `what` names the
+// planner in the messages ("plan_decode", "plan_prefill").
+#pragma once
+
+#include <cmath>
+
+#include "flashkv/error.h"
+
+namespace flashkv::scheduler {
+
+template <class Options>
+void validate_split_options(const char* what, const Options& o) {
+  check(o.num_ctas > 0, what, ": num_ctas must be > 0 (got ", o.num_ctas, ")");
+  check(o.num_kv_heads > 0, what, ": num_kv_heads must be > 0 (got ", o.num_kv_heads, ")");
+  check(o.fixed_split_size >= 0, what, ": fixed_split_size must be >= 0 (0 = dynamic; got ",
+        o.fixed_split_size, ")");
+  check(!(o.fixed_split_size > 0 && o.disable_split_kv), what, ": fixed_split_size (",
+        o.fixed_split_size, ") and disable_split_kv are mutually exclusive; set one of them");
+  check(o.min_chunk_tokens > 0, what, ": min_chunk_tokens must be > 0 (got ", o.min_chunk_tokens,
+        ")");
+  check(o.max_slots > 0, what, ": max_slots must be > 0 (got ", o.max_slots, ")");
+  check(o.max_work_items > 0, what, ": max_work_items must be > 0 (got ", o.max_work_items, ")");
+  check(std::isfinite(o.cost.alpha) && o.cost.alpha >= 0, what,
+        ": cost.alpha must be finite and >= 0 (got ", o.cost.alpha, ")");
+  // beta > 0 makes cost strictly increasing in chunk length, which the run sorts rely on.
+  check(std::isfinite(o.cost.beta) && o.cost.beta > 0, what,
+        ": cost.beta must be finite and > 0 (got ", o.cost.beta, ")");
+}
+
+}  // namespace flashkv::scheduler
