@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/schedule_checks.h"
 #include "common/test_util.h"
 #include "flashkv/error.h"
 #include "scheduler/decode_scheduler.h"
@@ -84,27 +85,8 @@ void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
     }
   }
 
-  // Per CTA: the recorded cost is the sum of its items' costs, and its items are in assignment
-  // order, i.e. by non-increasing cost (chunks are handed out in descending cost).
-  double total = 0, max_item = 0, max_load = 0;
-  for (int c = 0; c < ctas; ++c) {
-    double load = 0;
-    for (int i = s.cta_work_indptr[c]; i < s.cta_work_indptr[c + 1]; ++i) {
-      const double cost = item_cost(o, s.work[i]);
-      if (i > s.cta_work_indptr[c]) {
-        ASSERT_LE(cost, item_cost(o, s.work[i - 1]));
-      }
-      load += cost;
-      max_item = std::max(max_item, cost);
-    }
-    EXPECT_DOUBLE_EQ(load, s.cta_cost[c]) << "CTA " << c;
-    total += load;
-    max_load = std::max(max_load, load);
-  }
-  // Balance. Greedy to the least-loaded CTA: when the last chunk j of the heaviest CTA was given,
-  // that CTA held the minimum load, <= (total - c_j) / C; so max <= total / C + max chunk cost.
-  const double mean = total / ctas;
-  EXPECT_LE(max_load, mean + max_item + 1e-9 * std::max(1.0, total));
+  // Per CTA: costs in assignment order, recorded loads, and the LPT balance bound.
+  test::expect_balanced_cta_loads(s, ctas, [&](const auto& w) { return item_cost(o, w); });
 
   // Coverage: sorted by (request, kv_head, kv_start), each tile's chunks tile [0, l) exactly.
   std::vector<DecodeWorkItem> items = s.work;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/schedule_checks.h"
 #include "flashkv/error.h"
 #include "scheduler/prefill_scheduler.h"
 
@@ -113,24 +114,8 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
     ASSERT_EQ(w.page_base, 0);
   }
 
-  // Per CTA: the recorded cost is the sum of its items' costs, in non-increasing order.
-  double total = 0, max_item = 0, max_load = 0;
-  for (int c = 0; c < ctas; ++c) {
-    double load = 0;
-    for (int i = s.cta_work_indptr[c]; i < s.cta_work_indptr[c + 1]; ++i) {
-      const double cost = item_cost(o, s.work[i]);
-      if (i > s.cta_work_indptr[c]) {
-        ASSERT_LE(cost, item_cost(o, s.work[i - 1]));
-      }
-      load += cost;
-      max_item = std::max(max_item, cost);
-    }
-    EXPECT_DOUBLE_EQ(load, s.cta_cost[c]) << "CTA " << c;
-    total += load;
-    max_load = std::max(max_load, load);
-  }
-  // Balance: greedy to the least-loaded CTA gives max <= mean + max chunk cost.
-  EXPECT_LE(max_load, total / ctas + max_item + 1e-9 * std::max(1.0, total));
+  // Per CTA: costs in assignment order, recorded loads, and the LPT balance bound.
+  test::expect_balanced_cta_loads(s, ctas, [&](const auto& w) { return item_cost(o, w); });
 
   // Expected L_kv in the dynamic mode.
   int64_t visible_total = 0;
