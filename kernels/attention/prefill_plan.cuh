@@ -20,7 +20,11 @@ struct PrefillWorkItem {
   int kv_end;     // one past the last KV token
   int slot;       // -1: write the final output directly; else the partial-state slot to write
   int merge;      // slot >= 0: index of the tile's PrefillMergeItem; else -1
-  int page_base;  // kv_indptr[request]: the request's first entry in kv_indices (filled by the op)
+  int page_base;  // kv_indptr[request] (filled by the op): the request's first entry in
+                  // kv_indices (paged KV) or its first KV token (ragged KV)
+  int q_base;     // qo_indptr[request] (filled by the op): the request's first query row
+  int diag;       // kv_len - qo_len of the request (filled by the op): with a causal mask query
+                  // token i sees KV positions <= diag + i
 };
 
 // One split query tile: its partial states live in slots [slot_begin, slot_end), in KV order
@@ -32,6 +36,7 @@ struct PrefillMergeItem {
   int q_end;
   int slot_begin;
   int slot_end;
+  int q_base;  // qo_indptr[request] (filled by the op)
 };
 
 // The plan region starts with this header. Only the used bytes of the region are copied to the
@@ -42,5 +47,23 @@ struct PrefillPlanHeader {
   int num_work_items;
   int tile_rows;  // rows of a query tile; the kernel specialization must match
 };
+
+// Device pointers into the workspace, fixed for the life of a prefill object (so a captured CUDA
+// graph stays valid after a later plan()). Counts are read from device memory for the same reason.
+struct PrefillPlanPtrs {
+  const PrefillPlanHeader* header;  // at the start of the plan region
+  const int* cta_work_indptr;       // [num_ctas + 1]
+  const PrefillWorkItem* work;      // [num_work_items]
+  float* partial_o;                 // [max_slots, tile_rows, head_dim], normalized outputs
+  float* partial_lse;               // [max_slots, tile_rows], base-2 LSE
+  int* merge_arrivals;              // [max_merge_items], zero between runs
+};
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)  // device code only; the host writes the bytes
+__device__ __forceinline__ const PrefillMergeItem* prefill_merge_items(const PrefillPlanPtrs& p) {
+  return reinterpret_cast<const PrefillMergeItem*>(reinterpret_cast<const char*>(p.header) +
+                                                  p.header->merge_offset);
+}
+#endif
 
 }  // namespace flashkv

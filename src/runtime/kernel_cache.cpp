@@ -9,7 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "flashkv/error.h"
@@ -37,7 +40,7 @@ uint64_t request_hash(const CompileRequest& req) {
     XXH3_64bits_update(st, s.data(), s.size());
   };
   add(req.source);
-  const uint64_t srcs = embedded_sources_hash();
+  const uint64_t srcs = included_sources_hash(req.source);
   XXH3_64bits_update(st, &srcs, sizeof(srcs));
   for (const auto& o : base_nvrtc_options(req.arch)) add(o);
   for (const auto& o : req.options) add(o);
@@ -141,6 +144,53 @@ std::string default_cache_dir() {
     return std::string(home) + "/.cache/flashkv";
   // Per user: a shared world-writable directory would let another user plant cubins.
   return "/tmp/flashkv-cache-" + std::to_string(getuid());
+}
+
+namespace {
+// The `#include "..."` targets named in `text` (all kernel includes are relative to kernels/).
+std::vector<std::string> quoted_includes(std::string_view text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = text.find("#include", pos)) != std::string_view::npos) {
+    pos += 8;
+    const size_t open = text.find_first_not_of(" \t", pos);
+    if (open == std::string_view::npos || text[open] != '"') continue;
+    const size_t close = text.find('"', open + 1);
+    if (close == std::string_view::npos) break;
+    out.emplace_back(text.substr(open + 1, close - open - 1));
+    pos = close;
+  }
+  return out;
+}
+}  // namespace
+
+uint64_t included_sources_hash(const std::string& source) {
+  // Only the embedded headers `source` reaches (transitively) enter the key, so editing the
+  // prefill kernel does not invalidate cached decode cubins. A header not found is skipped here
+  // (NVRTC reports it); a preprocessor-conditional include is hashed either way (conservative).
+  std::map<std::string_view, std::string_view> files;
+  for (const auto& f : embedded_kernel_files()) files.emplace(f.path, f.source);
+  std::set<std::string> seen;
+  std::vector<std::string> todo = quoted_includes(source);
+  while (!todo.empty()) {
+    std::string path = std::move(todo.back());
+    todo.pop_back();
+    if (!seen.insert(path).second) continue;
+    auto it = files.find(path);
+    if (it == files.end()) continue;
+    for (auto& inc : quoted_includes(it->second)) todo.push_back(std::move(inc));
+  }
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (const auto& path : seen) {  // std::set: sorted, so the order is deterministic
+    auto it = files.find(path);
+    if (it == files.end()) continue;
+    XXH3_64bits_update(st, path.c_str(), path.size() + 1);
+    XXH3_64bits_update(st, it->second.data(), it->second.size());
+  }
+  const uint64_t v = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return v;
 }
 
 uint64_t embedded_sources_hash() {

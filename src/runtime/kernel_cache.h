@@ -2,8 +2,9 @@
 //
 // A specialization is named by a short id ("merge_states<f16>") that the op builds cheaply; the
 // full compile request (source text, options) is only generated on a miss. The disk key is a
-// 64-bit xxHash of source + every embedded kernel header + options + name expressions + NVRTC
-// version + arch, so editing any kernel header invalidates old entries. Disk entries carry a
+// 64-bit xxHash of source + the embedded kernel headers it includes (transitively) + options +
+// name expressions + NVRTC version + arch, so editing a header invalidates exactly the entries
+// of the kernels that read it. Disk entries carry a
 // checksum; a corrupt or truncated entry is detected, recompiled and replaced (temp file +
 // rename, so concurrent writers never expose a partial file). Thread-safe.
 #pragma once
@@ -76,5 +77,8 @@ std::string device_arch(int device);
 std::string default_cache_dir();
 // 64-bit hash of the embedded kernel sources (part of every cache key).
 uint64_t embedded_sources_hash();
+// Hash of the embedded kernel headers `source` includes, directly or transitively (part of every
+// cache key: a kernel's entry is invalidated exactly when a header it reads changes).
+uint64_t included_sources_hash(const std::string& source);
 
 }  // namespace flashkv::runtime

@@ -92,5 +92,19 @@ TEST(Jit, CorruptDiskEntryIsRecompiled) {
   EXPECT_EQ(after.compiles, before.compiles + 1);
 }
 
+TEST(Jit, CacheKeyCoversExactlyTheIncludedHeaders) {
+  // decode.cuh reaches types.cuh through several paths; merge.cuh does not reach decode_common.
+  const std::string decode = "#include \"attention/decode.cuh\"\n";
+  const std::string merge = "#include  \"attention/merge.cuh\"\n";
+  EXPECT_EQ(runtime::included_sources_hash(decode), runtime::included_sources_hash(decode));
+  EXPECT_NE(runtime::included_sources_hash(decode), runtime::included_sources_hash(merge));
+  // merge.cuh's closure is merge.cuh + types.cuh: naming types.cuh as well changes nothing.
+  EXPECT_EQ(runtime::included_sources_hash(merge),
+            runtime::included_sources_hash(merge + "#include \"primitives/types.cuh\"\n"));
+  // A header outside the closure does change it.
+  EXPECT_NE(runtime::included_sources_hash(merge),
+            runtime::included_sources_hash(merge + "#include \"primitives/mma.cuh\"\n"));
+}
+
 }  // namespace
 }  // namespace flashkv
