@@ -13,66 +13,21 @@
 namespace flashkv::cli {
 namespace {
 
-constexpr size_t kL2RotateBytes = size_t(200) << 20;  // rotate input copies until 4x the 50 MB L2
-
 struct DecodeSetup {
-  int B, Hq, Hkv, D, page;
-  DType dt;
-  std::vector<int64_t> lens;
-  int64_t pages_per_copy = 0;
-  int copies = 1;
-  std::vector<int32_t> indptr, last;
-  std::vector<std::vector<int32_t>> indices;  // per copy
-  DeviceBuffer k, v, q, out, idx;
+  int B, Hq;
+  BenchPagedKV kv;
+  DeviceBuffer q, out;
   size_t bytes_moved = 0;
 };
 
 void build(DecodeSetup& st, uint64_t seed, Stream s) {
-  st.indptr = {0};
-  int64_t tokens = 0;
-  for (int64_t l : st.lens) {
-    const int64_t p = (l + st.page - 1) / st.page;
-    st.indptr.push_back(static_cast<int32_t>(st.indptr.back() + p));
-    st.last.push_back(static_cast<int32_t>(p ? l - (p - 1) * st.page : 0));
-    tokens += l;
-  }
-  st.pages_per_copy = st.indptr.back();
-  const size_t kv_bytes = size_t(tokens) * st.Hkv * st.D * 2 * dtype_size(st.dt);
-  st.copies = static_cast<int>(
-      std::clamp<size_t>((kL2RotateBytes + kv_bytes - 1) / std::max<size_t>(kv_bytes, 1), 1, 8));
-  const size_t page_elems = size_t(st.page) * st.Hkv * st.D;
-  const size_t total_pages = size_t(st.pages_per_copy) * st.copies;
-  st.k = DeviceBuffer(total_pages * page_elems * dtype_size(st.dt));
-  st.v = DeviceBuffer(total_pages * page_elems * dtype_size(st.dt));
-  device_fill_uniform(st.k.data(), st.dt, total_pages * page_elems, seed, -1, 1, s);
-  device_fill_uniform(st.v.data(), st.dt, total_pages * page_elems, seed + 1, -1, 1, s);
-  const size_t q_elems = size_t(st.B) * st.Hq * st.D;
-  st.q = DeviceBuffer(std::max<size_t>(q_elems * dtype_size(st.dt) * st.copies, 16));
-  device_fill_uniform(st.q.data(), st.dt, q_elems * st.copies, seed + 2, -1, 1, s);
-  st.out = DeviceBuffer(std::max<size_t>(q_elems * dtype_size(st.dt), 16));
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  st.idx = DeviceBuffer(std::max<size_t>(total_pages * 4, 16));
-  for (int c = 0; c < st.copies; ++c) {
-    std::vector<int32_t> perm(st.pages_per_copy);
-    std::iota(perm.begin(), perm.end(), static_cast<int32_t>(c * st.pages_per_copy));
-    std::shuffle(perm.begin(), perm.end(), rng);  // scattered pages, as a real cache has
-    st.idx.copy_from_host(perm.data(), perm.size() * 4, size_t(c) * st.pages_per_copy * 4);
-    st.indices.push_back(std::move(perm));
-  }
-  st.bytes_moved = 2 * q_elems * dtype_size(st.dt) + kv_bytes;
-}
-
-PagedKVCache device_cache(const DecodeSetup& st, int copy) {
-  const int64_t total_pages = st.pages_per_copy * st.copies;
-  PagedKVCache c;
-  c.k = TensorView(st.k.data(), st.dt, {total_pages, st.page, st.Hkv, st.D}, Device::cuda(0));
-  c.v = TensorView(st.v.data(), st.dt, {total_pages, st.page, st.Hkv, st.D}, Device::cuda(0));
-  c.indices = TensorView(static_cast<int32_t*>(st.idx.data()) + copy * st.pages_per_copy,
-                         DType::i32, {std::max<int64_t>(st.pages_per_copy, 1)}, Device::cuda(0));
-  // indptr / last_page_len are only read on the host (plan); their device views carry shapes.
-  c.indptr = TensorView(st.idx.data(), DType::i32, {st.B + 1}, Device::cuda(0));
-  c.last_page_len = TensorView(st.idx.data(), DType::i32, {st.B}, Device::cuda(0));
-  return c;
+  st.kv.build(rotation_copies(st.kv.kv_bytes()), seed, s);
+  const DType dt = st.kv.dtype;
+  const size_t q_elems = size_t(st.B) * st.Hq * st.kv.head_dim;
+  st.q = DeviceBuffer(std::max<size_t>(q_elems * dtype_size(dt) * st.kv.copies, 16));
+  device_fill_uniform(st.q.data(), dt, q_elems * st.kv.copies, seed + 2, -1, 1, s);
+  st.out = DeviceBuffer(std::max<size_t>(q_elems * dtype_size(dt), 16));
+  st.bytes_moved = 2 * q_elems * dtype_size(dt) + st.kv.kv_bytes();
 }
 
 // Relative error of up to 4 sampled requests of copy 0 against the CPU reference.
@@ -80,32 +35,29 @@ double check_sampled(const DecodeSetup& st, float sm_scale) {
   std::vector<int> reqs = {0, st.B / 3, (2 * st.B) / 3, st.B - 1};
   std::sort(reqs.begin(), reqs.end());
   reqs.erase(std::unique(reqs.begin(), reqs.end()), reqs.end());
-  const size_t esz = dtype_size(st.dt);
-  const size_t page_bytes = size_t(st.page) * st.Hkv * st.D * esz;
-  const size_t row_bytes = size_t(st.Hq) * st.D * esz;
-  std::vector<double> got_all, ref_all, lowp_all;
+  const BenchPagedKV& kv = st.kv;
+  const DType dt = kv.dtype;
+  const int D = kv.head_dim;
+  const size_t row_bytes = size_t(st.Hq) * D * dtype_size(dt);
+  std::vector<double> got_all, ref_all;
   for (int r : reqs) {
-    const int np = st.indptr[r + 1] - st.indptr[r];
-    HostTensor k(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D}),
-        v(st.dt, {std::max(np, 1), st.page, st.Hkv, st.D});
-    for (int p = 0; p < np; ++p) {
-      const size_t src = size_t(st.indices[0][st.indptr[r] + p]) * page_bytes;
-      st.k.copy_to_host(static_cast<char*>(k.data()) + p * page_bytes, page_bytes, src);
-      st.v.copy_to_host(static_cast<char*>(v.data()) + p * page_bytes, page_bytes, src);
-    }
-    HostTensor q(st.dt, {1, st.Hq, st.D}), out(st.dt, {1, st.Hq, st.D});
+    const int np = kv.indptr[r + 1] - kv.indptr[r];
+    HostTensor k(dt, {std::max(np, 1), kv.page_size, kv.num_kv_heads, D}),
+        v(dt, {std::max(np, 1), kv.page_size, kv.num_kv_heads, D});
+    kv.pages_to_host(r, k.data(), v.data());
+    HostTensor q(dt, {1, st.Hq, D}), out(dt, {1, st.Hq, D});
     st.q.copy_to_host(q.data(), row_bytes, r * row_bytes);
     st.out.copy_to_host(out.data(), row_bytes, r * row_bytes);
     std::vector<int32_t> ind(np > 0 ? np : 1);
     std::iota(ind.begin(), ind.end(), 0);
-    std::vector<int32_t> iptr = {0, np}, lst = {st.last[r]};
+    std::vector<int32_t> iptr = {0, np}, lst = {kv.last[r]};
     PagedKVCache c;
     c.k = k.view();
     c.v = v.view();
     c.indptr = TensorView(iptr.data(), DType::i32, {2});
     c.indices = TensorView(ind.data(), DType::i32, {static_cast<int64_t>(ind.size())});
     c.last_page_len = TensorView(lst.data(), DType::i32, {1});
-    HostTensor ref(DType::f32, {1, st.Hq, st.D}), lowp(st.dt, {1, st.Hq, st.D});
+    HostTensor ref(DType::f32, {1, st.Hq, D});
     AttentionOptions ao;
     ao.sm_scale = sm_scale;
     reference::batch_decode(q.view(), c, ref.view(), TensorView(), ao);
@@ -126,24 +78,19 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan");
   for (const auto& w : wls) {
-    if (w.kind != "decode") continue;
-    if (!o.workloads.empty() &&
-        std::find(o.workloads.begin(), o.workloads.end(), w.id) == o.workloads.end())
-      continue;
+    if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
-      if (!o.shapes.empty() &&
-          std::find(o.shapes.begin(), o.shapes.end(), sh.name) == o.shapes.end())
-        continue;
+      if (!selected(o.shapes, sh.name)) continue;
       for (DType dt : o.dtypes) {
-        DecodeSetup st{static_cast<int>(w.lens.size()),
-                       sh.num_qo_heads,
-                       sh.num_kv_heads,
-                       o.head_dim,
-                       o.page_size,
-                       dt,
-                       w.lens};
+        DecodeSetup st{static_cast<int>(w.lens.size()), sh.num_qo_heads};
+        st.kv.num_kv_heads = sh.num_kv_heads;
+        st.kv.head_dim = o.head_dim;
+        st.kv.page_size = o.page_size;
+        st.kv.dtype = dt;
+        st.kv.lens = w.lens;
         build(st, seed++, s);
-        BatchDecodeConfig cfg{st.B, st.Hq, st.D};
+        const int D = o.head_dim;
+        BatchDecodeConfig cfg{st.B, st.Hq, D};
         cfg.ctas_per_sm = o.ctas_per_sm;
         DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
         BatchDecode dec(cfg, ws.data(), ws.size());
@@ -151,20 +98,20 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
                      : o.backend == "tc" ? DecodeBackend::kTensorCores
                                          : DecodeBackend::kAuto;
-        dec.plan(st.indptr.data(), st.last.data(), st.B, st.Hq, st.Hkv, st.D, st.page, dt, dt, dt,
-                 po, s);
+        dec.plan(st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq, sh.num_kv_heads, D,
+                 o.page_size, dt, dt, dt, po, s);
         std::vector<PagedKVCache> caches;
-        for (int c = 0; c < st.copies; ++c) caches.push_back(device_cache(st, c));
-        const size_t q_bytes = size_t(st.B) * st.Hq * st.D * dtype_size(dt);
+        for (int c = 0; c < st.kv.copies; ++c) caches.push_back(st.kv.device_view(c));
+        const size_t q_bytes = size_t(st.B) * st.Hq * D * dtype_size(dt);
         auto qview = [&](int c) {
-          return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, st.D},
+          return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, D},
                             Device::cuda(0));
         };
-        const TensorView out(st.out.data(), dt, {st.B, st.Hq, st.D}, Device::cuda(0));
+        const TensorView out(st.out.data(), dt, {st.B, st.Hq, D}, Device::cuda(0));
         const Timing t = time_on_stream(
             s,
             [&](int rep) {
-              const int c = rep % st.copies;
+              const int c = rep % st.kv.copies;
               dec.run(qview(c), caches[c], out, TensorView(), s);
             },
             5, o.reps);
@@ -190,7 +137,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                         {"pct_read_ceiling", 100 * tbps / ceil.read_tbps},
                         {"rel_err", err},
                         {"bytes", st.bytes_moved},
-                        {"copies_rotated", st.copies},
+                        {"copies_rotated", st.kv.copies},
                         {"work_items", info.num_work_items},
                         {"split_tiles", info.num_split_tiles},
                         {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"}});

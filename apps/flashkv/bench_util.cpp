@@ -4,9 +4,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <numeric>
+#include <random>
 
 #include "flashkv/error.h"
+#include "flashkv/host_tensor.h"
 #include "ops/jit_util.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
@@ -140,6 +144,80 @@ Ceilings measure_ceilings(Stream s) {
   c.copy_tbps = 2.0 * copy_bytes / (ct.median_us * 1e-6) / 1e12;
   c.gemm_f16_tflops = gemm_tflops(s, DType::f16);
   c.gemm_bf16_tflops = gemm_tflops(s, DType::bf16);
+  return c;
+}
+
+int rotation_copies(size_t bytes_per_copy) {
+  constexpr size_t kL2RotateBytes = size_t(200) << 20;  // 4x the 50 MB L2
+  const size_t b = std::max<size_t>(bytes_per_copy, 1);
+  return static_cast<int>(std::clamp<size_t>((kL2RotateBytes + b - 1) / b, 1, 8));
+}
+
+size_t BenchPagedKV::kv_bytes() const {
+  const int64_t tokens = std::accumulate(lens.begin(), lens.end(), int64_t{0});
+  return size_t(tokens) * num_kv_heads * head_dim * 2 * dtype_size(dtype);
+}
+
+void BenchPagedKV::build(int num_copies, uint64_t seed, Stream s) {
+  indptr = {0};
+  last.clear();
+  indices.clear();
+  for (int64_t l : lens) {
+    const int64_t p = (l + page_size - 1) / page_size;
+    indptr.push_back(static_cast<int32_t>(indptr.back() + p));
+    last.push_back(static_cast<int32_t>(p ? l - (p - 1) * page_size : 0));
+  }
+  pages_per_copy = indptr.back();
+  copies = num_copies;
+  const size_t page_elems = size_t(page_size) * num_kv_heads * head_dim;
+  const size_t total_pages = size_t(pages_per_copy) * copies;
+  k = DeviceBuffer(std::max<size_t>(total_pages * page_elems * dtype_size(dtype), 16));
+  v = DeviceBuffer(std::max<size_t>(total_pages * page_elems * dtype_size(dtype), 16));
+  device_fill_uniform(k.data(), dtype, total_pages * page_elems, seed, -1, 1, s);
+  device_fill_uniform(v.data(), dtype, total_pages * page_elems, seed + 1, -1, 1, s);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  idx = DeviceBuffer(std::max<size_t>(total_pages * 4, 16));
+  for (int c = 0; c < copies; ++c) {
+    std::vector<int32_t> perm(pages_per_copy);
+    std::iota(perm.begin(), perm.end(), static_cast<int32_t>(c * pages_per_copy));
+    std::shuffle(perm.begin(), perm.end(), rng);
+    idx.copy_from_host(perm.data(), perm.size() * 4, size_t(c) * pages_per_copy * 4);
+    indices.push_back(std::move(perm));
+  }
+}
+
+PagedKVCache BenchPagedKV::device_view(int c) const {
+  const int64_t total_pages = std::max<int64_t>(pages_per_copy * copies, 1);
+  const int64_t B = static_cast<int64_t>(lens.size());
+  const Device g = Device::cuda(0);
+  PagedKVCache kv;
+  kv.k = TensorView(k.data(), dtype, {total_pages, page_size, num_kv_heads, head_dim}, g);
+  kv.v = TensorView(v.data(), dtype, {total_pages, page_size, num_kv_heads, head_dim}, g);
+  kv.indices = TensorView(static_cast<int32_t*>(idx.data()) + c * pages_per_copy, DType::i32,
+                          {std::max<int64_t>(pages_per_copy, 1)}, g);
+  kv.indptr = TensorView(idx.data(), DType::i32, {B + 1}, g);
+  kv.last_page_len = TensorView(idx.data(), DType::i32, {B}, g);
+  return kv;
+}
+
+void BenchPagedKV::pages_to_host(int r, void* k_dst, void* v_dst) const {
+  const size_t page_bytes = size_t(page_size) * num_kv_heads * head_dim * dtype_size(dtype);
+  for (int p = 0; p < indptr[r + 1] - indptr[r]; ++p) {
+    const size_t src = size_t(indices[0][indptr[r] + p]) * page_bytes;
+    k.copy_to_host(static_cast<char*>(k_dst) + p * page_bytes, page_bytes, src);
+    v.copy_to_host(static_cast<char*>(v_dst) + p * page_bytes, page_bytes, src);
+  }
+}
+
+RefCheck check_reference(const std::vector<double>& out, const std::vector<double>& ref, DType dt) {
+  HostTensor lowp(dt, {static_cast<int64_t>(ref.size())});
+  for (size_t i = 0; i < ref.size(); ++i) lowp.set(static_cast<int64_t>(i), ref[i]);
+  const double u = dt == DType::f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  RefCheck c;
+  c.err = relative_error(out, ref);
+  c.err_lowp = relative_error(lowp.to_doubles(), ref);
+  c.bound = std::min(2 * c.err_lowp + u, 1e-2);
+  c.pass = c.err <= c.bound;  // false for NaN
   return c;
 }
 

@@ -1,5 +1,6 @@
 // Benchmark plumbing shared by the bench subcommands: device random fill, median timing with
-// CUDA events, and the ceilings of ../shared/BENCHMARKS.md.
+// CUDA events, the ceilings of ../shared/BENCHMARKS.md, paged KV caches with rotated copies and
+// the reference-check tolerance.
 #pragma once
 
 #include <functional>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "flashkv/dtype.h"
+#include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 
 namespace flashkv::cli {
@@ -31,5 +33,45 @@ struct Ceilings {
 };
 // Measures the read and copy bandwidth (>= 2 GiB) and the 8192^3 cuBLAS GEMM rates.
 Ceilings measure_ceilings(Stream s);
+
+// How many copies of inputs of `bytes_per_copy` to rotate through so that the 50 MB L2 does not
+// flatter a kernel (BENCHMARKS.md): enough to cover 200 MB (4x L2), at most 8, at least 1.
+int rotation_copies(size_t bytes_per_copy);
+
+// A paged KV cache on the device (NHD, uniform values in [-1, 1)) of `copies` copies: copy c owns
+// pages [c * pages_per_copy, (c + 1) * pages_per_copy), and each request's page ids are shuffled
+// within the copy (scattered pages, as a real cache has). The page table (indptr, last) is the
+// same for every copy; only the page ids differ.
+struct BenchPagedKV {
+  int num_kv_heads = 0, head_dim = 0, page_size = 0;
+  DType dtype = DType::f16;
+  std::vector<int64_t> lens;          // kv_len per request
+  std::vector<int32_t> indptr, last;  // host page table: indptr[batch + 1], last_page_len[batch]
+  int64_t pages_per_copy = 0;
+  int copies = 1;
+  std::vector<std::vector<int32_t>> indices;  // host page ids, per copy
+  DeviceBuffer k, v, idx;
+
+  // K and V bytes of one copy, real tokens only.
+  size_t kv_bytes() const;
+  // Allocates and fills k (seed), v (seed + 1) and the page ids (shuffled by mt19937(seed)).
+  void build(int num_copies, uint64_t seed, Stream s);
+  // The device cache of copy `c`. indptr / last_page_len views carry shapes only (plan() reads
+  // the host arrays).
+  PagedKVCache device_view(int c) const;
+  // Copies the pages of request r of copy 0, in order, to k_dst / v_dst (host; room for
+  // indptr[r+1] - indptr[r] pages each). NHD pages in order are the request's tokens in order.
+  void pages_to_host(int r, void* k_dst, void* v_dst) const;
+};
+
+// The tolerance rule of tests/common/test_util.h (STYLE.md): `out` passes iff
+//   rel_err(out, ref) <= min(2 * rel_err(ref rounded to dt, ref) + u(dt), 1e-2),
+// u the unit roundoff of the dtype the kernel rounds P to (f16 2^-11, bf16 2^-8). `ref` is the
+// high-precision reference (f32 or wider).
+struct RefCheck {
+  double err = 0, err_lowp = 0, bound = 0;
+  bool pass = false;
+};
+RefCheck check_reference(const std::vector<double>& out, const std::vector<double>& ref, DType dt);
 
 }  // namespace flashkv::cli

@@ -1,11 +1,15 @@
-// flashkv bench: ceilings, merge throughput and decode workloads on the GPU; without a GPU, says
-// so and times the CPU reference at a small size.
+// flashkv bench: ceilings, merge throughput, decode and prefill workloads on the GPU; without a
+// GPU, says so and times the CPU reference at a small size.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #include "bench_decode.h"
+#include "bench_prefill.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
 #include "flashkv/merge.h"
 #include "flashkv/reference.h"
@@ -17,10 +21,29 @@ namespace {
 
 struct BenchArgs {
   std::vector<std::string> kinds = {"ceilings", "merge", "decode"};
-  std::string json;
+  std::string json, md;
+  // The selection both decode and prefill take.
+  std::vector<std::string> workloads, shapes, dtypes = {"f16", "bf16"};
+  std::string workloads_file;
+  int reps = 30, page_size = 16, ctas_per_sm = 2;
   DecodeBenchOptions decode;
-  std::vector<std::string> dtypes = {"f16", "bf16"};
+  PrefillBenchOptions prefill;
   bool plan_time = true;
+  bool has(const char* kind) const {
+    return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+  }
+  // Copies the shared selection into the decode and prefill options.
+  void resolve() {
+    std::vector<DType> dts;
+    for (const auto& d : dtypes) dts.push_back(parse_dtype(d));
+    decode.workloads = prefill.workloads = workloads;
+    decode.shapes = prefill.shapes = shapes;
+    decode.dtypes = prefill.dtypes = dts;
+    decode.workloads_file = prefill.workloads_file = workloads_file;
+    decode.reps = prefill.reps = reps;
+    decode.page_size = prefill.page_size = page_size;
+    decode.ctas_per_sm = prefill.ctas_per_sm = ctas_per_sm;
+  }
 };
 
 nlohmann::json bench_merge(const Ceilings& ceil, Stream s) {
@@ -50,8 +73,7 @@ nlohmann::json bench_merge(const Ceilings& ceil, Stream s) {
   return rows;
 }
 
-void bench_cpu_only(const BenchArgs& a) {
-  std::printf("No CUDA GPU: %s\n", cuda_unavailable_reason().c_str());
+nlohmann::json bench_decode_cpu_reference() {
   std::printf(
       "Running the CPU reference backend at a small size instead (batch decode, GQA 32/8, D "
       "128).\n");
@@ -85,6 +107,19 @@ void bench_cpu_only(const BenchArgs& a) {
     rows.push_back(
         {{"op", "reference_batch_decode"}, {"batch", B}, {"kv_len", len}, {"time_ms", ms}});
   }
+  return rows;
+}
+
+void bench_cpu_only(const BenchArgs& a) {
+  std::printf("No CUDA GPU: %s\n", cuda_unavailable_reason().c_str());
+  nlohmann::json rows = nlohmann::json::array();
+  if (a.has("decode") || !a.has("prefill")) rows = bench_decode_cpu_reference();
+  if (a.has("prefill")) {
+    std::printf(
+        "Running the CPU reference backend at a small size instead (batch prefill, causal, GQA "
+        "32/8, D 128).\n");
+    for (const auto& r : bench_prefill_cpu_reference()) rows.push_back(r);
+  }
   write_json_if(a.json, {{"gpu", nullptr},
                          {"commit", source_commit()},
                          {"date", utc_now_iso()},
@@ -97,17 +132,24 @@ void add_bench_command(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("bench", "ceilings and the standard workloads (../shared/BENCHMARKS.md)");
   auto* a = new BenchArgs;
-  cmd->add_option("kinds", a->kinds, "what to run: ceilings, merge, decode")->capture_default_str();
-  cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file");
-  cmd->add_option("--workloads", a->decode.workloads, "workload ids (default: all of the kind)");
-  cmd->add_option("--workloads-file", a->decode.workloads_file,
-                  "workloads from peers_torch.py --emit-workloads");
-  cmd->add_option("--shapes", a->decode.shapes, "gqa-32-8, mha-32-32 (default: both)");
-  cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
-  cmd->add_option("--reps", a->decode.reps, "timed repetitions (median reported)")
+  cmd->add_option("kinds", a->kinds,
+                  "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal)")
+      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill"}))
       ->capture_default_str();
-  cmd->add_option("--page-size", a->decode.page_size, "page size")->capture_default_str();
-  cmd->add_option("--ctas-per-sm", a->decode.ctas_per_sm, "persistent decode CTAs per SM")
+  cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file");
+  cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file");
+  cmd->add_option("--workloads", a->workloads, "workload ids (default: all of the kind)");
+  cmd->add_option("--workloads-file", a->workloads_file,
+                  "workloads from peers_torch.py --emit-workloads");
+  cmd->add_option("--shapes", a->shapes, "gqa-32-8, mha-32-32 (default: both)");
+  cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
+  cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")->capture_default_str();
+  cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
+  cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM (decode and prefill)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-tile-rows", a->prefill.tile_rows,
+                  "prefill query-tile rows (16, 32, 64, 128; 0: the planner's heuristic)")
+      ->check(CLI::IsMember({0, 16, 32, 64, 128}))
       ->capture_default_str();
   cmd->add_option("--decode-backend", a->decode.backend,
                   "auto, cuda (CUDA cores) or tc (tensor cores)")
@@ -116,14 +158,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
   cmd->callback([a] {
     if (!cuda_available()) return bench_cpu_only(*a);
-    a->decode.dtypes.clear();
-    for (const auto& d : a->dtypes) a->decode.dtypes.push_back(parse_dtype(d));
+    a->resolve();
     const DeviceInfo info = device_info(0);
     std::printf("GPU: %s (%s, %d SMs)\n", info.name.c_str(), info.arch.c_str(), info.sm_count);
     Stream s = create_stream();
-    auto has = [&](const char* k) {
-      return std::find(a->kinds.begin(), a->kinds.end(), k) != a->kinds.end();
-    };
     nlohmann::json j = {{"gpu", info.name}, {"commit", source_commit()}, {"date", utc_now_iso()}};
     const Ceilings ceil = measure_ceilings(s);
     std::printf(
@@ -131,16 +169,33 @@ void add_bench_command(CLI::App& app) {
         ceil.read_tbps, ceil.copy_tbps, ceil.gemm_f16_tflops, ceil.gemm_bf16_tflops);
     j["ceilings"] = ceil.to_json();
     j["results"] = nlohmann::json::array();
-    if (has("merge")) j["merge"] = bench_merge(ceil, s);
-    if (has("decode")) {
+    if (a->has("merge")) j["merge"] = bench_merge(ceil, s);
+    if (a->has("decode")) {
       j["results"] = bench_decode(a->decode, ceil, s);
       if (a->plan_time) j["plan_time"] = bench_plan_time(s);
+    }
+    int prefill_failed = 0;
+    if (a->has("prefill")) {
+      nlohmann::json failures = nlohmann::json::array();
+      const nlohmann::json rows = bench_prefill(a->prefill, ceil, s, failures);
+      for (const auto& r : rows) j["results"].push_back(r);
+      j["failures"] = failures;
+      prefill_failed = count_prefill_failures(rows, failures);
+      if (!a->md.empty()) {
+        std::ofstream md(a->md);
+        check(static_cast<bool>(md), "--md: cannot open ", a->md, " for writing");
+        md << prefill_markdown(rows, ceil, info.name, j["commit"].get<std::string>());
+        std::printf("wrote %s\n", a->md.c_str());
+      }
     }
     const JitCounters jc = jit_counters();
     j["jit"] = {
         {"compiles", jc.compiles}, {"compile_ms", jc.compile_ms}, {"disk_hits", jc.disk_hits}};
     destroy_stream(s);
     write_json_if(a->json, j);
+    // After the results are written: a wrong answer fails the command, as verify does.
+    check(prefill_failed == 0, prefill_failed,
+          " prefill configurations failed the reference check or did not run (see above)");
   });
 }
 

@@ -1,5 +1,6 @@
 #include "workloads.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -29,7 +30,9 @@ std::vector<Workload> standard_workloads() {
           {"P2", "prefill", uni},
           {"P3", "prefill", zipf},
           {"P4", "prefill", {8192}},
-          {"P5", "prefill", {32768}}};
+          {"P5", "prefill", {32768}},
+          {"A1", "prefill", std::vector<int64_t>(16, 4096 + 512), std::vector<int64_t>(16, 512)},
+          {"S1", "prefill", std::vector<int64_t>(64, 4096), std::vector<int64_t>(64, 4)}};
 }
 
 std::vector<Workload> read_workloads(const std::string& path) {
@@ -49,6 +52,10 @@ std::vector<Workload> read_workloads(const std::string& path) {
     out.push_back(w);
   }
   return out;
+}
+
+bool selected(const std::vector<std::string>& ids, const std::string& id) {
+  return ids.empty() || std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
 std::vector<HeadShape> standard_shapes() { return {{"gqa-32-8", 32, 8}, {"mha-32-32", 32, 32}}; }

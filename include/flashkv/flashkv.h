@@ -9,6 +9,7 @@
 #include "flashkv/jit.h"
 #include "flashkv/merge.h"
 #include "flashkv/paged_kv.h"
+#include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"

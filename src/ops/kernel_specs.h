@@ -25,3 +25,8 @@ KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int g
 // Whether the tensor-core decode kernel supports this shape (its accumulators fit in registers).
 bool decode_tc_supported(int head_dim, int group_size);
 }  // namespace flashkv::ops
+
+namespace flashkv::ops {
+// The batch prefill kernel for one (dtype, head_dim, query-tile rows); see ops/prefill_kernel.h.
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows);
+}  // namespace flashkv::ops

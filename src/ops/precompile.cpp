@@ -20,8 +20,12 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
               if (ops::decode_tc_supported(d, g))
                 specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, true));
             }
+    } else if (op == "prefill") {
+      for (DType t : opts.dtypes)
+        for (int d : opts.head_dims)
+          for (int rows : {16, 32, 64, 128}) specs.push_back(ops::prefill_kernel_spec(t, d, rows));
     } else {
-      fail("precompile: unknown op '", op, "' (expected merge or decode)");
+      fail("precompile: unknown op '", op, "' (expected merge, decode or prefill)");
     }
   }
   std::vector<PrecompiledKernel> out;

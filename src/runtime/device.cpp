@@ -179,11 +179,16 @@ float EventTimer::elapsed_ms() {
 }
 
 namespace runtime {
+namespace {
+// Dynamic shared memory a launch may use without opting in: 48 KiB minus what kernels declare
+// statically (a few hundred bytes; the limit counts both).
+constexpr unsigned kDefaultDynamicSmem = 46 * 1024;
+}  // namespace
 
 void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args,
             const std::string& what) {
   const Driver& d = driver();
-  if (c.smem_bytes > 48 * 1024) {
+  if (c.smem_bytes > kDefaultDynamicSmem) {
     check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c.smem_bytes),
              "cuFuncSetAttribute(" + what + ", " + std::to_string(c.smem_bytes) +
                  " bytes of shared memory)");
@@ -191,6 +196,21 @@ void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args,
   check_cu(d.cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
                             c.smem_bytes, stream, args, nullptr),
            "launch of " + what);
+}
+
+int max_active_ctas_per_sm(CUfunction f, unsigned block_x, unsigned smem_bytes,
+                           const std::string& what) {
+  const Driver& d = driver();
+  if (smem_bytes > kDefaultDynamicSmem) {
+    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+             "cuFuncSetAttribute(" + what + ", " + std::to_string(smem_bytes) +
+                 " bytes of shared memory)");
+  }
+  int n = 0;
+  check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(block_x),
+                                                         smem_bytes),
+           "cuOccupancyMaxActiveBlocksPerMultiprocessor(" + what + ")");
+  return n;
 }
 
 bool stream_is_capturing(Stream stream) {

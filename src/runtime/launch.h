@@ -20,6 +20,11 @@ struct LaunchConfig {
 void launch(CUfunction f, const LaunchConfig& cfg, Stream stream, void** args,
             const std::string& what);
 
+// How many CTAs of `f` (block_x threads, smem_bytes of dynamic shared memory) fit on one SM at
+// once, from its registers and shared memory (raises the function's shared memory limit first).
+int max_active_ctas_per_sm(CUfunction f, unsigned block_x, unsigned smem_bytes,
+                           const std::string& what);
+
 // True while `stream` is being captured into a CUDA graph.
 bool stream_is_capturing(Stream stream);
 

@@ -1,0 +1,194 @@
+// The prefill kernel's epilogue: normalize each row's state and write it to the output (tile not
+// split) or to the work item's partial-state slot; merge the warps of a CTA that split a KV tile
+// between them; and the fused ⊕ merge of split tiles, run by the CTA that writes a tile's last
+// partial state (no CTA ever waits for another, counters self-reset so graph replays work).
+#pragma once
+
+#include "attention/prefill_mainloop.cuh"
+#include "attention/prefill_params.cuh"
+
+namespace flashkv {
+
+// Writes N (2, 4 or 8) normalized elements [col, col + N) of tile row `row` of work item w:
+// to the output row (token q_start + row / group, head kv_head * group + row % group) when the
+// tile is not split, else to the item's partial slot with its base-2 LSE.
+template <class C, int N>
+__device__ __forceinline__ void prefill_store(const PrefillParams& p, const PrefillWorkItem& w,
+                                              int row, int col, const float (&v)[N], float lse2,
+                                              bool write_lse) {
+  if (w.slot < 0) {
+    const long long tok = w.q_base + w.q_start + row / p.group;
+    const int head = w.kv_head * p.group + row % p.group;
+    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + tok * p.o_stride_n +
+                          (long long)head * p.o_stride_h + col;
+    u32 packed[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) packed[i] = pack2<typename C::o_t>(v[2 * i], v[2 * i + 1]);
+    if constexpr (N == 8) {
+      *reinterpret_cast<uint4*>(op) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    } else if constexpr (N == 4) {
+      *reinterpret_cast<uint2*>(op) = make_uint2(packed[0], packed[1]);
+    } else {
+      *reinterpret_cast<u32*>(op) = packed[0];
+    }
+    if (p.lse != nullptr && write_lse) p.lse[tok * p.lse_stride_n + head] = lse2 * kLn2;
+  } else {
+    float* po = p.plan.partial_o + ((long long)w.slot * C::kRows + row) * C::kHeadDim + col;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) *reinterpret_cast<float2*>(po + 2 * i) = make_float2(v[2 * i], v[2 * i + 1]);
+    if (write_lse) p.plan.partial_lse[(long long)w.slot * C::kRows + row] = lse2;
+  }
+}
+
+// One warp owns its rows' whole KV tile (kWarpsKV == 1): write straight from the fragments.
+template <class C>
+__device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const PrefillWorkItem& w,
+                                                   const PrefillWarpState<C>& st, int wq, int valid_rows) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float d = st.d[h];
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    const int row = wq * 16 + lane / 4 + 8 * h;
+    if (row >= valid_rows) continue;
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    const float lse2 = d > 0.f ? st.m[h] + log2f(d) : neg_inf();
+#pragma unroll
+    for (int n = 0; n < C::kDTiles; ++n) {
+      const float v[2] = {st.o[n][2 * h] * inv, st.o[n][2 * h + 1] * inv};
+      prefill_store<C, 2>(p, w, row, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
+    }
+  }
+}
+
+// The kWarpsKV warps of a row tile split each KV tile: ⊕ their states through shared memory
+// (`scratch`, the KV stages, free by now), then write rows < valid_rows with 16-byte stores.
+template <class C>
+__device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, const PrefillWorkItem& w,
+                                                    const PrefillWarpState<C>& st, int valid_rows,
+                                                    unsigned char* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* o_sm = reinterpret_cast<float*>(scratch);                // [kWarps][16][kHeadDim]
+  float* md_sm = o_sm + C::kWarps * 16 * C::kHeadDim;            // [kWarps][16][2]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane / 4 + 8 * h;
+    float d = st.d[h];
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    if (lane % 4 == 0) {
+      md_sm[(warp * 16 + r) * 2] = st.m[h];
+      md_sm[(warp * 16 + r) * 2 + 1] = d;
+    }
+#pragma unroll
+    for (int n = 0; n < C::kDTiles; ++n) {
+      float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + n * 8 + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(dst) = make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
+    }
+  }
+  __syncthreads();
+  constexpr int kRowVecs = C::kHeadDim / 8;
+  for (int idx = threadIdx.x; idx < valid_rows * kRowVecs; idx += C::kThreads) {
+    const int row = idx / kRowVecs, col = (idx % kRowVecs) * 8;
+    const int wq = row / 16, r = row % 16;
+    float mm = neg_inf();
+#pragma unroll
+    for (int wk = 0; wk < C::kWarpsKV; ++wk) mm = fmaxf(mm, md_sm[((wq * C::kWarpsKV + wk) * 16 + r) * 2]);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float dd = 0.f;
+    if (mm != neg_inf()) {
+#pragma unroll
+      for (int wk = 0; wk < C::kWarpsKV; ++wk) {
+        const int wi = (wq * C::kWarpsKV + wk) * 16 + r;
+        const float wm = md_sm[wi * 2];
+        const float sc = wm == neg_inf() ? 0.f : fast_exp2(wm - mm);
+        dd += sc * md_sm[wi * 2 + 1];
+        const float* src = o_sm + wi * C::kHeadDim + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
+      }
+    }
+    const float inv = dd > 0.f ? 1.f / dd : 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= inv;
+    prefill_store<C, 8>(p, w, row, col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(), col == 0);
+  }
+}
+
+// The merge stage of one split query tile: ⊕ of its partial states in KV order, to the output.
+// The partials were written by other CTAs: read them through L2 (__ldcg), never a stale L1 line.
+template <class C>
+__device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const PrefillMergeItem& item) {
+  constexpr int kRowVecs = C::kHeadDim / 4;
+  constexpr int kBatch = 8;  // partial states read per step: 8 L2 reads in flight, not 1
+  const int rows = (item.q_end - item.q_start) * p.group;
+  for (int v = threadIdx.x; v < rows * kRowVecs; v += C::kThreads) {
+    const int row = v / kRowVecs, col = (v % kRowVecs) * 4;
+    float m = neg_inf(), d = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s0 = item.slot_begin; s0 < item.slot_end; s0 += kBatch) {
+      float lse[kBatch];
+      float4 o[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const long long s = s0 + i;
+        const bool ok = s < item.slot_end;
+        lse[i] = ok ? __ldcg(p.plan.partial_lse + s * C::kRows + row) : neg_inf();
+        o[i] = ok ? __ldcg(reinterpret_cast<const float4*>(p.plan.partial_o + (s * C::kRows + row) * C::kHeadDim + col))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float m_new = m;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) m_new = fmaxf(m_new, lse[i]);
+      if (m_new == neg_inf()) continue;  // nothing seen yet
+      const float scale = fast_exp2(m - m_new);
+      d *= scale;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= scale;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const float wgt = fast_exp2(lse[i] - m_new);  // 0 for empty states (lse = -inf)
+        d += wgt;
+        acc[0] += wgt * o[i].x;
+        acc[1] += wgt * o[i].y;
+        acc[2] += wgt * o[i].z;
+        acc[3] += wgt * o[i].w;
+      }
+      m = m_new;
+    }
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    // Written as an unsplit item of the same tile would be.
+    PrefillWorkItem out_item{};
+    out_item.kv_head = item.kv_head;
+    out_item.q_start = item.q_start;
+    out_item.q_base = item.q_base;
+    out_item.slot = -1;
+    prefill_store<C, 4>(p, out_item, row, col, acc, d > 0.f ? m + log2f(d) : neg_inf(), col == 0);
+  }
+}
+
+// After a CTA wrote a partial state of a split tile: count it; the last one merges the tile.
+template <class C>
+__device__ __forceinline__ void prefill_arrive(const PrefillParams& p, const PrefillWorkItem& w) {
+  __shared__ int is_last;
+  __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const PrefillMergeItem item = prefill_merge_items(p.plan)[w.merge];
+    const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
+    is_last = arrived == item.slot_end - item.slot_begin;
+  }
+  __syncthreads();
+  if (is_last) {
+    __threadfence();  // acquire: see the other CTAs' partial states
+    const PrefillMergeItem item = prefill_merge_items(p.plan)[w.merge];
+    prefill_merge_tile<C>(p, item);
+    if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
+  }
+  __syncthreads();  // is_last is rewritten by the next arrival
+}
+
+}  // namespace flashkv

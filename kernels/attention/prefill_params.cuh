@@ -1,0 +1,28 @@
+// The prefill kernel's runtime parameters: one flat struct of pointers and element strides,
+// passed by value. Shared with the host (src/ops/batch_prefill.cpp); includes only the plan layout.
+#pragma once
+
+#include "attention/prefill_plan.cuh"
+
+namespace flashkv {
+
+struct PrefillParams {
+  const void* q;          // [nnz_qo, H_qo, D], request r's rows start at work.q_base
+  const void* k;          // paged: page, token, head addressed with the strides below;
+  const void* v;          // ragged: token (work.page_base + position), head
+  const int* kv_indices;  // paged: page ids, request r's start at work.page_base; ragged: null
+  void* out;              // [nnz_qo, H_qo, D]
+  float* lse;             // [nnz_qo, H_qo] natural-log LSE, or nullptr
+  long long q_stride_n, q_stride_h;  // elements
+  long long o_stride_n, o_stride_h;
+  long long lse_stride_n;
+  long long page_stride, token_stride, head_stride;  // of k and v, elements
+  long long num_pages;    // paged: ids outside [0, num_pages) are read as zeros
+  int page_size;          // paged: tokens per page; 0: ragged KV
+  int group;              // query heads per KV head, fused into the rows of a query tile
+  int causal;             // 1: query token i sees KV positions <= work.diag + i
+  float sm_scale_log2;    // sm_scale * log2(e): logits are kept in base 2
+  PrefillPlanPtrs plan;
+};
+
+}  // namespace flashkv

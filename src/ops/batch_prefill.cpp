@@ -1,0 +1,140 @@
+// BatchPrefillPaged and BatchPrefillRagged: the KV-source half of prefill (a page table, or
+// kv_indptr over contiguous rows) on top of the shared plan/run machinery (ops/prefill_core.h).
+#include "flashkv/prefill.h"
+
+#include "flashkv/error.h"
+#include "ops/prefill_core.h"
+
+namespace flashkv {
+namespace {
+
+// k and v share one set of strides in the kernel; 16-byte vector loads need aligned rows.
+void check_kv_strides(const TensorView& k, const TensorView& v, DType kv_dtype, const char* what) {
+  check_aligned(k, what, 16);
+  check_aligned(v, what, 16);
+  for (int i = 0; i < k.ndim(); ++i) {
+    check(k.stride(i) == v.stride(i), what, ": k and v must have the same strides (dim ", i, ": ",
+          k.stride(i), " vs ", v.stride(i), ")");
+    if (i + 1 < k.ndim()) {
+      check(k.stride(i) * static_cast<int64_t>(dtype_size(kv_dtype)) % 16 == 0, what,
+            ": strides must be multiples of 16 bytes for vector loads (dim ", i, ": ", k.stride(i),
+            " elements)");
+    }
+  }
+}
+
+}  // namespace
+
+// ---- paged ----
+
+size_t BatchPrefillPaged::workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::required_bytes(cfg);
+}
+
+BatchPrefillPaged::BatchPrefillPaged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)
+    : core_(std::make_unique<detail::PrefillCore>(cfg, workspace, bytes, true,
+                                                  "BatchPrefillPaged")) {}
+BatchPrefillPaged::~BatchPrefillPaged() = default;
+
+void BatchPrefillPaged::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
+                             const int32_t* kv_last_page_len, int batch_size, int num_qo_heads,
+                             int num_kv_heads, int head_dim, int page_size, DType q_dtype,
+                             DType kv_dtype, DType o_dtype, const PrefillPlanOptions& opts,
+                             Stream stream) {
+  core_->plan(qo_indptr, kv_indptr, kv_last_page_len, batch_size, num_qo_heads, num_kv_heads,
+              head_dim, page_size, q_dtype, kv_dtype, o_dtype, opts, stream);
+}
+
+void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                            const TensorView& lse, Stream stream) {
+  detail::PrefillCore& c = *core_;
+  PrefillParams p{};
+  c.check_io(q, out, lse, p);
+  const Device dev = Device::cuda(c.cfg.device);
+  kv.validate_shapes();
+  check_device(kv.k, "paged_kv.k", dev);
+  check_device(kv.indices, "paged_kv.indices", dev);
+  check_dtype(kv.k, "paged_kv.k", c.kv_dtype);
+  check(kv.page_size() == c.page_size, "paged_kv.page_size: expected ", c.page_size,
+        " (the plan's), got ", kv.page_size());
+  check(kv.num_kv_heads() == c.num_kv_heads, "paged_kv.num_kv_heads: expected ", c.num_kv_heads,
+        " (the plan's), got ", kv.num_kv_heads());
+  check(kv.head_dim() == c.head_dim, "paged_kv.head_dim: expected ", c.head_dim,
+        " (the plan's), got ", kv.head_dim());
+  const bool graph = c.opts.enable_cuda_graph;
+  if (graph ? kv.batch_size() < c.batch : kv.batch_size() != c.batch) {
+    fail("paged_kv batch: expected ", graph ? "at least " : "", c.batch,
+         " requests (the plan's), got ", kv.batch_size());
+  }
+  // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
+  check(kv.indices.size(0) >= c.nnz_kv, "paged_kv.indices: expected at least ", c.nnz_kv,
+        " entries (kv_indptr[batch] of the plan), got ", kv.indices.size(0));
+  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1,
+        "paged_kv.indices: expected a contiguous array");
+  check_aligned(kv.indices, "paged_kv.indices", 4);
+  check_kv_strides(kv.k, kv.v, c.kv_dtype, "paged_kv");
+  p.k = kv.k.data();
+  p.v = kv.v.data();
+  p.kv_indices = kv.indices.data_as<const int>();
+  p.page_stride = kv.page_stride();
+  p.token_stride = kv.token_stride();
+  p.head_stride = kv.head_stride();
+  p.num_pages = kv.num_pages();
+  c.launch(p, q, out, lse, kv.indices.size(0), stream);
+}
+
+void BatchPrefillPaged::forget_captured_graphs() { core_->captured = {}; }
+PrefillPlanInfo BatchPrefillPaged::plan_info() const { return core_->info; }
+
+// ---- ragged ----
+
+size_t BatchPrefillRagged::workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::required_bytes(cfg);
+}
+
+BatchPrefillRagged::BatchPrefillRagged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)
+    : core_(std::make_unique<detail::PrefillCore>(cfg, workspace, bytes, false,
+                                                  "BatchPrefillRagged")) {}
+BatchPrefillRagged::~BatchPrefillRagged() = default;
+
+void BatchPrefillRagged::plan(const int32_t* qo_indptr, const int32_t* kv_indptr, int batch_size,
+                              int num_qo_heads, int num_kv_heads, int head_dim, DType q_dtype,
+                              DType kv_dtype, DType o_dtype, const PrefillPlanOptions& opts,
+                              Stream stream) {
+  check(opts.kv_indices_host == nullptr,
+        "PrefillPlanOptions.kv_indices_host: ragged KV has no page table");
+  core_->plan(qo_indptr, kv_indptr, nullptr, batch_size, num_qo_heads, num_kv_heads, head_dim, 0,
+              q_dtype, kv_dtype, o_dtype, opts, stream);
+}
+
+void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, Stream stream) {
+  detail::PrefillCore& c = *core_;
+  PrefillParams p{};
+  c.check_io(q, out, lse, p);
+  const Device dev = Device::cuda(c.cfg.device);
+  for (auto [t, what] : {std::pair{&k, "k"}, {&v, "v"}}) {
+    check_device(*t, what, dev);
+    check_dtype(*t, what, c.kv_dtype);
+    check_ndim(*t, what, 3);
+    check_shape(*t, what, {-1, c.num_kv_heads, c.head_dim});
+    check_last_dim_contiguous(*t, what);
+    check(t->size(0) >= c.nnz_kv, what, ": expected at least ", c.nnz_kv,
+          " rows (kv_indptr[batch_size] of the plan), got ", t->size(0));
+  }
+  check(v.size(0) == k.size(0), "v: expected ", k.size(0), " rows (those of k), got ", v.size(0));
+  check_kv_strides(k, v, c.kv_dtype, "k/v");
+  p.k = k.data();
+  p.v = v.data();
+  p.kv_indices = nullptr;
+  p.page_stride = 0;
+  p.token_stride = k.stride(0);
+  p.head_stride = k.stride(1);
+  p.num_pages = 0;
+  c.launch(p, q, out, lse, k.size(0), stream);
+}
+
+void BatchPrefillRagged::forget_captured_graphs() { core_->captured = {}; }
+PrefillPlanInfo BatchPrefillRagged::plan_info() const { return core_->info; }
+
+}  // namespace flashkv

@@ -1,0 +1,325 @@
+// Host side of batch prefill: validation, plan (scheduler -> pinned buffer -> workspace), launch.
+#include "ops/prefill_core.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "flashkv/error.h"
+#include "ops/jit_util.h"
+#include "runtime/driver.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/launch.h"
+
+namespace flashkv {
+
+namespace ops {
+std::string prefill_config_type(DType dtype, int head_dim, int rows) {
+  return std::string("flashkv::PrefillConfig<") + device_type_name(dtype, "q") + ", " +
+         std::to_string(head_dim) + ", " + std::to_string(rows) + ">";
+}
+
+std::string prefill_kernel_name(DType dtype, int head_dim, int rows) {
+  return "flashkv::batch_prefill_kernel<" + prefill_config_type(dtype, head_dim, rows) + ">";
+}
+
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows) {
+  const std::string id = std::string("prefill<") + dtype_name(dtype) + ",d" +
+                         std::to_string(head_dim) + ",r" + std::to_string(rows) + ">";
+  const std::string kernel = prefill_kernel_name(dtype, head_dim, rows);
+  return {id, [id, kernel] { return make_request(id, "attention/prefill.cuh", {kernel}); }};
+}
+}  // namespace ops
+
+namespace detail {
+
+PrefillCore::PrefillCore(const BatchPrefillConfig& c, void* workspace, size_t bytes, bool is_paged,
+                         const char* wrapper)
+    : cfg(c), paged(is_paged), name(wrapper) {
+  ws = ops::PrefillWorkspace(cfg, workspace, bytes);
+  pinned = PinnedBuffer(ws.plan_layout().bytes, cfg.device);
+  const runtime::Driver& d = runtime::driver();
+  runtime::check_cu(d.cuEventCreate(&copy_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  runtime::check_cu(d.cuEventCreate(&run_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+}
+
+PrefillCore::~PrefillCore() {
+  if (!copy_done) return;
+  try {  // never throw from a destructor
+    runtime::ensure_context(cfg.device);
+    runtime::driver().cuEventSynchronize(copy_done);  // the pinned buffer is freed next
+    runtime::driver().cuEventDestroy(copy_done);
+    if (run_done) runtime::driver().cuEventDestroy(run_done);
+  } catch (...) {
+  }
+}
+
+void PrefillCore::load_kernel(DType dtype, int hd, int rows) {
+  if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd && kernel.rows == rows)
+    return;
+  const ops::KernelSpec spec = ops::prefill_kernel_spec(dtype, hd, rows);
+  const runtime::LoadedModule& mod =
+      runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
+  Kernel k;
+  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows));
+  k.geometry = ops::prefill_geometry(hd, rows);
+  const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
+  check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
+        " bytes of shared memory per block, more than this GPU offers");
+  // Persistent CTAs: as many per SM as fit at once (up to the config's k), so the scheduler's
+  // CTAs all run concurrently and its balance holds.
+  k.ctas_per_sm = std::min(cfg.ctas_per_sm, fit);
+  k.dtype = dtype;
+  k.head_dim = hd;
+  k.rows = rows;
+  k.id = spec.id;
+  kernel = std::move(k);
+}
+
+void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
+                       const int32_t* kv_last_page_len, int batch_size, int n_qo_heads,
+                       int n_kv_heads, int hd, int page_sz, DType qt, DType kvt, DType ot,
+                       const PrefillPlanOptions& o, Stream stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  runtime::ensure_context(cfg.device);
+  check(!runtime::stream_is_capturing(stream), name,
+        "::plan: the stream is being captured into a CUDA graph; plan() runs on the CPU and "
+        "copies the schedule from pinned memory, so call it before each replay, outside the "
+        "capture, and capture only run()");
+  planned = false;  // a plan() that throws leaves the object unplanned, never half-planned
+  check(batch_size >= 0 && batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
+        cfg.max_batch, " (BatchPrefillConfig.max_batch), got ", batch_size);
+  check(qo_indptr != nullptr, "qo_indptr: expected a host array of batch_size + 1 entries, got null");
+  check(kv_indptr != nullptr, "kv_indptr: expected a host array of batch_size + 1 entries, got null");
+  check(!paged || batch_size == 0 || kv_last_page_len != nullptr,
+        "kv_last_page_len: expected a host array of batch_size entries, got null");
+  check_heads(n_qo_heads, n_kv_heads);
+  check(n_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
+        " (BatchPrefillConfig.num_qo_heads), got ", n_qo_heads);
+  check(is_supported_head_dim(hd), "head_dim: expected 64, 128 or 256, got ", hd);
+  check(hd <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
+        " (BatchPrefillConfig.head_dim), got ", hd);
+  check(!paged || page_sz >= 1, "page_size: expected >= 1, got ", page_sz);
+  const int group = n_qo_heads / n_kv_heads;
+  check(group <= scheduler::kMaxPrefillTileRows,
+        "num_qo_heads / num_kv_heads: expected a GQA group of at most 128, got ", group);
+  check(qt == DType::f16 || qt == DType::bf16, "q_dtype: expected f16 or bf16, got ",
+        dtype_name(qt));
+  check(kvt == qt, "kv_dtype: expected ", dtype_name(qt), " (the q dtype), got ", dtype_name(kvt));
+  check(ot == qt, "o_dtype: expected ", dtype_name(qt), " (the q dtype), got ", dtype_name(ot));
+  check(o.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", o.fixed_split_size);
+  check(o.sm_scale >= 0.0f && std::isfinite(o.sm_scale),
+        "sm_scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), got ", o.sm_scale);
+  check(o.tile_rows == 0 || o.tile_rows == 16 || o.tile_rows == 32 || o.tile_rows == 64 ||
+            o.tile_rows == 128,
+        "PrefillPlanOptions.tile_rows: expected 0 (heuristic), 16, 32, 64 or 128, got ",
+        o.tile_rows);
+  check(o.tile_rows == 0 || o.tile_rows >= group, "PrefillPlanOptions.tile_rows: expected >= the ",
+        "GQA group (", group, ": a tile holds whole query tokens), got ", o.tile_rows);
+  check(batch_size == 0 || qo_indptr[0] == 0, "qo_indptr[0]: expected 0, got ", qo_indptr[0]);
+  check(batch_size == 0 || kv_indptr[0] == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
+
+  qo_lens.resize(batch_size);
+  kv_lens.resize(batch_size);
+  for (int i = 0; i < batch_size; ++i) {
+    check(qo_indptr[i + 1] >= qo_indptr[i], "qo_indptr[", i + 1, "] = ", qo_indptr[i + 1],
+          ": expected >= qo_indptr[", i, "] = ", qo_indptr[i]);
+    check(kv_indptr[i + 1] >= kv_indptr[i], "kv_indptr[", i + 1, "] = ", kv_indptr[i + 1],
+          ": expected >= kv_indptr[", i, "] = ", kv_indptr[i]);
+    qo_lens[i] = qo_indptr[i + 1] - qo_indptr[i];
+    if (paged) {
+      const bool empty = kv_indptr[i + 1] == kv_indptr[i];
+      check(empty || (kv_last_page_len[i] >= 1 && kv_last_page_len[i] <= page_sz),
+            "kv_last_page_len[", i, "] = ", kv_last_page_len[i], ": expected 1 <= value <= ",
+            page_sz, " (page_size)");
+      kv_lens[i] = paged_kv_len(kv_indptr, kv_last_page_len, page_sz, i);
+    } else {
+      kv_lens[i] = kv_indptr[i + 1] - kv_indptr[i];
+    }
+  }
+  const int64_t qo_total = batch_size > 0 ? qo_indptr[batch_size] : 0;
+  const int64_t kv_total = batch_size > 0 ? kv_indptr[batch_size] : 0;
+  check(qo_total <= cfg.max_qo_tokens, "qo_indptr[batch_size] = ", qo_total,
+        ": expected at most ", cfg.max_qo_tokens, " query tokens (BatchPrefillConfig.max_qo_tokens)");
+  if (paged && o.kv_indices_host != nullptr) {
+    check(o.num_pages > 0, "PrefillPlanOptions.num_pages: expected > 0 with kv_indices_host, got ",
+          o.num_pages);
+    for (int64_t j = 0; j < kv_total; ++j) {
+      const int32_t id = o.kv_indices_host[j];
+      check(id >= 0 && id < o.num_pages, "kv_indices[", j, "] = ", id,
+            " is out of range: expected 0 <= index < ", o.num_pages, " (num_pages)");
+    }
+  }
+
+  // The query tile (the paper's heuristic unless the caller fixes it) selects the kernel.
+  const int rows = o.tile_rows > 0 ? o.tile_rows : scheduler::choose_query_tile_rows(qo_lens, group);
+  load_kernel(qt, hd, rows);  // JIT (first use only) at plan time, so run() never compiles
+  const int num_ctas = ws.max_ctas() / cfg.ctas_per_sm * kernel.ctas_per_sm;
+
+  const float scale = resolve_sm_scale(o.sm_scale, hd);
+  if (captured.any) {  // refuse a plan the captured graph cannot run, before anything changes
+    const auto& c = captured;
+    check(qo_total <= c.q_rows && qo_total <= c.out_rows && (c.lse_rows < 0 || qo_total <= c.lse_rows),
+          "qo_indptr[batch_size] = ", qo_total, " exceeds the ", std::min(c.q_rows, c.out_rows),
+          " rows of q/out a captured CUDA graph holds; capture run() with max_qo_tokens-row views");
+    check(kv_total <= c.kv_capacity, "kv_indptr[batch_size] = ", kv_total, " exceeds the ",
+          c.kv_capacity, paged ? " kv_indices entries" : " KV rows",
+          " a captured CUDA graph holds; capture with the full buffers");
+    check(kernel.id == c.kernel_id && scale == c.sm_scale && o.causal == c.causal &&
+              n_qo_heads == c.num_qo_heads && n_kv_heads == c.num_kv_heads &&
+              page_sz == c.page_size,
+          "plan: a captured CUDA graph runs kernel ", c.kernel_id, " (sm_scale ", c.sm_scale,
+          ", causal ", c.causal, ", heads ", c.num_qo_heads, "/", c.num_kv_heads, ", page_size ",
+          c.page_size, "); this plan needs ", kernel.id, " (sm_scale ", scale, ", causal ", o.causal,
+          ", heads ", n_qo_heads, "/", n_kv_heads, ", page_size ", page_sz,
+          "). Fix PrefillPlanOptions.tile_rows for graphs, or capture a new graph.");
+  }
+
+  scheduler::PrefillScheduleOptions so;
+  so.num_ctas = num_ctas;
+  so.num_kv_heads = n_kv_heads;
+  so.group = group;
+  so.tile_rows = rows;
+  so.causal = o.causal;
+  so.fixed_split_size = o.fixed_split_size;
+  so.disable_split_kv = o.disable_split_kv;
+  so.max_slots = ws.max_slots();
+  so.max_work_items = ws.max_work_items();
+  scheduler::PrefillSchedule& s = schedule;
+  scheduler::plan_prefill(qo_lens, kv_lens, so, &s);
+  // The op's part of each item: where its queries and pages start, its causal diagonal, and
+  // which merge item its partial state belongs to.
+  slot_merge.assign(s.num_slots, -1);
+  for (size_t mi = 0; mi < s.merge.size(); ++mi) {
+    PrefillMergeItem& m = s.merge[mi];
+    m.q_base = qo_indptr[m.request];
+    for (int slot = m.slot_begin; slot < m.slot_end; ++slot) slot_merge[slot] = static_cast<int>(mi);
+  }
+  for (PrefillWorkItem& w : s.work) {
+    w.page_base = kv_indptr[w.request];
+    w.q_base = qo_indptr[w.request];
+    w.diag = static_cast<int>(kv_lens[w.request] - qo_lens[w.request]);
+    w.merge = w.slot >= 0 ? slot_merge[w.slot] : -1;
+  }
+  int used_ctas = 0;
+  for (int c = 0; c < s.num_ctas; ++c)
+    used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
+  const int sched_ctas = s.num_ctas;
+  // The workspace's CTA index array is laid out for the most CTAs the config allows: pad it, so
+  // the device pointers never depend on the kernel's occupancy.
+  s.cta_work_indptr.resize(static_cast<size_t>(ws.max_ctas()) + 1, s.cta_work_indptr.back());
+  s.num_ctas = ws.max_ctas();
+
+  // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
+  // last run() (on whatever stream) must be done with the workspace before it is replaced.
+  const runtime::Driver& d = runtime::driver();
+  runtime::check_cu(d.cuEventSynchronize(copy_done), "cuEventSynchronize(plan copy)");
+  runtime::check_cu(d.cuStreamWaitEvent(stream, run_done, 0), "cuStreamWaitEvent(last run)");
+  const size_t plan_bytes = scheduler::serialize_prefill_schedule(
+      s, ws.plan_layout(), static_cast<std::byte*>(pinned.data()));
+  runtime::check_cu(d.cuMemcpyHtoDAsync(ws.plan_device_ptr(), pinned.data(), plan_bytes, stream),
+                    "cuMemcpyHtoDAsync(prefill plan)");
+  runtime::check_cu(d.cuEventRecord(copy_done, stream), "cuEventRecord(plan copy)");
+
+  // With CUDA graphs the grid must be the same at every replay: launch every scheduled CTA.
+  grid = static_cast<unsigned>(o.enable_cuda_graph ? sched_ctas : used_ctas);
+  batch = batch_size;
+  num_qo_heads = n_qo_heads;
+  num_kv_heads = n_kv_heads;
+  head_dim = hd;
+  page_size = paged ? page_sz : 0;
+  q_dtype = qt;
+  kv_dtype = kvt;
+  o_dtype = ot;
+  opts = o;
+  opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
+  sm_scale = scale;
+  nnz_qo = qo_total;
+  nnz_kv = kv_total;
+  info.num_ctas = sched_ctas;
+  info.num_work_items = static_cast<int>(s.work.size());
+  info.num_split_tiles = static_cast<int>(s.merge.size());
+  info.tile_rows = rows;
+  info.chunk_bound = s.chunk_bound;
+  planned = true;
+  info.plan_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void PrefillCore::check_io(const TensorView& q, const TensorView& out, const TensorView& lse,
+                           PrefillParams& p) const {
+  check(planned, name, "::run: called before a successful plan()");
+  const Device dev = Device::cuda(cfg.device);
+  // Under CUDA graphs q/out/lse may hold more rows than this plan (capture them at max_qo_tokens
+  // so later, larger plans still fit); eagerly they must match the plan exactly.
+  const bool graph = opts.enable_cuda_graph;
+  const auto check_rows = [&](const TensorView& t, const char* what) {
+    if (graph ? t.size(0) < nnz_qo : t.size(0) != nnz_qo) {
+      fail(what, ": expected ", graph ? "at least " : "", nnz_qo,
+           " rows (qo_indptr[batch_size] of the plan), got ", t.size(0));
+    }
+  };
+  for (auto [t, what, dtype] : {std::tuple{&q, "q", q_dtype}, {&out, "out", o_dtype}}) {
+    check_device(*t, what, dev);
+    check_dtype(*t, what, dtype);
+    check_ndim(*t, what, 3);
+    check_rows(*t, what);
+    check_shape(*t, what, {-1, num_qo_heads, head_dim});
+    check_last_dim_contiguous(*t, what);
+    check_aligned(*t, what, 16);
+    check(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0, what,
+          ": row strides must be multiples of 16 bytes");
+  }
+  check((nnz_qo <= 1 || out.stride(0) != 0) && (num_qo_heads <= 1 || out.stride(1) != 0),
+        "out: rows must not overlap (zero stride)");
+  if (lse.defined()) {
+    check_device(lse, "lse", dev);
+    check_dtype(lse, "lse", DType::f32);
+    check_ndim(lse, "lse", 2);
+    check_rows(lse, "lse");
+    check_shape(lse, "lse", {-1, num_qo_heads});
+    check(lse.stride(1) == 1 && (lse.size(0) <= 1 || lse.stride(0) >= num_qo_heads),
+          "lse: expected contiguous heads and non-overlapping rows");
+    check_aligned(lse, "lse", 4);
+  }
+  p.q = q.data();
+  p.out = out.data();
+  p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.o_stride_n = out.stride(0);
+  p.o_stride_h = out.stride(1);
+  p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
+}
+
+void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView& out,
+                         const TensorView& lse, int64_t kv_capacity, Stream stream) {
+  runtime::ensure_context(cfg.device);
+  const bool capturing = runtime::stream_is_capturing(stream);
+  check(opts.enable_cuda_graph || !capturing, name,
+        "::run: the stream is being captured into a CUDA graph, but plan() was called without "
+        "enable_cuda_graph; its grid depends on the batch, so a replay after another plan() would "
+        "be wrong. Plan with PrefillPlanOptions.enable_cuda_graph = true.");
+  p.page_size = page_size;
+  p.group = num_qo_heads / num_kv_heads;
+  p.causal = opts.causal ? 1 : 0;
+  p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
+  p.plan = ws.plan_ptrs();
+  void* args[] = {&p};
+  if (grid > 0) {
+    runtime::launch(kernel.fn, {grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem},
+                    stream, args, kernel.id);
+  }
+  if (capturing) {
+    captured = {true,      q.size(0),    out.size(0),  lse.defined() ? lse.size(0) : -1,
+                kv_capacity, kernel.id, sm_scale,     opts.causal,
+                num_qo_heads, num_kv_heads, page_size};
+  } else {
+    // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
+    // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
+    runtime::check_cu(runtime::driver().cuEventRecord(run_done, stream), "cuEventRecord(run)");
+  }
+}
+
+}  // namespace detail
+}  // namespace flashkv

@@ -1,0 +1,83 @@
+// The plan/run machinery BatchPrefillPaged and BatchPrefillRagged share: validation, the
+// scheduler, the plan copy into the workspace, the CUDA-graph bookkeeping, and the launch. The two
+// wrappers differ only in where KV comes from (a page table or kv_indptr over contiguous rows).
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+#include <vector>
+
+#include "attention/prefill_params.cuh"
+#include "flashkv/prefill.h"
+#include "ops/prefill_kernel.h"
+#include "ops/prefill_workspace.h"
+#include "scheduler/prefill_scheduler.h"
+
+namespace flashkv::detail {
+
+struct PrefillCore {
+  PrefillCore(const BatchPrefillConfig& cfg, void* workspace, size_t bytes, bool paged,
+              const char* name);
+  ~PrefillCore();
+
+  // kv_last_page_len and page_size are the paged wrapper's (null / 0 for ragged KV).
+  void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_last_page_len,
+            int batch_size, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+            DType q_dtype, DType kv_dtype, DType o_dtype, const PrefillPlanOptions& opts,
+            Stream stream);
+  // Checks q/out/lse against the plan and fills their fields of `p`; the caller filled the KV.
+  void check_io(const TensorView& q, const TensorView& out, const TensorView& lse,
+                PrefillParams& p) const;
+  // Launches with `p` (KV and io fields filled) and records what a capture holds.
+  void launch(PrefillParams& p, const TensorView& q, const TensorView& out, const TensorView& lse,
+              int64_t kv_capacity, Stream stream);
+
+  BatchPrefillConfig cfg;
+  bool paged = true;
+  const char* name;  // "BatchPrefillPaged" / "BatchPrefillRagged", for messages
+  ops::PrefillWorkspace ws;
+  PinnedBuffer pinned;
+  CUevent copy_done = nullptr;  // the last plan copy out of `pinned`
+  CUevent run_done = nullptr;   // the last eager run(): a plan() on any stream waits for it
+
+  // The plan in force.
+  bool planned = false;
+  int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
+  DType q_dtype{}, kv_dtype{}, o_dtype{};
+  PrefillPlanOptions opts;
+  float sm_scale = 0.f;
+  int64_t nnz_qo = 0;
+  int64_t nnz_kv = 0;  // paged: kv_indptr[batch] page ids; ragged: KV rows
+  unsigned grid = 0;
+  PrefillPlanInfo info;
+
+  // The kernel of the plan in force (memoized: every step usually keeps it).
+  struct Kernel {
+    DType dtype{};
+    int head_dim = 0, rows = 0;
+    CUfunction fn = nullptr;
+    ops::PrefillGeometry geometry;
+    int ctas_per_sm = 0;
+    std::string id;
+  } kernel;
+
+  // What a CUDA graph captured by run() holds fixed: later plans must fit it.
+  struct Captured {
+    bool any = false;
+    int64_t q_rows = 0, out_rows = 0, lse_rows = -1, kv_capacity = 0;
+    std::string kernel_id;
+    float sm_scale = 0.f;
+    bool causal = false;
+    int num_qo_heads = 0, num_kv_heads = 0, page_size = 0;
+  } captured;
+
+  std::vector<int64_t> qo_lens, kv_lens;
+  std::vector<int> slot_merge;
+  scheduler::PrefillSchedule schedule;  // reused across plans
+
+ private:
+  void load_kernel(DType dtype, int head_dim, int rows);
+};
+
+}  // namespace flashkv::detail
