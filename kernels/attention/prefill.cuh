@@ -5,51 +5,54 @@
 // (prefill_loader.cuh), the per-warp main loop (prefill_mainloop.cuh), the epilogue and fused
 // split-KV merge (prefill_epilogue.cuh), and the persistent work loop below.
 //
-// Warps: each owns 16 rows. Small tiles (16, 32 rows: short queries, speculative decoding) would
-// leave most of the CTA idle, so there kWarpsKV warps share a row tile and split every KV tile
-// between them, merged with ⊕ at the end (as in decode_tc.cuh): 4 warps in every configuration
-// but the 128-row one (8 warps). Causal masking costs nothing on tiles entirely below the
-// diagonal (no mask arithmetic) and a warp whose rows see none of a tile skips it; tiles beyond
-// every row's diagonal are never scheduled (prefill_scheduler.h).
+// Warps (prefill_shape.cuh): each owns one or two 16-row MMA tiles. Small tiles (16, 32 rows:
+// short queries, speculative decoding) would leave most of the CTA idle, so there kWarpsKV warps
+// share a row tile and split every KV tile between them, merged with ⊕ at the end (as in
+// decode_tc.cuh). Causal masking costs nothing on tiles entirely below the diagonal (no mask
+// arithmetic) and a warp whose rows see none of a tile skips it; tiles beyond every row's
+// diagonal are never scheduled (prefill_scheduler.h).
 #pragma once
 
 #include "attention/prefill_epilogue.cuh"
 #include "attention/prefill_loader.cuh"
 #include "attention/prefill_mainloop.cuh"
 #include "attention/prefill_params.cuh"
+#include "attention/prefill_shape.cuh"
 
 namespace flashkv {
 
-template <class T, int HEAD_DIM, int ROWS>
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE>
 struct PrefillConfig {
   using q_t = T;
   using kv_t = T;
   using o_t = T;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kRows = ROWS;
-  static constexpr int kWarpsQ = ROWS / 16;
-  static constexpr int kWarpsKV = ROWS >= 64 ? 1 : 4 / kWarpsQ;
-  static constexpr int kWarps = kWarpsQ * kWarpsKV;
-  static constexpr int kThreads = kWarps * 32;
-  // KV tokens per stage: 64, or 32 at head_dim 256 where each warp has a whole tile (keeps the
-  // S fragment and shared memory small next to 128 output accumulators per thread).
-  static constexpr int kTile = (HEAD_DIM <= 128 || kWarpsKV == 4) ? 64 : 32;
+  static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
+  static constexpr PrefillShape kShape = prefill_shape(HEAD_DIM, ROWS);
+  static constexpr int kRowTiles = kShape.row_tiles;
+  static constexpr int kWarpRows = kShape.warp_rows;
+  static constexpr int kWarpsQ = kShape.warps_q;
+  static constexpr int kWarpsKV = kShape.warps_kv;
+  static constexpr int kWarps = kShape.warps;
+  static constexpr int kThreads = kShape.threads;
+  static constexpr int kTile = kShape.tile;
   static constexpr int kWarpTokens = kTile / kWarpsKV;  // this warp's slice of a KV tile
   static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
-  static constexpr int kStages = 2;
   static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks per row
   static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of O
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte KV loads per thread per stage
-  static constexpr int kQBytes = ROWS * HEAD_DIM * 2;
-  static constexpr int kStageBytes = kTile * HEAD_DIM * 2;  // K (or V) of one stage
-  static constexpr int kKVBytes = 2 * kStages * kStageBytes;
-  static constexpr int kMergeBytes = kWarpsKV > 1 ? kWarps * 16 * (HEAD_DIM + 2) * 4 : 0;
-  static constexpr int kSmemBytes = kQBytes + (kKVBytes > kMergeBytes ? kKVBytes : kMergeBytes);
+  static constexpr int kQBytes = kShape.q_bytes;
+  static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
+  static constexpr int kStages = kShape.stages;
+  static constexpr int kSmemBytes = kShape.smem_bytes;
 
   static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
+  static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV, "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
   static_assert(ROWS == 16 || ROWS == 32 || ROWS == 64 || ROWS == 128, "query tile of 16-128 rows");
   static_assert(kWarpTokens % 16 == 0, "a warp's KV slice is whole 16-token MMA k-steps");
+  static_assert(kWarpsKV == 1 || kRowTiles == 1, "warps that split KV tiles own one row tile");
   static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
 };
 
@@ -58,28 +61,30 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
                                                   unsigned char* smem) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wq = warp / C::kWarpsKV, wk = warp % C::kWarpsKV;
-  unsigned char* q_smem = smem;
-  unsigned char* k_smem = smem + C::kQBytes;
-  unsigned char* v_smem = k_smem + C::kStages * C::kStageBytes;
+  const u32 q_smem = smem_addr(smem);
+  const u32 k_smem = q_smem + C::kQBytes;
+  const u32 v_smem = k_smem + C::kStages * C::kStageBytes;
   const int valid_rows = (w.q_end - w.q_start) * p.group;
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
 
-  // The last KV position each of this thread's two rows sees (-1: none, or not a real row), and
-  // the warp's extremes over its real rows, to skip or leave unmasked whole slices.
-  int lim[2];
+  // The last KV position each of this thread's rows sees (-1: none, or not a real row), and the
+  // warp's extremes over its real rows, to skip or leave unmasked whole slices.
+  int lim[C::kRowTiles][2];
   int warp_min = 0x7fffffff, warp_max = -1;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = wq * 16 + lane / 4 + 8 * h;
-    lim[h] = -1;
-    if (row < valid_rows) {
-      lim[h] = w.kv_end - 1;
-      if (p.causal) lim[h] = min(lim[h], w.diag + w.q_start + row / p.group);
-      warp_min = min(warp_min, lim[h]);
+  for (int r = 0; r < C::kRowTiles; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
+      lim[r][h] = -1;
+      if (row < valid_rows) {
+        lim[r][h] = w.kv_end - 1;
+        if (p.causal) lim[r][h] = min(lim[r][h], w.diag + w.q_start + row / p.group);
+        warp_min = min(warp_min, lim[r][h]);
+      }
+      warp_max = max(warp_max, lim[r][h]);
     }
-    warp_max = max(warp_max, lim[h]);
-  }
 #pragma unroll
   for (int off = 16; off >= 1; off /= 2) {
     warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
@@ -99,7 +104,7 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     cp_async_commit();
   }
   if (C::kStages - 1 < num_tiles) prefill_tile_pages<C>(p, w, C::kStages - 1, pages);
-  const u32 q_base = smem_addr(q_smem);
+  const u32 q_base = q_smem;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
@@ -114,16 +119,16 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     const int st_idx = tile % C::kStages;
     const int first = w.kv_start + tile * C::kTile + wk * C::kWarpTokens;  // warp's first position
     if (first <= warp_max) {  // else no row of this warp sees any of the slice: skip it
-      float s[C::kNT][4];
-      prefill_qk<C>(q_base, smem_addr(k_smem + st_idx * C::kStageBytes), wq, wk, s);
-      u32 pa[C::kNT / 2][4];
+      float s[C::kRowTiles][C::kNT][4];
+      prefill_qk<C>(q_base, k_smem + st_idx * C::kStageBytes, wq, wk, s);
+      u32 pa[C::kRowTiles][C::kNT / 2][4];
       const int pos0 = first + 2 * (lane % 4);
       if (first + C::kWarpTokens - 1 <= warp_min) {
         prefill_softmax<C, false>(st, s, pos0, lim, p.sm_scale_log2, pa);
       } else {
         prefill_softmax<C, true>(st, s, pos0, lim, p.sm_scale_log2, pa);
       }
-      prefill_pv<C>(st, pa, smem_addr(v_smem + st_idx * C::kStageBytes), wk);
+      prefill_pv<C>(st, pa, v_smem + st_idx * C::kStageBytes, wk);
     }
     __syncthreads();  // this stage is refilled by a later iteration
   }
@@ -133,7 +138,7 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     prefill_write_warp<C>(p, w, st, wq, valid_rows);
   } else {
     __syncthreads();
-    prefill_merge_warps<C>(p, w, st, valid_rows, k_smem);
+    prefill_merge_warps<C>(p, w, st, valid_rows, smem + C::kQBytes);
     __syncthreads();  // the shared memory is reused by the next work item
   }
 }

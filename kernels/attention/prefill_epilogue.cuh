@@ -46,20 +46,22 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
                                                    const PrefillWarpState<C>& st, int wq, int valid_rows) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float d = st.d[h];
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
-    const int row = wq * 16 + lane / 4 + 8 * h;
-    if (row >= valid_rows) continue;
-    const float inv = d > 0.f ? 1.f / d : 0.f;
-    const float lse2 = d > 0.f ? st.m[h] + log2f(d) : neg_inf();
+  for (int r = 0; r < C::kRowTiles; ++r)
 #pragma unroll
-    for (int n = 0; n < C::kDTiles; ++n) {
-      const float v[2] = {st.o[n][2 * h] * inv, st.o[n][2 * h + 1] * inv};
-      prefill_store<C, 2>(p, w, row, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
+    for (int h = 0; h < 2; ++h) {
+      float d = st.d[r][h];
+      d += __shfl_xor_sync(0xffffffffu, d, 1);
+      d += __shfl_xor_sync(0xffffffffu, d, 2);
+      const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
+      if (row >= valid_rows) continue;
+      const float inv = d > 0.f ? 1.f / d : 0.f;
+      const float lse2 = d > 0.f ? st.m[r][h] + log2f(d) : neg_inf();
+#pragma unroll
+      for (int n = 0; n < C::kDTiles; ++n) {
+        const float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
+        prefill_store<C, 2>(p, w, row, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
+      }
     }
-  }
 }
 
 // The kWarpsKV warps of a row tile split each KV tile: ⊕ their states through shared memory
@@ -68,23 +70,24 @@ template <class C>
 __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, const PrefillWorkItem& w,
                                                     const PrefillWarpState<C>& st, int valid_rows,
                                                     unsigned char* scratch) {
+  static_assert(C::kRowTiles == 1, "warps that split KV tiles own one row tile");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* o_sm = reinterpret_cast<float*>(scratch);                // [kWarps][16][kHeadDim]
   float* md_sm = o_sm + C::kWarps * 16 * C::kHeadDim;            // [kWarps][16][2]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = lane / 4 + 8 * h;
-    float d = st.d[h];
+    float d = st.d[0][h];
     d += __shfl_xor_sync(0xffffffffu, d, 1);
     d += __shfl_xor_sync(0xffffffffu, d, 2);
     if (lane % 4 == 0) {
-      md_sm[(warp * 16 + r) * 2] = st.m[h];
+      md_sm[(warp * 16 + r) * 2] = st.m[0][h];
       md_sm[(warp * 16 + r) * 2 + 1] = d;
     }
 #pragma unroll
     for (int n = 0; n < C::kDTiles; ++n) {
       float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + n * 8 + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(dst) = make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
+      *reinterpret_cast<float2*>(dst) = make_float2(st.o[0][n][2 * h], st.o[0][n][2 * h + 1]);
     }
   }
   __syncthreads();

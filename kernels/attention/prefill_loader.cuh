@@ -13,7 +13,7 @@ namespace flashkv {
 // query head kv_head * group + r % group. Rows past the tile's tokens are zero-filled.
 template <class C>
 __device__ __forceinline__ void prefill_load_q(const PrefillParams& p, const PrefillWorkItem& w,
-                                               int valid_rows, unsigned char* q_smem) {
+                                               int valid_rows, u32 q_smem) {
   typedef typename C::q_t q_t;
   const q_t* q = static_cast<const q_t*>(p.q);
 #pragma unroll
@@ -37,44 +37,60 @@ struct PrefillTilePages {
   int page[C::kLoads];
 };
 
+// Thread t loads 16-byte chunk t % kChunks of rows t / kChunks + j * kRowStep of each KV tile:
+// the chunk (so the head and column offset) is the same for all its loads.
+template <class C>
+struct PrefillKVLoads {
+  static constexpr int kRowStep = C::kThreads / C::kChunks;
+  static_assert(C::kThreads % C::kChunks == 0, "a thread keeps one chunk column");
+  __device__ __forceinline__ static int row(int j) { return (int)threadIdx.x / C::kChunks + j * kRowStep; }
+  __device__ __forceinline__ static int chunk() { return (int)threadIdx.x % C::kChunks; }
+};
+
 template <class C>
 __device__ __forceinline__ void prefill_tile_pages(const PrefillParams& p, const PrefillWorkItem& w,
                                                    int tile, PrefillTilePages<C>& a) {
+  typedef PrefillKVLoads<C> L;
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
-    const int pos = w.kv_start + tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
-    a.page[j] = pos >= w.kv_end ? -1
-                : p.page_size > 0 ? p.kv_indices[w.page_base + pos / p.page_size]
-                                  : 0;
+    const int pos = w.kv_start + tile * C::kTile + L::row(j);
+    if constexpr (C::kKV == kRaggedKV) {
+      a.page[j] = pos < w.kv_end ? 0 : -1;
+    } else {
+      const int page_idx = C::kKV == kPagedPow2KV ? pos >> p.page_shift : pos / p.page_size;
+      a.page[j] = pos < w.kv_end ? p.kv_indices[w.page_base + page_idx] : -1;
+    }
   }
 }
 
-// Issues the cp.async loads of KV tile `tile` into one pipeline stage. Past the chunk end or on
-// an out-of-range page id the 16 bytes are zero-filled: nothing outside the cache is read, and
-// zeros keep P·V free of NaN from stale shared memory.
+// Issues the cp.async loads of KV tile `tile` into one pipeline stage (shared addresses of its K
+// and V tiles). Past the chunk end or on an out-of-range page id the 16 bytes are zero-filled:
+// nothing outside the cache is read, and zeros keep P·V free of NaN from stale shared memory.
+// Offsets within a page are 32-bit (the host checks they fit); one wide multiply per page.
 template <class C>
 __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p, const PrefillWorkItem& w,
                                                       int tile, const PrefillTilePages<C>& a,
-                                                      unsigned char* k_stage, unsigned char* v_stage) {
+                                                      u32 k_stage, u32 v_stage) {
   typedef typename C::kv_t kv_t;
-  const kv_t* kg = static_cast<const kv_t*>(p.k);
-  const kv_t* vg = static_cast<const kv_t*>(p.v);
+  typedef PrefillKVLoads<C> L;
+  const int col = w.kv_head * p.head_stride + L::chunk() * 8;  // element offset within a token
+  const kv_t* kg = static_cast<const kv_t*>(p.k) + col;
+  const kv_t* vg = static_cast<const kv_t*>(p.v) + col;
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
-    const int ci = threadIdx.x + j * C::kThreads;
-    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
-    const int pos = w.kv_start + tile * C::kTile + row;
-    long long off = 0;
+    const int pos = w.kv_start + tile * C::kTile + L::row(j);
+    long long off;
     bool valid;
-    if (p.page_size > 0) {
-      valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
-      if (valid) off = (long long)a.page[j] * p.page_stride + (long long)(pos % p.page_size) * p.token_stride;
-    } else {
+    if constexpr (C::kKV == kRaggedKV) {
       valid = a.page[j] == 0;
       off = (long long)(w.page_base + pos) * p.token_stride;
+    } else {
+      valid = (unsigned)a.page[j] < (unsigned)p.num_pages;
+      const int slot = C::kKV == kPagedPow2KV ? pos & (p.page_size - 1) : pos % p.page_size;
+      off = (long long)(valid ? a.page[j] : 0) * p.page_stride + slot * p.token_stride;
     }
-    off = valid ? off + (long long)w.kv_head * p.head_stride + chunk * 8 : 0;
-    const u32 so = swizzled_offset<C::kChunks>(row, chunk);
+    off = valid ? off : 0;
+    const u32 so = swizzled_offset<C::kChunks>(L::row(j), L::chunk());
     cp_async_16(k_stage + so, kg + off, valid);
     cp_async_16(v_stage + so, vg + off, valid);
   }

@@ -6,6 +6,13 @@
 
 namespace flashkv {
 
+// Where KV comes from; a template parameter of the kernel, so the loaders carry no branches.
+enum PrefillKVSource : int {
+  kRaggedKV = 0,     // contiguous rows: token page_base + position
+  kPagedPow2KV = 1,  // a page table, page_size a power of two (shift and mask)
+  kPagedKV = 2,      // a page table, any page size (an integer division per load)
+};
+
 struct PrefillParams {
   const void* q;          // [nnz_qo, H_qo, D], request r's rows start at work.q_base
   const void* k;          // paged: page, token, head addressed with the strides below;
@@ -16,9 +23,12 @@ struct PrefillParams {
   long long q_stride_n, q_stride_h;  // elements
   long long o_stride_n, o_stride_h;
   long long lse_stride_n;
-  long long page_stride, token_stride, head_stride;  // of k and v, elements
-  long long num_pages;    // paged: ids outside [0, num_pages) are read as zeros
+  long long page_stride;  // of k and v, elements
+  int token_stride, head_stride;  // of k and v, elements (< 2^31, checked by the host)
+  int num_pages;          // paged: ids outside [0, num_pages) are read as zeros
   int page_size;          // paged: tokens per page; 0: ragged KV
+  int page_shift;         // log2(page_size) when it is a power of two, else -1: the loaders then
+                          // split positions with shifts, not an integer division per 16 bytes
   int group;              // query heads per KV head, fused into the rows of a query tile
   int causal;             // 1: query token i sees KV positions <= work.diag + i
   float sm_scale_log2;    // sm_scale * log2(e): logits are kept in base 2

@@ -19,6 +19,11 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                "r"(valid ? 16 : 0));
 }
 
+// As above, to a shared-memory address (as smem_addr returns): no address conversion per copy.
+__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Waits until at most N committed groups are still in flight.

@@ -23,6 +23,15 @@ void check_kv_strides(const TensorView& k, const TensorView& v, DType kv_dtype, 
   }
 }
 
+// The kernel keeps offsets within a page (or within a ragged row) in 32 bits.
+void check_offsets_fit(int64_t page_extent, int64_t token_stride, int64_t head_stride,
+                       int64_t num_kv_heads, int64_t head_dim, const char* what) {
+  check(token_stride >= 0 && head_stride >= 0, what, ": expected non-negative strides");
+  const int64_t max_off = page_extent * token_stride + (num_kv_heads - 1) * head_stride + head_dim;
+  check(max_off < (int64_t{1} << 31), what, ": offsets within a page reach ", max_off,
+        " elements; the prefill kernel needs them below 2^31");
+}
+
 }  // namespace
 
 // ---- paged ----
@@ -76,10 +85,15 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   p.k = kv.k.data();
   p.v = kv.v.data();
   p.kv_indices = kv.indices.data_as<const int>();
+  check_offsets_fit(kv.page_size() - 1, kv.token_stride(), kv.head_stride(), c.num_kv_heads,
+                    c.head_dim, "paged_kv");
+  check(kv.num_pages() < (int64_t{1} << 31), "paged_kv: at most 2^31 - 1 pages, got ",
+        kv.num_pages());
+  check(kv.page_stride() >= 0, "paged_kv: expected a non-negative page stride");
   p.page_stride = kv.page_stride();
-  p.token_stride = kv.token_stride();
-  p.head_stride = kv.head_stride();
-  p.num_pages = kv.num_pages();
+  p.token_stride = static_cast<int>(kv.token_stride());
+  p.head_stride = static_cast<int>(kv.head_stride());
+  p.num_pages = static_cast<int>(kv.num_pages());
   c.launch(p, q, out, lse, kv.indices.size(0), stream);
 }
 
@@ -127,9 +141,10 @@ void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const Ten
   p.k = k.data();
   p.v = v.data();
   p.kv_indices = nullptr;
+  check_offsets_fit(0, k.stride(0), k.stride(1), c.num_kv_heads, c.head_dim, "k/v");
   p.page_stride = 0;
-  p.token_stride = k.stride(0);
-  p.head_stride = k.stride(1);
+  p.token_stride = static_cast<int>(k.stride(0));
+  p.head_stride = static_cast<int>(k.stride(1));
   p.num_pages = 0;
   c.launch(p, q, out, lse, k.size(0), stream);
 }

@@ -27,6 +27,7 @@ bool decode_tc_supported(int head_dim, int group_size);
 }  // namespace flashkv::ops
 
 namespace flashkv::ops {
-// The batch prefill kernel for one (dtype, head_dim, query-tile rows); see ops/prefill_kernel.h.
-KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows);
+// The batch prefill kernel for one (dtype, head_dim, query-tile rows, KV source: 0 ragged,
+// 1 paged with a power-of-two page size, 2 any page size); see ops/prefill_kernel.h.
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source);
 }  // namespace flashkv::ops

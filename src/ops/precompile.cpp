@@ -23,7 +23,8 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
     } else if (op == "prefill") {
       for (DType t : opts.dtypes)
         for (int d : opts.head_dims)
-          for (int rows : {16, 32, 64, 128}) specs.push_back(ops::prefill_kernel_spec(t, d, rows));
+          for (int rows : {16, 32, 64, 128})
+            for (int kv : {0, 1}) specs.push_back(ops::prefill_kernel_spec(t, d, rows, kv));
     } else {
       fail("precompile: unknown op '", op, "' (expected merge, decode or prefill)");
     }

@@ -14,19 +14,29 @@
 namespace flashkv {
 
 namespace ops {
-std::string prefill_config_type(DType dtype, int head_dim, int rows) {
+int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group) {
+  return scheduler::choose_query_tile_rows(qo_lens, group);
+}
+
+std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV kv) {
   return std::string("flashkv::PrefillConfig<") + device_type_name(dtype, "q") + ", " +
-         std::to_string(head_dim) + ", " + std::to_string(rows) + ">";
+         std::to_string(head_dim) + ", " + std::to_string(rows) + ", " +
+         std::to_string(static_cast<int>(kv)) + ">";
 }
 
-std::string prefill_kernel_name(DType dtype, int head_dim, int rows) {
-  return "flashkv::batch_prefill_kernel<" + prefill_config_type(dtype, head_dim, rows) + ">";
+std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv) {
+  return "flashkv::batch_prefill_kernel<" + prefill_config_type(dtype, head_dim, rows, kv) + ">";
 }
 
-KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows) {
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source) {
+  check(kv_source >= 0 && kv_source <= 2, "prefill_kernel_spec: kv_source 0, 1 or 2, got ",
+        kv_source);
+  static const char* kNames[] = {"ragged", "paged", "paged_any"};
+  const auto kv = static_cast<PrefillKV>(kv_source);
   const std::string id = std::string("prefill<") + dtype_name(dtype) + ",d" +
-                         std::to_string(head_dim) + ",r" + std::to_string(rows) + ">";
-  const std::string kernel = prefill_kernel_name(dtype, head_dim, rows);
+                         std::to_string(head_dim) + ",r" + std::to_string(rows) + "," +
+                         kNames[kv_source] + ">";
+  const std::string kernel = prefill_kernel_name(dtype, head_dim, rows, kv);
   return {id, [id, kernel] { return make_request(id, "attention/prefill.cuh", {kernel}); }};
 }
 }  // namespace ops
@@ -54,14 +64,15 @@ PrefillCore::~PrefillCore() {
   }
 }
 
-void PrefillCore::load_kernel(DType dtype, int hd, int rows) {
-  if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd && kernel.rows == rows)
+void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv) {
+  if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd &&
+      kernel.rows == rows && kernel.kv == kv)
     return;
-  const ops::KernelSpec spec = ops::prefill_kernel_spec(dtype, hd, rows);
+  const ops::KernelSpec spec = ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv));
   const runtime::LoadedModule& mod =
       runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
   Kernel k;
-  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows));
+  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows, kv));
   k.geometry = ops::prefill_geometry(hd, rows);
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
@@ -72,6 +83,7 @@ void PrefillCore::load_kernel(DType dtype, int hd, int rows) {
   k.dtype = dtype;
   k.head_dim = hd;
   k.rows = rows;
+  k.kv = kv;
   k.id = spec.id;
   kernel = std::move(k);
 }
@@ -152,8 +164,8 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   }
 
   // The query tile (the paper's heuristic unless the caller fixes it) selects the kernel.
-  const int rows = o.tile_rows > 0 ? o.tile_rows : scheduler::choose_query_tile_rows(qo_lens, group);
-  load_kernel(qt, hd, rows);  // JIT (first use only) at plan time, so run() never compiles
+  const int rows = o.tile_rows > 0 ? o.tile_rows : ops::default_prefill_tile_rows(qo_lens, group);
+  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz));  // JIT (first use only) at plan time, so run() never compiles
   const int num_ctas = ws.max_ctas() / cfg.ctas_per_sm * kernel.ctas_per_sm;
 
   const float scale = resolve_sm_scale(o.sm_scale, hd);
@@ -301,6 +313,9 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
         "enable_cuda_graph; its grid depends on the batch, so a replay after another plan() would "
         "be wrong. Plan with PrefillPlanOptions.enable_cuda_graph = true.");
   p.page_size = page_size;
+  p.page_shift = -1;
+  for (int sh = 0; sh < 31 && page_size > 0; ++sh)
+    if (page_size == (1 << sh)) p.page_shift = sh;
   p.group = num_qo_heads / num_kv_heads;
   p.causal = opts.causal ? 1 : 0;
   p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);

@@ -56,6 +56,7 @@ struct PrefillCore {
   struct Kernel {
     DType dtype{};
     int head_dim = 0, rows = 0;
+    ops::PrefillKV kv = ops::PrefillKV::kRagged;
     CUfunction fn = nullptr;
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
@@ -77,7 +78,7 @@ struct PrefillCore {
   scheduler::PrefillSchedule schedule;  // reused across plans
 
  private:
-  void load_kernel(DType dtype, int head_dim, int rows);
+  void load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv);
 };
 
 }  // namespace flashkv::detail

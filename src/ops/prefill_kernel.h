@@ -1,9 +1,11 @@
-// The prefill kernel specializations: their JIT spec and launch geometry (host mirror of
-// PrefillConfig in kernels/attention/prefill.cuh: keep the two in step).
+// The prefill kernel specializations: their JIT spec and launch geometry.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 
+#include "attention/prefill_shape.cuh"
 #include "flashkv/dtype.h"
 #include "ops/kernel_specs.h"
 
@@ -13,22 +15,28 @@ struct PrefillGeometry {
   unsigned threads = 0, smem = 0;
 };
 
+// The launch geometry, from the same constexpr function the kernel's config reads.
 inline PrefillGeometry prefill_geometry(int head_dim, int rows) {
-  const int warps_q = rows / 16;
-  const int warps_kv = rows >= 64 ? 1 : 4 / warps_q;
-  const int warps = warps_q * warps_kv;
-  const int tile = (head_dim <= 128 || warps_kv == 4) ? 64 : 32;
-  const int q_bytes = rows * head_dim * 2;
-  const int kv_bytes = 2 * 2 * tile * head_dim * 2;
-  const int merge_bytes = warps_kv > 1 ? warps * 16 * (head_dim + 2) * 4 : 0;
-  return {static_cast<unsigned>(32 * warps),
-          static_cast<unsigned>(q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes))};
+  const PrefillShape s = prefill_shape(head_dim, rows);
+  return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
 }
 
-// "flashkv::PrefillConfig<flashkv::half_t, 128, 64>"
-std::string prefill_config_type(DType dtype, int head_dim, int rows);
+// The query tile plan() uses when PrefillPlanOptions.tile_rows is 0: the paper's heuristic
+// (scheduler::choose_query_tile_rows). Kept as the op's own entry point so a measured
+// per-GPU adjustment has one place to live (a 64-row cap was tried and measured slower once the
+// 128-row tile gave each warp two row tiles: P4 237 vs 263 TFLOP/s).
+int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group);
+
+// KV source of a specialization (PrefillKVSource in kernels/attention/prefill_params.cuh).
+enum class PrefillKV : int { kRagged = 0, kPagedPow2 = 1, kPaged = 2 };
+inline PrefillKV prefill_kv_source(bool paged, int page_size) {
+  if (!paged) return PrefillKV::kRagged;
+  return (page_size & (page_size - 1)) == 0 ? PrefillKV::kPagedPow2 : PrefillKV::kPaged;
+}
+
+// "flashkv::PrefillConfig<flashkv::half_t, 128, 64, 1>"
+std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV kv);
 // The kernel's name expression: flashkv::batch_prefill_kernel<config>.
-std::string prefill_kernel_name(DType dtype, int head_dim, int rows);
-KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows);
+std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv);
 
 }  // namespace flashkv::ops

@@ -1,0 +1,53 @@
+// The prefill kernel's geometry as a function of (head_dim, query-tile rows): warps, KV tile,
+// pipeline depth, shared memory. One constexpr function read by both the kernel config
+// (prefill.cuh) and the host launch (src/ops), so the two can never disagree. Includes nothing.
+#pragma once
+
+namespace flashkv {
+
+struct PrefillShape {
+  int row_tiles;   // 16-row MMA tiles per warp
+  int warp_rows;   // 16 * row_tiles
+  int warps_q;     // warps along the query rows
+  int warps_kv;    // warps sharing a row block, splitting each KV tile between them
+  int warps;
+  int threads;
+  int tile;        // KV tokens per pipeline stage
+  int stages;
+  int q_bytes;     // shared memory: the query tile,
+  int stage_bytes; // K (or V) of one stage,
+  int smem_bytes;  // and in all (the warps' merge scratch reuses the KV stages)
+};
+
+constexpr PrefillShape prefill_shape(int head_dim, int rows) {
+  PrefillShape s{};
+  // Two 16-row MMA tiles per warp in the 128-row tile: each K/V fragment read from shared memory
+  // then feeds two MMAs (shared-memory bandwidth, not the tensor cores, bounds one row tile per
+  // warp). head_dim 256 keeps one: 128 output accumulators per row tile already.
+  s.row_tiles = (rows == 128 && head_dim <= 128) ? 2 : 1;
+  s.warp_rows = 16 * s.row_tiles;
+  s.warps_q = rows / s.warp_rows;
+  // Small tiles (16, 32 rows: short queries) would leave most of a CTA idle: 4 warps there, the
+  // warps of a row block splitting each KV tile.
+  s.warps_kv = rows >= 64 ? 1 : 4 / s.warps_q;
+  s.warps = s.warps_q * s.warps_kv;
+  s.threads = 32 * s.warps;
+  // 64 KV tokens per stage, or 32 at head_dim 256 where a warp has a whole tile (its S fragment
+  // next to 128 output accumulators).
+  s.tile = (head_dim <= 128 || s.warps_kv == 4) ? 64 : 32;
+  s.q_bytes = rows * head_dim * 2;
+  s.stage_bytes = s.tile * head_dim * 2;
+  // Pipeline depth: as many KV tiles in flight as fit two CTAs per SM (<= 112 KB each); a CTA of
+  // 8 warps runs alone on its SM (registers) and takes 4.
+  const int budget = 112 * 1024;
+  s.stages = s.q_bytes + 4 * 2 * s.stage_bytes <= budget   ? 4
+             : s.q_bytes + 3 * 2 * s.stage_bytes <= budget ? 3
+             : s.threads >= 256                            ? 4
+                                                           : 2;
+  const int kv_bytes = 2 * s.stages * s.stage_bytes;
+  const int merge_bytes = s.warps_kv > 1 ? s.warps * 16 * (head_dim + 2) * 4 : 0;
+  s.smem_bytes = s.q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
+  return s;
+}
+
+}  // namespace flashkv
