@@ -9,34 +9,57 @@
 
 namespace flashkv {
 
-// Writes N (2, 4 or 8) normalized elements [col, col + N) of tile row `row` of work item w:
-// to the output row (token q_start + row / group, head kv_head * group + row % group) when the
-// tile is not split, else to the item's partial slot with its base-2 LSE.
-template <class C, int N>
-__device__ __forceinline__ void prefill_store(const PrefillParams& p, const PrefillWorkItem& w,
-                                              int row, int col, const float (&v)[N], float lse2,
-                                              bool write_lse) {
+// Where tile row `row` of work item w goes: the output row (token q_start + row / group, head
+// kv_head * group + row % group) when the tile is not split, else the item's partial slot. Found
+// once per row (an integer division by the group), then used for every column.
+template <class C>
+struct PrefillRowDst {
+  typename C::o_t* out;  // the output row, or nullptr (split tile)
+  float* partial;        // the partial-state row, or nullptr
+  float* lse;            // the row's lse (natural log for out, base 2 for partial), or nullptr
+};
+
+template <class C>
+__device__ __forceinline__ PrefillRowDst<C> prefill_row_dst(const PrefillParams& p, const PrefillWorkItem& w,
+                                                            int row) {
+  PrefillRowDst<C> d;
   if (w.slot < 0) {
     const long long tok = w.q_base + w.q_start + row / p.group;
     const int head = w.kv_head * p.group + row % p.group;
-    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + tok * p.o_stride_n +
-                          (long long)head * p.o_stride_h + col;
+    d.out = static_cast<typename C::o_t*>(p.out) + tok * p.o_stride_n + (long long)head * p.o_stride_h;
+    d.partial = nullptr;
+    d.lse = p.lse != nullptr ? p.lse + tok * p.lse_stride_n + head : nullptr;
+  } else {
+    const long long r = (long long)w.slot * C::kRows + row;
+    d.out = nullptr;
+    d.partial = p.plan.partial_o + r * C::kHeadDim;
+    d.lse = p.plan.partial_lse + r;
+  }
+  return d;
+}
+
+// Writes N (2, 4 or 8) normalized elements [col, col + N) of a row, and (write_lse) its base-2
+// LSE, converted to natural log for the output.
+template <class C, int N>
+__device__ __forceinline__ void prefill_store(const PrefillRowDst<C>& d, int col, const float (&v)[N],
+                                              float lse2, bool write_lse) {
+  if (d.out != nullptr) {
     u32 packed[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) packed[i] = pack2<typename C::o_t>(v[2 * i], v[2 * i + 1]);
     if constexpr (N == 8) {
-      *reinterpret_cast<uint4*>(op) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      *reinterpret_cast<uint4*>(d.out + col) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
     } else if constexpr (N == 4) {
-      *reinterpret_cast<uint2*>(op) = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(d.out + col) = make_uint2(packed[0], packed[1]);
     } else {
-      *reinterpret_cast<u32*>(op) = packed[0];
+      *reinterpret_cast<u32*>(d.out + col) = packed[0];
     }
-    if (p.lse != nullptr && write_lse) p.lse[tok * p.lse_stride_n + head] = lse2 * kLn2;
+    if (d.lse != nullptr && write_lse) *d.lse = lse2 * kLn2;
   } else {
-    float* po = p.plan.partial_o + ((long long)w.slot * C::kRows + row) * C::kHeadDim + col;
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) *reinterpret_cast<float2*>(po + 2 * i) = make_float2(v[2 * i], v[2 * i + 1]);
-    if (write_lse) p.plan.partial_lse[(long long)w.slot * C::kRows + row] = lse2;
+    for (int i = 0; i < N / 2; ++i)
+      *reinterpret_cast<float2*>(d.partial + col + 2 * i) = make_float2(v[2 * i], v[2 * i + 1]);
+    if (write_lse) *d.lse = lse2;
   }
 }
 
@@ -56,10 +79,11 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
       if (row >= valid_rows) continue;
       const float inv = d > 0.f ? 1.f / d : 0.f;
       const float lse2 = d > 0.f ? st.m[r][h] + log2f(d) : neg_inf();
+      const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
 #pragma unroll
       for (int n = 0; n < C::kDTiles; ++n) {
         const float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
-        prefill_store<C, 2>(p, w, row, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
+        prefill_store<C, 2>(dst, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
       }
     }
 }
@@ -115,7 +139,8 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
     const float inv = dd > 0.f ? 1.f / dd : 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
-    prefill_store<C, 8>(p, w, row, col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(), col == 0);
+    prefill_store<C, 8>(prefill_row_dst<C>(p, w, row), col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(),
+                        col == 0);
   }
 }
 
@@ -169,7 +194,8 @@ __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const
     out_item.q_start = item.q_start;
     out_item.q_base = item.q_base;
     out_item.slot = -1;
-    prefill_store<C, 4>(p, out_item, row, col, acc, d > 0.f ? m + log2f(d) : neg_inf(), col == 0);
+    prefill_store<C, 4>(prefill_row_dst<C>(p, out_item, row), col, acc, d > 0.f ? m + log2f(d) : neg_inf(),
+                        col == 0);
   }
 }
 

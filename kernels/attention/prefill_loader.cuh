@@ -15,17 +15,27 @@ template <class C>
 __device__ __forceinline__ void prefill_load_q(const PrefillParams& p, const PrefillWorkItem& w,
                                                int valid_rows, u32 q_smem) {
   typedef typename C::q_t q_t;
-  const q_t* q = static_cast<const q_t*>(p.q);
+  constexpr int kRowStep = C::kThreads / C::kChunks;  // a thread keeps one chunk column
+  static_assert(C::kThreads % C::kChunks == 0, "a thread keeps one chunk column");
+  const q_t* q = static_cast<const q_t*>(p.q) + (int)(threadIdx.x % C::kChunks) * 8;
+  const int row0 = threadIdx.x / C::kChunks;
+  // (token, head) of row0, stepped by kRowStep rows without a division per row.
+  int tok = row0 / p.group, head = row0 % p.group;
+  const int step_tok = kRowStep / p.group, step_head = kRowStep % p.group;
 #pragma unroll
-  for (int j = 0; j < C::kRows * C::kChunks / C::kThreads; ++j) {
-    const int ci = threadIdx.x + j * C::kThreads;
-    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
+  for (int j = 0; j < C::kRows / kRowStep; ++j) {
+    const int row = row0 + j * kRowStep;
     const bool valid = row < valid_rows;
-    const int tok = w.q_start + row / p.group, head = w.kv_head * p.group + row % p.group;
-    const q_t* src = valid ? q + (long long)(w.q_base + tok) * p.q_stride_n +
-                                 (long long)head * p.q_stride_h + chunk * 8
+    const q_t* src = valid ? q + (long long)(w.q_base + w.q_start + tok) * p.q_stride_n +
+                                 (long long)(w.kv_head * p.group + head) * p.q_stride_h
                            : q;
-    cp_async_16(q_smem + swizzled_offset<C::kChunks>(row, chunk), src, valid);
+    cp_async_16(q_smem + swizzled_offset<C::kChunks>(row, threadIdx.x % C::kChunks), src, valid);
+    tok += step_tok;
+    head += step_head;
+    if (head >= p.group) {
+      head -= p.group;
+      ++tok;
+    }
   }
 }
 

@@ -87,14 +87,13 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
       for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float x = s[r][nt][h * 2 + e] * scale_log2;
-          if (kMask && pos0 + nt * 8 + e > lim[r][h]) x = neg_inf();
-          s[r][nt][h * 2 + e] = x;
-          mx = fmaxf(mx, x);
+          // Raw logits until the exponent: the scale (> 0) folds into one FFMA per logit there.
+          if (kMask && pos0 + nt * 8 + e > lim[r][h]) s[r][nt][h * 2 + e] = neg_inf();
+          mx = fmaxf(mx, s[r][nt][h * 2 + e]);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(st.m[r][h], mx);
+      const float m_new = fmaxf(st.m[r][h], mx * scale_log2);
       // Every key of this row masked so far: keep the state empty (p = 0, no rescale, no NaN).
       const float m_use = m_new == neg_inf() ? 0.f : m_new;
       const float rescale = fast_exp2(st.m[r][h] - m_use);
@@ -104,7 +103,7 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
       for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = fast_exp2(s[r][nt][h * 2 + e] - m_use);
+          const float pr = fast_exp2(fmaf(s[r][nt][h * 2 + e], scale_log2, -m_use));
           s[r][nt][h * 2 + e] = pr;
           sum += pr;
         }
