@@ -15,9 +15,16 @@
 //           DType::f16, DType::f16, {.causal = true}, stream);
 //   pf.run(q, paged_kv, out, lse, stream);  // allocates nothing, never synchronizes
 //
-// The workspace is sized once for the worst case, so its pointers never move: a CUDA graph that
-// captured run() (after a plan() with enable_cuda_graph) replays correctly after later plans that
-// keep the kernel (dtypes, head_dim, query tile, sm_scale) and fit the captured tensors.
+// Requests may have qo_len 0 or kv_len 0; a query row that sees no key gets out = 0, lse = -inf.
+// q, kv and out share one dtype (f16 or bf16); head_dim 64, 128 or 256; GQA groups up to 128.
+//
+// The workspace is sized once for the worst case, so its pointers never move. CUDA graphs: plan
+// with enable_cuda_graph, capture run() once with q/out/lse views of max_qo_tokens rows (run()
+// then accepts views with more rows than the plan's) and the full KV buffers, then re-plan and
+// replay. A captured graph pins the kernel (dtypes, head_dim, query tile: fix tile_rows),
+// sm_scale, causal, the head counts and page_size; plan() refuses a batch or configuration the
+// graph cannot run (forget_captured_graphs() lifts that once the graph is destroyed). A plan()
+// that throws leaves the object unplanned: an eager run() then throws too.
 #pragma once
 
 #include <cstddef>
@@ -45,11 +52,15 @@ struct BatchPrefillConfig {
 struct PrefillPlanOptions {
   bool causal = false;
   float sm_scale = 0.0f;     // 0: 1/sqrt(head_dim)
-  int fixed_split_size = 0;  // > 0: KV chunks of this many tokens (batch-invariant with tile_rows)
+  int fixed_split_size = 0;  // > 0: KV chunks of this many tokens (batch-invariant with tile_rows).
+                             // Each chunk of a split tile takes a partial-state slot; the workspace
+                             // has 2 x CTAs slots, so long KV with small chunks can exceed it
+                             // (plan() then throws, naming the count): size chunks to the context.
   bool disable_split_kv = false;
   bool enable_cuda_graph = false;  // fixed grid, so run() may be captured and replayed
-  int tile_rows = 0;  // query-tile rows (16, 32, 64, 128); 0: the paper's heuristic (the smallest
-                      // tile >= the average query length x GQA group)
+  int tile_rows = 0;  // query-tile rows (16, 32, 64, 128; >= the GQA group: a tile holds whole
+                      // tokens); 0: the paper's heuristic (the smallest tile >= the average
+                      // query length x GQA group)
   // Optional host copy of kv_indices (paged only) and the cache's page count: when given, plan()
   // checks every page id and names the first out-of-range one. Without it the kernel still never
   // reads outside the cache: out-of-range ids read as zeros.
@@ -63,7 +74,7 @@ struct PrefillPlanInfo {
   int num_work_items = 0;
   int num_split_tiles = 0;
   int tile_rows = 0;
-  int64_t chunk_bound = 0;
+  int64_t chunk_bound = 0;  // the longest KV chunk a work item may take (tokens; the split bound)
   double plan_us = 0.0;  // CPU time of the last plan()
 };
 
@@ -90,7 +101,8 @@ class BatchPrefillPaged {
             Stream stream = nullptr);
   // q[nnz_qo, H_qo, D], out[nnz_qo, H_qo, D], lse f32[nnz_qo, H_qo] (optional: undefined view).
   // Only kv.indices is read from kv's index tensors (on the device); indptr and last_page_len are
-  // those given to plan().
+  // those given to plan(), but their views must still have the plan's batch shape (they are
+  // validated with the cache). k and v must share strides (16-byte multiples).
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
   // See BatchDecode::forget_captured_graphs.
