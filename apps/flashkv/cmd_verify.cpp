@@ -38,39 +38,38 @@ TensorView to_gpu(const HostTensor& h, std::vector<DeviceBuffer>& keep) {
                     h.shape().data(), strides.data(), Device::cuda(0));
 }
 
-// Decode over a random paged cache: GPU vs reference (or reference vs ⊕ of halves on CPU).
-Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64_t seed) {
-  // Without a GPU this checks the reference against itself: keep it small (seconds, not minutes).
-  const std::vector<int64_t> lens =
-      gpu ? std::vector<int64_t>{0, 1, 37, 600, 3000} : std::vector<int64_t>{0, 1, 37, 300};
-  const int64_t B = static_cast<int64_t>(lens.size());
-  std::vector<int32_t> indptr{0}, last;
-  for (int64_t l : lens) {
-    const int64_t p = (l + page - 1) / page;
-    indptr.push_back(static_cast<int32_t>(indptr.back() + p));
-    last.push_back(static_cast<int32_t>(p ? l - (p - 1) * page : 0));
+// A random paged cache over `lens` with shuffled pages: host tensors, the host page table, and
+// its upload (the GPU copy's index views only carry shapes except `indices`).
+struct RandomPagedCache {
+  std::vector<int32_t> indptr{0}, last, idx;
+  HostTensor k, v;
+  PagedKVCache host;
+
+  RandomPagedCache(const std::vector<int64_t>& lens, int page, int Hkv, int D, DType dt, uint64_t seed) {
+    for (int64_t l : lens) {
+      const int64_t p = (l + page - 1) / page;
+      indptr.push_back(static_cast<int32_t>(indptr.back() + p));
+      last.push_back(static_cast<int32_t>(p ? l - (p - 1) * page : 0));
+    }
+    const int64_t pages = indptr.back(), B = static_cast<int64_t>(lens.size());
+    idx.resize(pages);
+    SplitMix64 rng(seed);
+    for (int64_t i = 0; i < pages; ++i) idx[i] = static_cast<int32_t>(i);
+    for (int64_t i = pages - 1; i > 0; --i) std::swap(idx[i], idx[rng.next() % (i + 1)]);
+    k = HostTensor(dt, {pages, page, Hkv, D});
+    v = HostTensor(dt, {pages, page, Hkv, D});
+    k.fill_random(seed + 1);
+    v.fill_random(seed + 2);
+    host.k = k.view();
+    host.v = v.view();
+    host.indptr = TensorView(indptr.data(), DType::i32, {B + 1});
+    host.indices = TensorView(idx.data(), DType::i32, {pages});
+    host.last_page_len = TensorView(last.data(), DType::i32, {B});
   }
-  const int64_t pages = indptr.back();
-  std::vector<int32_t> idx(pages);
-  SplitMix64 rng(seed);
-  for (int64_t i = 0; i < pages; ++i) idx[i] = static_cast<int32_t>(i);
-  for (int64_t i = pages - 1; i > 0; --i) std::swap(idx[i], idx[rng.next() % (i + 1)]);
-  HostTensor k(dt, {pages, page, Hkv, D}), v(dt, {pages, page, Hkv, D}), q(dt, {B, Hq, D});
-  k.fill_random(seed + 1);
-  v.fill_random(seed + 2);
-  q.fill_random(seed + 3);
-  PagedKVCache c;
-  c.k = k.view();
-  c.v = v.view();
-  c.indptr = TensorView(indptr.data(), DType::i32, {B + 1});
-  c.indices = TensorView(idx.data(), DType::i32, {pages});
-  c.last_page_len = TensorView(last.data(), DType::i32, {B});
-  HostTensor ref(DType::f32, {B, Hq, D});
-  reference::batch_decode(q.view(), c, ref.view(), TensorView());
-  HostTensor got(dt, {B, Hq, D});
-  if (gpu) {
-    std::vector<DeviceBuffer> keep;
-    PagedKVCache dc = c;
+
+  PagedKVCache to_device(std::vector<DeviceBuffer>& keep) const {
+    const int64_t pages = indptr.back(), B = static_cast<int64_t>(last.size());
+    PagedKVCache dc = host;
     dc.k = to_gpu(k, keep);
     dc.v = to_gpu(v, keep);
     HostTensor hidx(DType::i32, {pages});
@@ -79,6 +78,28 @@ Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64
     HostTensor hip(DType::i32, {B + 1}), hl(DType::i32, {B});
     dc.indptr = to_gpu(hip, keep);
     dc.last_page_len = to_gpu(hl, keep);
+    return dc;
+  }
+};
+
+// Decode over a random paged cache: GPU vs reference (or reference vs ⊕ of halves on CPU).
+Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64_t seed) {
+  // Without a GPU this checks the reference against itself: keep it small (seconds, not minutes).
+  const std::vector<int64_t> lens =
+      gpu ? std::vector<int64_t>{0, 1, 37, 600, 3000} : std::vector<int64_t>{0, 1, 37, 300};
+  const int64_t B = static_cast<int64_t>(lens.size());
+  const RandomPagedCache cache(lens, page, Hkv, D, dt, seed);
+  const std::vector<int32_t>&indptr = cache.indptr, &last = cache.last, &idx = cache.idx;
+  const HostTensor &k = cache.k, &v = cache.v;
+  const PagedKVCache& c = cache.host;
+  HostTensor q(dt, {B, Hq, D});
+  q.fill_random(seed + 3);
+  HostTensor ref(DType::f32, {B, Hq, D});
+  reference::batch_decode(q.view(), c, ref.view(), TensorView());
+  HostTensor got(dt, {B, Hq, D});
+  if (gpu) {
+    std::vector<DeviceBuffer> keep;
+    const PagedKVCache dc = cache.to_device(keep);
     const TensorView dq = to_gpu(q, keep);
     HostTensor poison(dt, {B, Hq, D});
     poison.fill_poison();
@@ -165,32 +186,18 @@ Check verify_prefill(DType dt, int Hq, int Hkv, int D, int page, bool causal, bo
   const std::vector<int64_t> kvl = gpu ? std::vector<int64_t>{5, 1, 600, 300, 1023}
                                        : std::vector<int64_t>{5, 1, 60, 40};
   const int64_t B = static_cast<int64_t>(qo.size());
-  std::vector<int32_t> qo_ptr{0}, kv_ptr{0}, tok_ptr{0}, last;
+  std::vector<int32_t> qo_ptr{0}, tok_ptr{0};
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t p = (kvl[b] + page - 1) / page;
     qo_ptr.push_back(static_cast<int32_t>(qo_ptr.back() + qo[b]));
-    kv_ptr.push_back(static_cast<int32_t>(kv_ptr.back() + p));
     tok_ptr.push_back(static_cast<int32_t>(tok_ptr.back() + kvl[b]));
-    last.push_back(static_cast<int32_t>(p ? kvl[b] - (p - 1) * page : 0));
   }
-  const int64_t pages = kv_ptr.back(), nq = qo_ptr.back(), ntok = tok_ptr.back();
-  // Identity page order: page p of request b holds its tokens [p*page, ...), so the same values
-  // are also the ragged KV (tokens back to back) when page == 1 or lengths are page multiples;
-  // the ragged copy below is gathered explicitly to be exact in every case.
-  std::vector<int32_t> idx(pages);
-  SplitMix64 rng(seed);
-  for (int64_t i = 0; i < pages; ++i) idx[i] = static_cast<int32_t>(i);
-  for (int64_t i = pages - 1; i > 0; --i) std::swap(idx[i], idx[rng.next() % (i + 1)]);
-  HostTensor k(dt, {pages, page, Hkv, D}), v(dt, {pages, page, Hkv, D}), q(dt, {nq, Hq, D});
-  k.fill_random(seed + 1);
-  v.fill_random(seed + 2);
+  const RandomPagedCache cache(kvl, page, Hkv, D, dt, seed);
+  const std::vector<int32_t>&kv_ptr = cache.indptr, &last = cache.last, &idx = cache.idx;
+  const HostTensor &k = cache.k, &v = cache.v;
+  const PagedKVCache& c = cache.host;
+  const int64_t nq = qo_ptr.back(), ntok = tok_ptr.back();
+  HostTensor q(dt, {nq, Hq, D});
   q.fill_random(seed + 3);
-  PagedKVCache c;
-  c.k = k.view();
-  c.v = v.view();
-  c.indptr = TensorView(kv_ptr.data(), DType::i32, {B + 1});
-  c.indices = TensorView(idx.data(), DType::i32, {pages});
-  c.last_page_len = TensorView(last.data(), DType::i32, {B});
   AttentionOptions ao;
   ao.causal = causal;
   HostTensor ref(DType::f32, {nq, Hq, D});
@@ -199,15 +206,7 @@ Check verify_prefill(DType dt, int Hq, int Hkv, int D, int page, bool causal, bo
   HostTensor got(dt, {nq, Hq, D});
   if (gpu) {
     std::vector<DeviceBuffer> keep;
-    PagedKVCache dc = c;
-    dc.k = to_gpu(k, keep);
-    dc.v = to_gpu(v, keep);
-    HostTensor hidx(DType::i32, {pages});
-    std::copy(idx.begin(), idx.end(), static_cast<int32_t*>(hidx.data()));
-    dc.indices = to_gpu(hidx, keep);
-    HostTensor hip(DType::i32, {B + 1}), hl(DType::i32, {B});
-    dc.indptr = to_gpu(hip, keep);
-    dc.last_page_len = to_gpu(hl, keep);
+    const PagedKVCache dc = cache.to_device(keep);
     const TensorView dq = to_gpu(q, keep);
     HostTensor poison(dt, {nq, Hq, D});
     poison.fill_poison();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/decode_params.cuh"
+#include "attention/split_merge.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
 
@@ -78,59 +79,23 @@ __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const De
 }
 
 // The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
-// written to the output. Run by the CTA that wrote the tile's last partial state. The partials
-// were written by other CTAs: read them through L2 (__ldcg), never a possibly stale L1 line.
+// written to the output. Run by the CTA that wrote the tile's last partial state.
 template <class C>
 __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item) {
   constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
-  constexpr int kBatch = 8;  // partial states read per step: 8 L2 reads in flight, not 1
   for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
     const int g = v / (C::kHeadDim / 4);
     const int col = (v % (C::kHeadDim / 4)) * 4;
-    // Online ⊕ over the slots in KV order, kBatch at a time.
-    float m = neg_inf(), d = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = item.slot_begin; s0 < item.slot_end; s0 += kBatch) {
-      float lse[kBatch];
-      float4 o[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const int s = s0 + i;
-        const bool ok = s < item.slot_end;
-        lse[i] = ok ? __ldcg(p.plan.partial_lse + s * C::kGroup + g) : neg_inf();
-        o[i] = ok ? __ldcg(reinterpret_cast<const float4*>(p.plan.partial_o +
-                                                           ((long long)s * C::kGroup + g) * C::kHeadDim + col))
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float m_new = m;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) m_new = fmaxf(m_new, lse[i]);
-      if (m_new == neg_inf()) continue;  // nothing seen yet
-      const float scale = fast_exp2(m - m_new);
-      d *= scale;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= scale;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const float wgt = fast_exp2(lse[i] - m_new);  // 0 for empty states (lse = -inf)
-        d += wgt;
-        acc[0] += wgt * o[i].x;
-        acc[1] += wgt * o[i].y;
-        acc[2] += wgt * o[i].z;
-        acc[3] += wgt * o[i].w;
-      }
-      m = m_new;
-    }
-    const float inv = d > 0.f ? 1.f / d : 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    float acc[4];
+    const float lse2 = merge_split_slots4(p.plan.partial_o + (long long)g * C::kHeadDim + col,
+                                          (long long)C::kGroup * C::kHeadDim, p.plan.partial_lse + g,
+                                          C::kGroup, item.slot_begin, item.slot_end, acc);
     const int qo_head = item.kv_head * C::kGroup + g;
     typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
                           (long long)qo_head * p.o_stride_h + col;
 #pragma unroll
     for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
-    if (p.lse != nullptr && col == 0)
-      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = d > 0.f ? (m + log2f(d)) * kLn2 : neg_inf();
+    if (p.lse != nullptr && col == 0) p.lse[(long long)item.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "attention/prefill_mainloop.cuh"
 #include "attention/prefill_params.cuh"
+#include "attention/split_merge.cuh"
 
 namespace flashkv {
 
@@ -145,57 +146,23 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
 }
 
 // The merge stage of one split query tile: ⊕ of its partial states in KV order, to the output.
-// The partials were written by other CTAs: read them through L2 (__ldcg), never a stale L1 line.
 template <class C>
 __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const PrefillMergeItem& item) {
   constexpr int kRowVecs = C::kHeadDim / 4;
-  constexpr int kBatch = 8;  // partial states read per step: 8 L2 reads in flight, not 1
   const int rows = (item.q_end - item.q_start) * p.group;
+  // Written as an unsplit item of the same tile would be.
+  PrefillWorkItem out_item{};
+  out_item.kv_head = item.kv_head;
+  out_item.q_start = item.q_start;
+  out_item.q_base = item.q_base;
+  out_item.slot = -1;
   for (int v = threadIdx.x; v < rows * kRowVecs; v += C::kThreads) {
     const int row = v / kRowVecs, col = (v % kRowVecs) * 4;
-    float m = neg_inf(), d = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int s0 = item.slot_begin; s0 < item.slot_end; s0 += kBatch) {
-      float lse[kBatch];
-      float4 o[kBatch];
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const long long s = s0 + i;
-        const bool ok = s < item.slot_end;
-        lse[i] = ok ? __ldcg(p.plan.partial_lse + s * C::kRows + row) : neg_inf();
-        o[i] = ok ? __ldcg(reinterpret_cast<const float4*>(p.plan.partial_o + (s * C::kRows + row) * C::kHeadDim + col))
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float m_new = m;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) m_new = fmaxf(m_new, lse[i]);
-      if (m_new == neg_inf()) continue;  // nothing seen yet
-      const float scale = fast_exp2(m - m_new);
-      d *= scale;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= scale;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        const float wgt = fast_exp2(lse[i] - m_new);  // 0 for empty states (lse = -inf)
-        d += wgt;
-        acc[0] += wgt * o[i].x;
-        acc[1] += wgt * o[i].y;
-        acc[2] += wgt * o[i].z;
-        acc[3] += wgt * o[i].w;
-      }
-      m = m_new;
-    }
-    const float inv = d > 0.f ? 1.f / d : 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    // Written as an unsplit item of the same tile would be.
-    PrefillWorkItem out_item{};
-    out_item.kv_head = item.kv_head;
-    out_item.q_start = item.q_start;
-    out_item.q_base = item.q_base;
-    out_item.slot = -1;
-    prefill_store<C, 4>(prefill_row_dst<C>(p, out_item, row), col, acc, d > 0.f ? m + log2f(d) : neg_inf(),
-                        col == 0);
+    float acc[4];
+    const float lse2 = merge_split_slots4(p.plan.partial_o + (long long)row * C::kHeadDim + col,
+                                          (long long)C::kRows * C::kHeadDim, p.plan.partial_lse + row,
+                                          C::kRows, item.slot_begin, item.slot_end, acc);
+    prefill_store<C, 4>(prefill_row_dst<C>(p, out_item, row), col, acc, lse2, col == 0);
   }
 }
 
