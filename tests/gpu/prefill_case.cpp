@@ -72,6 +72,16 @@ HostTensor indptr_of(const std::vector<int64_t>& lens) {
   return make_i32(ptr);
 }
 
+BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                                  int head_dim) {
+  BatchPrefillConfig cfg;
+  cfg.max_batch = max_batch;
+  cfg.max_qo_tokens = max_qo_tokens;
+  cfg.num_qo_heads = num_qo_heads;
+  cfg.head_dim = head_dim;
+  return cfg;
+}
+
 PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* same_data) {
   if (c.qo_lens.size() != c.kv_lens.size()) {
     throw std::invalid_argument("PrefillCase: qo_lens and kv_lens differ in size");
@@ -129,11 +139,8 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
   DeviceTensor dout = poisoned_like(o.out_host), dlse = poisoned_like(o.lse_host);
   const TensorView lse_view = c.with_lse ? dlse.view : TensorView();
 
-  BatchPrefillConfig cfg;
-  cfg.max_batch = std::max(1, B);
-  cfg.max_qo_tokens = std::max<int64_t>(1, nnz);
-  cfg.num_qo_heads = c.num_qo_heads;
-  cfg.head_dim = c.head_dim;
+  const BatchPrefillConfig cfg =
+      prefill_config(std::max(1, B), std::max<int64_t>(1, nnz), c.num_qo_heads, c.head_dim);
   PrefillPlanOptions opts = opts_in;
   const int32_t* qo_indptr = in.qo_indptr.view().data_as<int32_t>();
   ScopedStream s;

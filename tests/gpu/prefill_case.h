@@ -108,5 +108,8 @@ int64_t count_bad_empty_rows(const HostTensor& out, const HostTensor* lse,
                              const HostTensor& ref_lse, int64_t* empty = nullptr);
 // qo_indptr / kv_indptr-style prefix sums of `lens` as an i32 host tensor.
 HostTensor indptr_of(const std::vector<int64_t>& lens);
+// A BatchPrefillConfig with these limits (and the defaults for the rest).
+BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                                  int head_dim);
 
 }  // namespace flashkv::test

@@ -452,11 +452,7 @@ TEST_F(PrefillGpu, Single32kCausalPromptSampledRows) {
   const DeviceTensor dq = to_device(q);
   HostTensor out(dt, {L, Hq, D}), lse(DType::f32, {L, Hq});
   const DeviceTensor dout = poisoned_like(out), dlse = poisoned_like(lse);
-  BatchPrefillConfig cfg;
-  cfg.max_batch = 1;
-  cfg.max_qo_tokens = L;
-  cfg.num_qo_heads = Hq;
-  cfg.head_dim = D;
+  const BatchPrefillConfig cfg = prefill_config(1, L, Hq, D);
   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
   PrefillPlanOptions opts;

@@ -1,86 +1,25 @@
 // Batch prefill and CUDA graphs: capture run() once, then re-plan for changing batches (requests
 // join, leave, grow; one long-context request splits across CTAs), replay, and check every output
 // (paged and ragged KV); batch invariance of fixed_split_size + tile_rows, eagerly and replayed;
-// what a captured graph cannot run; and the bad-input errors, which must name the argument and
-// leave the output untouched.
+// and what a captured graph cannot run. The bad-input tests of the same suite are in
+// test_prefill_bad_input_gpu.cpp; the helpers both files use are in prefill_graph_util.h.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "flashkv/error.h"
 #include "flashkv/reference.h"
 #include "gpu/prefill_case.h"
-#include "runtime/driver.h"
+#include "gpu/prefill_graph_util.h"
 
 namespace flashkv::test {
 namespace {
 
-using runtime::check_cu;
-using runtime::driver;
-
 constexpr int kHqo = 8, kHkv = 2, kD = 128, kPage = 16;
 constexpr int kTileRows = 64;  // fixed in every graph test: the captured kernel must not change
-
-// A captured and instantiated graph, destroyed at scope exit.
-struct Graph {
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  Graph() = default;
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  ~Graph() { reset(); }
-  void reset() {
-    if (exec) driver().cuGraphExecDestroy(exec);
-    if (graph) driver().cuGraphDestroy(graph);
-    exec = nullptr;
-    graph = nullptr;
-  }
-  void launch(Stream s) const { check_cu(driver().cuGraphLaunch(exec, s), "cuGraphLaunch"); }
-};
-
-// Captures fn() on `s` into `g`. If fn throws, the capture is ended (and its graph dropped)
-// before the exception propagates, so the stream is usable again.
-template <class Fn>
-void capture(Graph& g, Stream s, Fn&& fn) {
-  const auto& d = driver();
-  check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
-  try {
-    fn();
-  } catch (...) {
-    CUgraph dropped = nullptr;
-    d.cuStreamEndCapture(s, &dropped);
-    if (dropped) d.cuGraphDestroy(dropped);
-    throw;
-  }
-  check_cu(d.cuStreamEndCapture(s, &g.graph), "end capture");
-  check_cu(d.cuGraphInstantiate(&g.exec, g.graph, 0), "instantiate");
-}
-
-// Expects fn() to throw flashkv::Error whose message contains one of `needles` (the argument).
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> needles) {
-  const std::string msg = error_of(fn);
-  bool named = false;
-  std::string list;
-  for (const char* n : needles) {
-    named = named || msg.find(n) != std::string::npos;
-    list += std::string(list.empty() ? "'" : ", '") + n + "'";
-  }
-  EXPECT_TRUE(named) << "the message names none of " << list << ": " << msg;
-}
-
-bool all_nan(const HostTensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (!std::isnan(t.get(i))) return false;
-  }
-  return true;
-}
 
 // The bytes of rows [first_row, first_row + rows) of a tensor (dimension 0 is the row).
 std::vector<uint8_t> bytes_of(const HostTensor& t, int64_t first_row, int64_t rows) {
@@ -89,10 +28,6 @@ std::vector<uint8_t> bytes_of(const HostTensor& t, int64_t first_row, int64_t ro
   const auto* p = static_cast<const uint8_t*>(t.data()) + first_row * row_bytes;
   return std::vector<uint8_t>(p, p + rows * row_bytes);
 }
-
-struct Req {
-  int64_t qo, kv;
-};
 
 // A fixed pool of NHD pages on host and device; each batch picks its pages from it.
 struct Pool {
@@ -106,6 +41,15 @@ struct Pool {
     v.fill_random(seed + 1);
     dk = to_device(k);
     dv = to_device(v);
+  }
+  // The pool's pages on the host / on the device under a batch's index tensors.
+  PagedKVCache host_cache(const TensorView& indptr, const TensorView& indices,
+                          const TensorView& last_page_len) const {
+    return {k.view(), v.view(), KVLayout::NHD, indptr, indices, last_page_len};
+  }
+  PagedKVCache device_cache(const TensorView& indptr, const TensorView& indices,
+                            const TensorView& last_page_len) const {
+    return {dk.view, dv.view, KVLayout::NHD, indptr, indices, last_page_len};
   }
 };
 
@@ -137,63 +81,9 @@ struct PagedBatch {
     last = make_i32(lp);
   }
   PagedKVCache host_cache(const Pool& pool) const {
-    return PagedKVCache{.k = pool.k.view(),
-                        .v = pool.v.view(),
-                        .layout = KVLayout::NHD,
-                        .indptr = kv_indptr.view(),
-                        .indices = indices.view(),
-                        .last_page_len = last.view()};
+    return pool.host_cache(kv_indptr.view(), indices.view(), last.view());
   }
 };
-
-// A serving loop: every running request either takes its next prefill chunk (qo > 1, appended
-// after its context) or decodes one token; new prompts join, finished ones leave; at step 8 a
-// request with a 20000-token cached context joins and appends 16-token chunks until it leaves at
-// step 14 (its tiles split across CTAs: the merge runs inside the replayed graph); at step 17 one
-// request has no queries (qo 0). Every step fits max_batch and the query capacity.
-std::vector<std::vector<Req>> serving_trace(int steps, int max_batch, int64_t qo_cap,
-                                            uint64_t seed) {
-  struct Running {
-    int64_t ctx, prompt_left;
-    bool long_ctx;
-  };
-  std::mt19937 rng(seed);
-  std::vector<Running> run = {{0, 300, false}, {0, 1, false}, {500, 0, false}};
-  std::vector<std::vector<Req>> trace;
-  for (int step = 0; step < steps; ++step) {
-    if (step == 8) {
-      if (static_cast<int>(run.size()) >= max_batch) run.erase(run.begin());
-      run.push_back({20000, 48, true});
-    } else if (static_cast<int>(run.size()) < max_batch) {
-      run.push_back({0, static_cast<int64_t>(rng() % 700) + 1, false});
-    }
-    if (step == 14) std::erase_if(run, [](const Running& r) { return r.long_ctx; });
-    if (step % 4 == 3 && run.size() > 1) run.erase(run.begin() + rng() % run.size());
-    std::vector<Req> reqs;
-    int64_t budget = qo_cap;
-    for (size_t i = 0; i < run.size(); ++i) {
-      Running& r = run[i];
-      const int64_t later = static_cast<int64_t>(run.size() - i - 1);  // one token each, at least
-      int64_t qo = 1;
-      if (r.long_ctx) {
-        qo = std::min<int64_t>(16, budget - later);
-      } else if (r.prompt_left > 0) {
-        qo = std::min<int64_t>(
-            {r.prompt_left, 64 + static_cast<int64_t>(rng() % 192), budget - later});
-      }
-      if (step == 17 && i == 1) qo = 0;  // paused this step: KV but no queries
-      qo = std::max<int64_t>(0, qo);
-      reqs.push_back({qo, r.ctx + qo});
-      r.ctx += qo;
-      r.prompt_left = std::max<int64_t>(0, r.prompt_left - qo);
-      budget -= qo;
-    }
-    trace.push_back(reqs);
-  }
-  return trace;
-}
-
-class PrefillGraphGpu : public GpuTest {};
 
 TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
   const DType dt = DType::f16;
@@ -201,17 +91,10 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
   const int64_t kQoCap = 1024;
   const int kIdxCap = 8192;
   Pool pool(4096, dt, 91);
-  BatchPrefillConfig cfg;
-  cfg.max_batch = kMaxBatch;
-  cfg.max_qo_tokens = kQoCap;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
+  const BatchPrefillConfig cfg = prefill_config(kMaxBatch, kQoCap, kHqo, kD);
   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-  PrefillPlanOptions opts;
-  opts.causal = true;
-  opts.enable_cuda_graph = true;
-  opts.tile_rows = kTileRows;
+  const PrefillPlanOptions opts = graph_plan_options(kTileRows);
 
   // What the graph holds: q/out/lse of kQoCap rows, kv_indices of kIdxCap entries.
   HostTensor q_cap(dt, {kQoCap, kHqo, kD}), out_cap(dt, {kQoCap, kHqo, kD});
@@ -228,13 +111,9 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
   // kv.indices of kv's index tensors; indptr and last_page_len are the capture batch's.
   const PagedBatch cap(std::vector<Req>(kMaxBatch, Req{kQoCap / kMaxBatch, 200}), random_pages);
   const DeviceTensor dindptr = to_device(cap.kv_indptr), dlast = to_device(cap.last);
-  const PagedKVCache dc{
-      .k = pool.dk.view,
-      .v = pool.dv.view,
-      .layout = KVLayout::NHD,
-      .indptr = dindptr.view,
-      .indices = TensorView(d_indices.data(), DType::i32, {kIdxCap}, Device::cuda(0)),
-      .last_page_len = dlast.view};
+  const PagedKVCache dc = pool.device_cache(
+      dindptr.view, TensorView(d_indices.data(), DType::i32, {kIdxCap}, Device::cuda(0)),
+      dlast.view);
   ScopedStream s;
   d_indices.copy_from_host(cap.indices.data(), cap.indices.nbytes());
   pf.plan(cap.qo_ptr(), cap.kv_ptr(), cap.last_ptr(), cap.batch(), kHqo, kHkv, kD, kPage, dt, dt,
@@ -252,53 +131,37 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
     ASSERT_LE(b.indices.numel(), kIdxCap);
     ASSERT_LE(b.nnz_qo, kQoCap);
     const int64_t nnz = b.nnz_qo;
-    HostTensor q(dt, {nnz, kHqo, kD});
-    q.fill_random(1000 + step);
-    if (nnz > 0) dq.buf.copy_from_host(q.data(), q.nbytes());
+    const HostTensor q = upload_random(dq, dt, {nnz, kHqo, kD}, 1000 + step);
     if (b.indices.numel() > 0) d_indices.copy_from_host(b.indices.data(), b.indices.nbytes());
-    dout.buf.fill_bytes(0xff);
-    dlse.buf.fill_bytes(0xff);
+    repoison(dout, dlse);
     pf.plan(b.qo_ptr(), b.kv_ptr(), b.last_ptr(), b.batch(), kHqo, kHkv, kD, kPage, dt, dt, dt,
             opts, s);
     g.launch(s);
     synchronize(s);
-    const bool long_ctx =
-        std::any_of(b.reqs.begin(), b.reqs.end(), [](const Req& r) { return r.kv >= 20000; });
-    std::string tag = "step " + std::to_string(step) + " batch " + std::to_string(b.batch()) +
-                      " nnz_qo " + std::to_string(nnz) + " (qo,kv)";
+    std::string tag = step_tag(step, b.batch(), nnz) + " (qo,kv)";
     for (const Req& r : b.reqs)
       tag += " (" + std::to_string(r.qo) + "," + std::to_string(r.kv) + ")";
-    if (long_ctx) {
+    if (has_long_context(b.reqs)) {
       EXPECT_GT(pf.plan_info().num_split_tiles, 0) << tag << ": the 20000-token context must split";
       ++split_steps;
     }
     EXPECT_EQ(pf.plan_info().tile_rows, kTileRows) << tag;
 
-    HostTensor ref(DType::f32, {nnz, kHqo, kD}), ref_lse(DType::f32, {nnz, kHqo});
-    reference::batch_prefill_paged(q.view(), b.qo_indptr.view(), b.host_cache(pool), ref.view(),
-                                   ref_lse.view(), ao);
-    HostTensor got(dt, {nnz, kHqo, kD}), got_lse(DType::f32, {nnz, kHqo});
-    if (nnz > 0) {
-      dout.buf.copy_to_host(got.data(), got.nbytes());
-      dlse.buf.copy_to_host(got_lse.data(), got_lse.nbytes());
-    }
-    EXPECT_TRUE(
-        matches_reference(got.to_doubles(), ref.to_doubles(), rounded_to(ref, dt).to_doubles(), dt))
-        << tag;
-    EXPECT_LE(rel_err(got_lse.to_doubles(), ref_lse.to_doubles()), 1e-4) << tag << ": lse";
-    EXPECT_EQ(count_bad_empty_rows(got, &got_lse, ref_lse), 0) << tag;
+    const OutLse ref = reference_rows(nnz, kHqo, kD);
+    reference::batch_prefill_paged(q.view(), b.qo_indptr.view(), b.host_cache(pool), ref.out.view(),
+                                   ref.lse.view(), ao);
+    const OutLse got = read_rows(dout, dlse, dt, nnz, kHqo, kD);
+    expect_matches_reference(got, ref, dt, tag);
 
     // Every fourth step: run() eagerly on the same plan writes the same bits as the replay.
     if (step % 4 == 3 && nnz > 0) {
-      dout_eager.buf.fill_bytes(0xff);
-      dlse_eager.buf.fill_bytes(0xff);
+      repoison(dout_eager, dlse_eager);
       pf.run(dq.view, dc, dout_eager.view, dlse_eager.view, s);
       synchronize(s);
-      HostTensor eager(dt, {nnz, kHqo, kD}), eager_lse(DType::f32, {nnz, kHqo});
-      dout_eager.buf.copy_to_host(eager.data(), eager.nbytes());
-      dlse_eager.buf.copy_to_host(eager_lse.data(), eager_lse.nbytes());
-      EXPECT_EQ(bytes_of(eager, 0, nnz), bytes_of(got, 0, nnz)) << tag << ": eager vs replay";
-      EXPECT_EQ(bytes_of(eager_lse, 0, nnz), bytes_of(got_lse, 0, nnz)) << tag << ": lse";
+      const OutLse eager = read_rows(dout_eager, dlse_eager, dt, nnz, kHqo, kD);
+      EXPECT_EQ(bytes_of(eager.out, 0, nnz), bytes_of(got.out, 0, nnz))
+          << tag << ": eager vs replay";
+      EXPECT_EQ(bytes_of(eager.lse, 0, nnz), bytes_of(got.lse, 0, nnz)) << tag << ": lse";
     }
   }
   EXPECT_GT(split_steps, 0) << "the trace never carried the long-context request";
@@ -308,17 +171,10 @@ TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {
   const DType dt = DType::bf16;
   const int kMaxBatch = 12;
   const int64_t kQoCap = 768, kKvCap = 40000;
-  BatchPrefillConfig cfg;
-  cfg.max_batch = kMaxBatch;
-  cfg.max_qo_tokens = kQoCap;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
+  const BatchPrefillConfig cfg = prefill_config(kMaxBatch, kQoCap, kHqo, kD);
   DeviceBuffer ws(BatchPrefillRagged::workspace_bytes(cfg));
   BatchPrefillRagged pf(cfg, ws.data(), ws.size());
-  PrefillPlanOptions opts;
-  opts.causal = true;
-  opts.enable_cuda_graph = true;
-  opts.tile_rows = kTileRows;
+  const PrefillPlanOptions opts = graph_plan_options(kTileRows);
 
   // What the graph holds: q/out/lse of kQoCap rows, k/v of kKvCap rows.
   HostTensor q_cap(dt, {kQoCap, kHqo, kD}), out_cap(dt, {kQoCap, kHqo, kD});
@@ -353,41 +209,24 @@ TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {
     ASSERT_LE(nnz, kQoCap);
     ASSERT_LE(nnz_kv, kKvCap);
     // Fresh queries and KV every step.
-    HostTensor q(dt, {nnz, kHqo, kD}), k(dt, {nnz_kv, kHkv, kD}), v(dt, {nnz_kv, kHkv, kD});
-    q.fill_random(2000 + step);
-    k.fill_random(3000 + step);
-    v.fill_random(4000 + step);
-    if (nnz > 0) dq.buf.copy_from_host(q.data(), q.nbytes());
-    if (nnz_kv > 0) {
-      dk.buf.copy_from_host(k.data(), k.nbytes());
-      dv.buf.copy_from_host(v.data(), v.nbytes());
-    }
-    dout.buf.fill_bytes(0xff);
-    dlse.buf.fill_bytes(0xff);
+    const HostTensor q = upload_random(dq, dt, {nnz, kHqo, kD}, 2000 + step);
+    const HostTensor k = upload_random(dk, dt, {nnz_kv, kHkv, kD}, 3000 + step);
+    const HostTensor v = upload_random(dv, dt, {nnz_kv, kHkv, kD}, 4000 + step);
+    repoison(dout, dlse);
     pf.plan(qo_ptr.view().data_as<int32_t>(), kv_ptr.view().data_as<int32_t>(), B, kHqo, kHkv, kD,
             dt, dt, dt, opts, s);
     g.launch(s);
     synchronize(s);
-    const std::string tag = "step " + std::to_string(step) + " batch " + std::to_string(B) +
-                            " nnz_qo " + std::to_string(nnz) + " nnz_kv " + std::to_string(nnz_kv);
-    if (std::any_of(kv_lens.begin(), kv_lens.end(), [](int64_t l) { return l >= 20000; })) {
+    const std::string tag = step_tag(step, B, nnz) + " nnz_kv " + std::to_string(nnz_kv);
+    if (has_long_context(trace[step])) {
       EXPECT_GT(pf.plan_info().num_split_tiles, 0) << tag;
       ++split_steps;
     }
 
-    HostTensor ref(DType::f32, {nnz, kHqo, kD}), ref_lse(DType::f32, {nnz, kHqo});
+    const OutLse ref = reference_rows(nnz, kHqo, kD);
     reference::batch_prefill_ragged(q.view(), qo_ptr.view(), k.view(), v.view(), kv_ptr.view(),
-                                    ref.view(), ref_lse.view(), ao);
-    HostTensor got(dt, {nnz, kHqo, kD}), got_lse(DType::f32, {nnz, kHqo});
-    if (nnz > 0) {
-      dout.buf.copy_to_host(got.data(), got.nbytes());
-      dlse.buf.copy_to_host(got_lse.data(), got_lse.nbytes());
-    }
-    EXPECT_TRUE(
-        matches_reference(got.to_doubles(), ref.to_doubles(), rounded_to(ref, dt).to_doubles(), dt))
-        << tag;
-    EXPECT_LE(rel_err(got_lse.to_doubles(), ref_lse.to_doubles()), 1e-4) << tag << ": lse";
-    EXPECT_EQ(count_bad_empty_rows(got, &got_lse, ref_lse), 0) << tag;
+                                    ref.out.view(), ref.lse.view(), ao);
+    expect_matches_reference(read_rows(dout, dlse, dt, nnz, kHqo, kD), ref, dt, tag);
   }
   EXPECT_GT(split_steps, 0) << "the trace never carried the long-context request";
 }
@@ -397,11 +236,7 @@ TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {
 TEST_F(PrefillGraphGpu, FixedSplitAndTileRowsAreBatchInvariantEagerAndReplayed) {
   const DType dt = DType::bf16;
   Pool pool(2000, dt, 93);
-  BatchPrefillConfig cfg;
-  cfg.max_batch = 16;
-  cfg.max_qo_tokens = 4096;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
+  const BatchPrefillConfig cfg = prefill_config(16, 4096, kHqo, kD);
   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
   // X: 40 query tokens appended to 3000 KV tokens; its tiles see up to 3000 keys: six chunks of
@@ -430,12 +265,7 @@ TEST_F(PrefillGraphGpu, FixedSplitAndTileRowsAreBatchInvariantEagerAndReplayed) 
                        dl = to_device(b.last);
     HostTensor out(dt, {b.nnz_qo, kHqo, kD}), lse(DType::f32, {b.nnz_qo, kHqo});
     const DeviceTensor dout = poisoned_like(out), dlse = poisoned_like(lse);
-    const PagedKVCache dc{.k = pool.dk.view,
-                          .v = pool.dv.view,
-                          .layout = KVLayout::NHD,
-                          .indptr = di.view,
-                          .indices = dx.view,
-                          .last_page_len = dl.view};
+    const PagedKVCache dc = pool.device_cache(di.view, dx.view, dl.view);
     PrefillPlanOptions opts;
     opts.causal = true;
     opts.fixed_split_size = 512;
@@ -491,11 +321,7 @@ TEST_F(PrefillGraphGpu, FixedSplitAndTileRowsAreBatchInvariantEagerAndReplayed) 
 // not run is refused, one it can run is accepted; forget_captured_graphs() lifts the limits.
 TEST_F(PrefillGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   const DType dt = DType::f16;
-  BatchPrefillConfig cfg;
-  cfg.max_batch = 8;
-  cfg.max_qo_tokens = 512;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
+  const BatchPrefillConfig cfg = prefill_config(8, 512, kHqo, kD);
   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
   const PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 2);
@@ -510,320 +336,46 @@ TEST_F(PrefillGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   HostTensor q(dt, {23, kHqo, kD}), out(dt, {23, kHqo, kD});
   q.fill_random(3);
   const DeviceTensor dq = to_device(q), dout = poisoned_like(out);
-  PrefillPlanOptions opts;
-  opts.causal = true;
-  opts.enable_cuda_graph = true;
-  opts.tile_rows = kTileRows;
-  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
-  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  const PrefillPlanOptions opts = graph_plan_options(kTileRows);
   ScopedStream s;
-  pf.plan(qo.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s);
+  // plan() on `s` of `batch` requests: queries by `qo_ptr`, KV in the pages of `c`.
+  const auto plan = [&](const HostTensor& qo_ptr, const PagedCacheHost& c, int batch,
+                        const PrefillPlanOptions& o) {
+    pf.plan(qo_ptr.view().data_as<int32_t>(), c.indptr.view().data_as<int32_t>(),
+            c.last_page_len.view().data_as<int32_t>(), batch, kHqo, kHkv, kD, kPage, dt, dt, dt, o,
+            s);
+  };
+  plan(qo, cache, 2, opts);
   {
     Graph g;
     capture(g, s, [&] {
       // plan() inside a capture is refused (it copies to the workspace and waits on events).
-      expect_error(
-          [&] {
-            pf.plan(qo.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt,
-                    opts, s);
-          },
-          {"captur"});
+      expect_error([&] { plan(qo, cache, 2, opts); }, {"captur"});
       pf.run(dq.view, dc, dout.view, TensorView(), s);
     });
     // 28 query rows no longer fit the 23 rows of q/out the graph holds.
     const PagedCacheHost bigger =
         make_paged_cache({40, 3, 5}, kPage, kHkv, kD, KVLayout::NHD, dt, 4);
     const HostTensor qo_bigger = indptr_of({20, 3, 5});
-    expect_error(
-        [&] {
-          pf.plan(qo_bigger.view().data_as<int32_t>(), bigger.indptr.view().data_as<int32_t>(),
-                  bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD, kPage, dt, dt,
-                  dt, opts, s);
-        },
-        {"qo_indptr", "nnz_qo", "q/out"});
+    expect_error([&] { plan(qo_bigger, bigger, 3, opts); }, {"qo_indptr", "nnz_qo", "q/out"});
     // Another query tile or sm_scale is another kernel / another argument of the graph's launch.
     PrefillPlanOptions other_tile = opts;
     other_tile.tile_rows = 32;
-    expect_error(
-        [&] {
-          pf.plan(qo.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt,
-                  other_tile, s);
-        },
-        {"tile_rows", "kernel"});
+    expect_error([&] { plan(qo, cache, 2, other_tile); }, {"tile_rows", "kernel"});
     PrefillPlanOptions other_scale = opts;
     other_scale.sm_scale = 0.5f;
-    expect_error(
-        [&] {
-          pf.plan(qo.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt,
-                  other_scale, s);
-        },
-        {"sm_scale"});
+    expect_error([&] { plan(qo, cache, 2, other_scale); }, {"sm_scale"});
     // A smaller batch fits: that is what the graph is for.
     const PagedCacheHost smaller = make_paged_cache({100}, kPage, kHkv, kD, KVLayout::NHD, dt, 5);
     const HostTensor qo_smaller = indptr_of({7});
-    EXPECT_NO_THROW(pf.plan(qo_smaller.view().data_as<int32_t>(),
-                            smaller.indptr.view().data_as<int32_t>(),
-                            smaller.last_page_len.view().data_as<int32_t>(), 1, kHqo, kHkv, kD,
-                            kPage, dt, dt, dt, opts, s));
+    EXPECT_NO_THROW(plan(qo_smaller, smaller, 1, opts));
     synchronize(s);
     // And bigger ones again once the graph is destroyed and forgotten.
     g.reset();
     pf.forget_captured_graphs();
-    EXPECT_NO_THROW(pf.plan(qo_bigger.view().data_as<int32_t>(),
-                            bigger.indptr.view().data_as<int32_t>(),
-                            bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD,
-                            kPage, dt, dt, dt, opts, s));
+    EXPECT_NO_THROW(plan(qo_bigger, bigger, 3, opts));
   }
   synchronize(s);
-}
-
-// Every refused call throws flashkv::Error naming the argument, before anything is written: out
-// and lse are poisoned first and must still be all NaN at the end. The object stays usable.
-TEST_F(PrefillGraphGpu, PagedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
-  const DType dt = DType::f16;
-  BatchPrefillConfig cfg;
-  cfg.max_batch = 4;
-  cfg.max_qo_tokens = 64;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
-  const size_t need = BatchPrefillPaged::workspace_bytes(cfg);
-  DeviceBuffer ws(need);
-  expect_error([&] { BatchPrefillPaged small(cfg, ws.data(), need - 1); }, {"workspace"});
-  BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-
-  const PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 1);
-  const DeviceCache dc = to_device(cache);
-  const HostTensor qo = indptr_of({20, 3});  // 23 query rows; KV: 3 + 1 pages
-  HostTensor q(dt, {23, kHqo, kD}), out(dt, {23, kHqo, kD}), lse(DType::f32, {23, kHqo});
-  q.fill_random(1);
-  const DeviceTensor dq = to_device(q), dout = poisoned_like(out), dlse = poisoned_like(lse);
-  const int32_t* qp = qo.view().data_as<int32_t>();
-  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
-  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
-  PrefillPlanOptions causal;
-  causal.causal = true;
-
-  expect_error([&] { pf.run(dq.view, dc.cache, dout.view, dlse.view); }, {"plan"});
-
-  // plan(): sizes beyond the configuration.
-  {
-    const PagedCacheHost five =
-        make_paged_cache({1, 1, 1, 1, 1}, kPage, kHkv, kD, KVLayout::NHD, dt, 2);
-    const HostTensor qo5 = indptr_of({1, 1, 1, 1, 1});
-    expect_error(
-        [&] {
-          pf.plan(qo5.view().data_as<int32_t>(), five.indptr.view().data_as<int32_t>(),
-                  five.last_page_len.view().data_as<int32_t>(), 5, kHqo, kHkv, kD, kPage, dt, dt,
-                  dt, causal);
-        },
-        {"batch_size"});
-  }
-  {
-    const HostTensor qo65 = indptr_of({60, 5});  // 65 > max_qo_tokens = 64
-    expect_error(
-        [&] {
-          pf.plan(qo65.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt,
-                  causal);
-        },
-        {"max_qo_tokens", "nnz_qo", "qo_indptr"});
-  }
-  expect_error([&] { pf.plan(qp, ip, lp, 2, 16, kHkv, kD, kPage, dt, dt, dt, causal); },
-               {"num_qo_heads"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, 96, kPage, dt, dt, dt, causal); },
-               {"head_dim"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, 256, kPage, dt, dt, dt, causal); },
-               {"head_dim"});  // supported, but more than the configuration's 128
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, 3, kD, kPage, dt, dt, dt, causal); },
-               {"num_kv_heads"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt, causal); },
-               {"kv_dtype"});
-  // plan(): index arrays, each error naming the entry.
-  const std::vector<int32_t> qo_not_monotone = {0, 20, 3}, qo_not_zero = {1, 20, 23};
-  expect_error(
-      [&] {
-        pf.plan(qo_not_monotone.data(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal);
-      },
-      {"qo_indptr[2]"});
-  expect_error(
-      [&] { pf.plan(qo_not_zero.data(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal); },
-      {"qo_indptr[0]"});
-  const std::vector<int32_t> kv_not_monotone = {0, 3, 2}, bad_last = {0, 3};
-  expect_error(
-      [&] {
-        pf.plan(qp, kv_not_monotone.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal);
-      },
-      {"kv_indptr[2]"});
-  expect_error(
-      [&] { pf.plan(qp, ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal); },
-      {"kv_last_page_len[0]"});
-  {
-    const std::vector<int32_t> bad_ids = {0, 1, 99, 3};
-    PrefillPlanOptions o = causal;
-    o.kv_indices_host = bad_ids.data();
-    o.num_pages = cache.cache.num_pages();
-    expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o); },
-                 {"kv_indices[2]"});
-  }
-  // plan(): options.
-  for (int tile : {48, 8, 256}) {
-    PrefillPlanOptions o = causal;
-    o.tile_rows = tile;
-    expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o); },
-                 {"tile_rows"});
-  }
-  {
-    PrefillPlanOptions o = causal;
-    o.sm_scale = -1.0f;
-    expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o); },
-                 {"sm_scale"});
-    o = causal;
-    o.fixed_split_size = -5;
-    expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o); },
-                 {"fixed_split_size"});
-    o = causal;
-    o.fixed_split_size = 64;
-    o.disable_split_kv = true;
-    expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o); },
-                 {"fixed_split_size", "disable_split_kv"});
-  }
-  // A query tile must hold a whole token: 16 rows cannot hold the 32 heads of an MQA group.
-  {
-    BatchPrefillConfig cfg32 = cfg;
-    cfg32.num_qo_heads = 32;
-    DeviceBuffer ws32(BatchPrefillPaged::workspace_bytes(cfg32));
-    BatchPrefillPaged pf32(cfg32, ws32.data(), ws32.size());
-    PrefillPlanOptions o = causal;
-    o.tile_rows = 16;
-    expect_error([&] { pf32.plan(qp, ip, lp, 2, 32, 1, kD, kPage, dt, dt, dt, o); }, {"tile_rows"});
-  }
-
-  // run(): tensors that do not match the (valid) plan.
-  pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal);
-  for (int64_t rows : {22, 24}) {  // nnz_qo is 23
-    HostTensor qr(dt, {rows, kHqo, kD});
-    const DeviceTensor dqr = to_device(qr);
-    expect_error([&] { pf.run(dqr.view, dc.cache, dout.view, dlse.view); }, {"q:"});
-  }
-  {
-    HostTensor qb(DType::bf16, {23, kHqo, kD});
-    const DeviceTensor dqb = to_device(qb);
-    expect_error([&] { pf.run(dqb.view, dc.cache, dout.view, dlse.view); }, {"q:"});
-    expect_error([&] { pf.run(q.view(), dc.cache, dout.view, dlse.view); }, {"q:"});  // host
-    HostTensor ob(DType::bf16, {23, kHqo, kD}), oh(dt, {23, kHqo / 2, kD});
-    const DeviceTensor dob = to_device(ob), doh = to_device(oh);
-    expect_error([&] { pf.run(dq.view, dc.cache, dob.view, dlse.view); }, {"out:"});
-    expect_error([&] { pf.run(dq.view, dc.cache, doh.view, dlse.view); }, {"out:"});
-    HostTensor lb(DType::f16, {23, kHqo}), lr(DType::f32, {22, kHqo});
-    const DeviceTensor dlb = to_device(lb), dlr = to_device(lr);
-    expect_error([&] { pf.run(dq.view, dc.cache, dout.view, dlb.view); }, {"lse"});
-    expect_error([&] { pf.run(dq.view, dc.cache, dout.view, dlr.view); }, {"lse"});
-  }
-  {
-    // The same KV in pages of 8: page_size differs from the plan's 16.
-    const PagedCacheHost c8 = make_paged_cache({40, 3}, 8, kHkv, kD, KVLayout::NHD, dt, 1);
-    const DeviceCache d8 = to_device(c8);
-    expect_error([&] { pf.run(dq.view, d8.cache, dout.view, dlse.view); }, {"page_size"});
-    const PagedCacheHost cb =
-        make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, DType::bf16, 1);
-    const DeviceCache db = to_device(cb);
-    expect_error([&] { pf.run(dq.view, db.cache, dout.view, dlse.view); },
-                 {"paged_kv.k", "kv_dtype"});
-    const PagedCacheHost c1 = make_paged_cache({40, 3}, kPage, 1, kD, KVLayout::NHD, dt, 1);
-    const DeviceCache d1 = to_device(c1);
-    expect_error([&] { pf.run(dq.view, d1.cache, dout.view, dlse.view); }, {"num_kv_heads"});
-    PagedKVCache short_indices = dc.cache;  // 2 of the 4 page ids the plan needs
-    short_indices.indices = dc.cache.indices.slice0(0, 2);
-    expect_error([&] { pf.run(dq.view, short_indices, dout.view, dlse.view); }, {"indices"});
-  }
-  // Capturing run() of a plan made without enable_cuda_graph.
-  {
-    ScopedStream s;
-    Graph g;
-    expect_error(
-        [&] { capture(g, s, [&] { pf.run(dq.view, dc.cache, dout.view, dlse.view, s); }); },
-        {"enable_cuda_graph"});
-  }
-  HostTensor got(dt, {23, kHqo, kD}), got_lse(DType::f32, {23, kHqo});
-  to_host(dout, got);
-  to_host(dlse, got_lse);
-  EXPECT_TRUE(all_nan(got)) << "a refused call wrote out";
-  EXPECT_TRUE(all_nan(got_lse)) << "a refused call wrote lse";
-
-  // Still usable: the valid plan runs and is right.
-  pf.run(dq.view, dc.cache, dout.view, dlse.view);
-  synchronize();
-  to_host(dout, got);
-  to_host(dlse, got_lse);
-  HostTensor ref(DType::f32, {23, kHqo, kD}), ref_lse(DType::f32, {23, kHqo});
-  AttentionOptions ao;
-  ao.causal = true;
-  reference::batch_prefill_paged(q.view(), qo.view(), cache.cache, ref.view(), ref_lse.view(), ao);
-  EXPECT_TRUE(
-      matches_reference(got.to_doubles(), ref.to_doubles(), rounded_to(ref, dt).to_doubles(), dt));
-  EXPECT_LE(rel_err(got_lse.to_doubles(), ref_lse.to_doubles()), 1e-4);
-}
-
-TEST_F(PrefillGraphGpu, RaggedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
-  const DType dt = DType::bf16;
-  BatchPrefillConfig cfg;
-  cfg.max_batch = 4;
-  cfg.max_qo_tokens = 64;
-  cfg.num_qo_heads = kHqo;
-  cfg.head_dim = kD;
-  const size_t need = BatchPrefillRagged::workspace_bytes(cfg);
-  DeviceBuffer ws(need);
-  expect_error([&] { BatchPrefillRagged small(cfg, ws.data(), need - 1); }, {"workspace"});
-  BatchPrefillRagged pf(cfg, ws.data(), ws.size());
-
-  const HostTensor qo = indptr_of({20, 3}), kv = indptr_of({40, 3});  // 23 query, 43 KV rows
-  HostTensor q(dt, {23, kHqo, kD}), k(dt, {43, kHkv, kD}), v(dt, {43, kHkv, kD});
-  HostTensor out(dt, {23, kHqo, kD}), lse(DType::f32, {23, kHqo});
-  q.fill_random(1);
-  k.fill_random(2);
-  v.fill_random(3);
-  const DeviceTensor dq = to_device(q), dk = to_device(k), dv = to_device(v);
-  const DeviceTensor dout = poisoned_like(out), dlse = poisoned_like(lse);
-  const int32_t* qp = qo.view().data_as<int32_t>();
-  const int32_t* kp = kv.view().data_as<int32_t>();
-  PrefillPlanOptions causal;
-  causal.causal = true;
-
-  expect_error([&] { pf.run(dq.view, dk.view, dv.view, dout.view, dlse.view); }, {"plan"});
-  const std::vector<int32_t> qo_bad = {0, 20, 3}, kv_bad = {0, 40, 30};
-  expect_error([&] { pf.plan(qo_bad.data(), kp, 2, kHqo, kHkv, kD, dt, dt, dt, causal); },
-               {"qo_indptr[2]"});
-  expect_error([&] { pf.plan(qp, kv_bad.data(), 2, kHqo, kHkv, kD, dt, dt, dt, causal); },
-               {"kv_indptr[2]"});
-  expect_error([&] { pf.plan(qp, kp, 2, kHqo, kHkv, 96, dt, dt, dt, causal); }, {"head_dim"});
-  expect_error([&] { pf.plan(qp, kp, 2, kHqo, kHkv, kD, dt, DType::f16, dt, causal); },
-               {"kv_dtype"});
-  expect_error([&] { pf.plan(qp, kp, 5, kHqo, kHkv, kD, dt, dt, dt, causal); }, {"batch_size"});
-
-  pf.plan(qp, kp, 2, kHqo, kHkv, kD, dt, dt, dt, causal);
-  {
-    const DeviceTensor dk42 = to_device(HostTensor(dt, {42, kHkv, kD}));  // kv_indptr[2] is 43
-    expect_error([&] { pf.run(dq.view, dk42.view, dv.view, dout.view, dlse.view); },
-                 {"k:", "nnz_kv", "kv_indptr"});
-    const DeviceTensor dk1 = to_device(HostTensor(dt, {43, 1, kD}));
-    expect_error([&] { pf.run(dq.view, dk1.view, dv.view, dout.view, dlse.view); }, {"k:"});
-    const DeviceTensor dvh = to_device(HostTensor(DType::f16, {43, kHkv, kD}));
-    expect_error([&] { pf.run(dq.view, dk.view, dvh.view, dout.view, dlse.view); }, {"v:"});
-    const DeviceTensor dq22 = to_device(HostTensor(dt, {22, kHqo, kD}));
-    expect_error([&] { pf.run(dq22.view, dk.view, dv.view, dout.view, dlse.view); }, {"q:"});
-    expect_error([&] { pf.run(dq.view, k.view(), v.view(), dout.view, dlse.view); }, {"k:"});
-  }
-  {
-    ScopedStream s;
-    Graph g;
-    expect_error(
-        [&] { capture(g, s, [&] { pf.run(dq.view, dk.view, dv.view, dout.view, dlse.view, s); }); },
-        {"enable_cuda_graph"});
-  }
-  HostTensor got(dt, {23, kHqo, kD}), got_lse(DType::f32, {23, kHqo});
-  to_host(dout, got);
-  to_host(dlse, got_lse);
-  EXPECT_TRUE(all_nan(got)) << "a refused call wrote out";
-  EXPECT_TRUE(all_nan(got_lse)) << "a refused call wrote lse";
 }
 
 }  // namespace
