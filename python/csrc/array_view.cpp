@@ -1,0 +1,112 @@
+#include "array_view.h"
+
+#include <Python.h>
+
+#include <exception>
+#include <string>
+#include <string_view>
+
+#include "flashkv/error.h"
+
+namespace flashkv::python {
+namespace {
+
+namespace dl = nb::dlpack;
+
+std::string dtype_str(dl::dtype t) {
+  return "(DLPack code " + std::to_string(t.code) + ", " + std::to_string(t.bits) + " bits, " +
+         std::to_string(t.lanes) + " lanes)";
+}
+
+DType dtype_of(dl::dtype t, const char* name) {
+  const auto code = static_cast<dl::dtype_code>(t.code);
+  if (t.lanes == 1) {
+    if (code == dl::dtype_code::Float && t.bits == 16) return DType::f16;
+    if (code == dl::dtype_code::Float && t.bits == 32) return DType::f32;
+    if (code == dl::dtype_code::Bfloat && t.bits == 16) return DType::bf16;
+    if (code == dl::dtype_code::Int && t.bits == 32) return DType::i32;
+    if (code == dl::dtype_code::Float8_E4M3FN && t.bits == 8) return DType::e4m3;
+    if (code == dl::dtype_code::Float8_E5M2 && t.bits == 8) return DType::e5m2;
+  }
+  throw nb::type_error((std::string(name) + ": unsupported dtype " + dtype_str(t) +
+                        "; expected float16, bfloat16, float32 or int32")
+                           .c_str());
+}
+
+Device device_of(int type, int id, const char* name) {
+  switch (type) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value:  // pinned host memory
+      return Device::cpu();
+    case nb::device::cuda::value:
+      return Device::cuda(id);
+    default:
+      throw nb::type_error((std::string(name) + ": unsupported DLPack device type " +
+                            std::to_string(type) + "; expected CPU or CUDA memory")
+                               .c_str());
+  }
+}
+
+template <class Array>
+TensorView make_view(const Array& a, const char* name) {
+  const int ndim = static_cast<int>(a.ndim());
+  if (ndim > TensorView::kMaxDims) {
+    throw nb::type_error((std::string(name) + ": " + std::to_string(ndim) +
+                          " dimensions; flashkv takes at most " +
+                          std::to_string(TensorView::kMaxDims))
+                             .c_str());
+  }
+  int64_t shape[TensorView::kMaxDims];
+  int64_t strides[TensorView::kMaxDims];
+  int64_t contiguous = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    // DLPack allows null strides (row-major); nanobind normally fills them in.
+    strides[i] = a.stride_ptr() != nullptr ? a.stride(i) : contiguous;
+    contiguous *= shape[i];
+  }
+  return TensorView(const_cast<void*>(static_cast<const void*>(a.data())),
+                    dtype_of(a.dtype(), name), ndim, shape, strides,
+                    device_of(a.device_type(), a.device_id(), name));
+}
+
+bool is_runtime_failure(std::string_view msg) {
+  // Failed CUDA driver calls (runtime/driver.cpp: "<call>: CUDA_ERROR_...: ..."), NVRTC failures,
+  // and the reason the driver could not be loaded; everything else flashkv reports is a bad
+  // argument, named in the message.
+  if (msg.find(": CUDA_ERROR_") != std::string_view::npos) return true;
+  if (msg.substr(0, 6) == "NVRTC ") return true;
+  if (msg.find("is not in its JIT module") != std::string_view::npos) return true;
+  return !cuda_available() && msg == cuda_unavailable_reason();
+}
+
+}  // namespace
+
+TensorView view_of(const InArray& a, const char* name) { return make_view(a, name); }
+TensorView view_of(const OutArray& a, const char* name) { return make_view(a, name); }
+TensorView view_of(const std::optional<OutArray>& a, const char* name) {
+  return a ? make_view(*a, name) : TensorView();
+}
+
+const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len) {
+  const TensorView v = make_view(a, name);
+  check_device(v, name, Device::cpu());
+  check_dtype(v, name, DType::i32);
+  check_ndim(v, name, 1);
+  check(v.size(0) <= 1 || v.stride(0) == 1, name, ": expected a contiguous array");
+  check(v.size(0) >= min_len, name, ": expected at least ", min_len, " entries, got ", v.size(0));
+  return v.data_as<const int32_t>();
+}
+
+void register_error_translator() {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(is_runtime_failure(e.what()) ? PyExc_RuntimeError : PyExc_ValueError,
+                      e.what());
+    }
+  });
+}
+
+}  // namespace flashkv::python

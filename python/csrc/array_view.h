@@ -1,0 +1,41 @@
+// DLPack arrays (nb::ndarray) as flashkv TensorViews, and flashkv::Error as Python exceptions.
+//
+// Any framework that speaks DLPack crosses here without a copy: NumPy, PyTorch, CuPy, JAX. The
+// view keeps the array's dtype, shape, element strides and device (kDLCPU and kDLCUDAHost are
+// host memory; kDLCUDA is Device::cuda(device_id)). Anything else raises TypeError naming the
+// argument.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "flashkv/runtime.h"
+#include "flashkv/tensor.h"
+
+namespace flashkv::python {
+
+namespace nb = nanobind;
+
+// Inputs may be read-only (a NumPy array from np.frombuffer, a JAX array); outputs may not.
+using InArray = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
+
+// The view of `a` (TypeError naming `name` for a dtype or device flashkv does not take).
+TensorView view_of(const InArray& a, const char* name);
+TensorView view_of(const OutArray& a, const char* name);
+// An undefined view for None.
+TensorView view_of(const std::optional<OutArray>& a, const char* name);
+
+// A host int32 index array of at least `min_len` entries, contiguous (the plan() arrays).
+const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len);
+
+// The CUDA stream a Python caller passed as an integer (0: the legacy default stream).
+inline Stream stream_of(uintptr_t s) { return reinterpret_cast<Stream>(s); }
+
+// flashkv::Error -> ValueError (an argument problem) or RuntimeError (CUDA, NVRTC, no driver).
+void register_error_translator();
+
+}  // namespace flashkv::python

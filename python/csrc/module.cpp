@@ -1,0 +1,438 @@
+// flashkv._C: the C++ API as it is, for the Python package (python/flashkv). Arrays arrive as
+// DLPack views (array_view.h); the FlashInfer-shaped wrappers, output allocation, stream choice
+// and the LSE base live in Python. Every op releases the GIL while it runs; flashkv::Error becomes
+// ValueError or RuntimeError with the C++ message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "array_view.h"
+#include "flashkv/flashkv.h"
+
+namespace flashkv::python {
+namespace {
+
+using nb::arg;
+using LseArg = std::optional<OutArray>;
+
+// Runs f with the GIL released (the views were built while it was held).
+template <class F>
+void without_gil(F&& f) {
+  nb::gil_scoped_release release;
+  f();
+}
+
+AttentionOptions attention_options(float sm_scale, bool causal) {
+  AttentionOptions o;
+  o.sm_scale = sm_scale;
+  o.causal = causal;
+  return o;
+}
+
+PagedKVCache paged_cache(const InArray& k, const InArray& v, const std::string& layout,
+                         const InArray& indptr, const InArray& indices,
+                         const InArray& last_page_len) {
+  PagedKVCache kv;
+  kv.k = view_of(k, "paged_kv.k");
+  kv.v = view_of(v, "paged_kv.v");
+  kv.layout = parse_kv_layout(layout);
+  kv.indptr = view_of(indptr, "paged_kv.indptr");
+  kv.indices = view_of(indices, "paged_kv.indices");
+  kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+  return kv;
+}
+
+// The caller's workspace: contiguous device memory of any dtype (FlashInfer's is uint8) on the
+// op's device, kept alive by the op.
+struct Workspace {
+  OutArray array;
+  void* data = nullptr;
+  size_t bytes = 0;
+
+  Workspace(OutArray a, int device) : array(std::move(a)) {
+    check(array.device_type() == nb::device::cuda::value && array.device_id() == device,
+          "float_workspace_buffer: expected memory on device cuda:", device);
+    int64_t expected = 1;
+    for (int i = static_cast<int>(array.ndim()) - 1; i >= 0; --i) {
+      check(array.shape(i) <= 1 || array.stride(i) == expected,
+            "float_workspace_buffer: expected a contiguous buffer");
+      expected *= static_cast<int64_t>(array.shape(i));
+    }
+    data = array.data();
+    bytes = array.nbytes();
+  }
+};
+
+int batch_of(const InArray& indptr, const char* name) {
+  check(indptr.ndim() == 1 && indptr.shape(0) >= 1, name,
+        ": expected shape [batch + 1] with at least one entry");
+  return static_cast<int>(indptr.shape(0)) - 1;
+}
+
+nb::dict prefill_info(const PrefillPlanInfo& i) {
+  nb::dict d;
+  d["num_ctas"] = i.num_ctas;
+  d["num_work_items"] = i.num_work_items;
+  d["num_split_tiles"] = i.num_split_tiles;
+  d["tile_rows"] = i.tile_rows;
+  d["chunk_bound"] = i.chunk_bound;
+  d["plan_us"] = i.plan_us;
+  return d;
+}
+
+class PyBatchDecode {
+ public:
+  PyBatchDecode(OutArray workspace, int max_batch, int num_qo_heads, int head_dim, int device)
+      : ws_(std::move(workspace), device) {
+    BatchDecodeConfig cfg;
+    cfg.max_batch = max_batch;
+    cfg.num_qo_heads = num_qo_heads;
+    cfg.head_dim = head_dim;
+    cfg.device = device;
+    op_ = std::make_unique<BatchDecode>(cfg, ws_.data, ws_.bytes);
+  }
+
+  static size_t workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device) {
+    BatchDecodeConfig cfg;
+    cfg.max_batch = max_batch;
+    cfg.num_qo_heads = num_qo_heads;
+    cfg.head_dim = head_dim;
+    cfg.device = device;
+    return BatchDecode::workspace_bytes(cfg);
+  }
+
+  void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads,
+            int num_kv_heads, int head_dim, int page_size, const std::string& q_dtype,
+            const std::string& kv_dtype, const std::string& o_dtype, float sm_scale,
+            bool enable_cuda_graph, int fixed_split_size, bool disable_split_kv,
+            uintptr_t stream) {
+    const int batch = batch_of(indptr, "indptr");
+    const int32_t* ip = host_i32(indptr, "indptr", batch + 1);
+    const int32_t* lp = host_i32(last_page_len, "last_page_len", batch);
+    DecodePlanOptions o;
+    o.sm_scale = sm_scale;
+    o.enable_cuda_graph = enable_cuda_graph;
+    o.fixed_split_size = fixed_split_size;
+    o.disable_split_kv = disable_split_kv;
+    const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
+    without_gil([&] {
+      op_->plan(ip, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
+                stream_of(stream));
+    });
+  }
+
+  void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
+           const InArray& indptr, const InArray& indices, const InArray& last_page_len,
+           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+    const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
+    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
+  }
+
+  void forget_captured_graphs() { op_->forget_captured_graphs(); }
+
+  nb::dict plan_info() const {
+    const BatchDecode::PlanInfo i = op_->plan_info();
+    nb::dict d;
+    d["num_ctas"] = i.num_ctas;
+    d["num_work_items"] = i.num_work_items;
+    d["num_split_tiles"] = i.num_split_tiles;
+    d["chunk_bound"] = i.chunk_bound;
+    d["plan_us"] = i.plan_us;
+    d["tensor_cores"] = i.tensor_cores;
+    return d;
+  }
+
+ private:
+  Workspace ws_;  // declared first: destroyed after the op that uses it
+  std::unique_ptr<BatchDecode> op_;
+};
+
+BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                                  int head_dim, int device) {
+  BatchPrefillConfig cfg;
+  cfg.max_batch = max_batch;
+  cfg.max_qo_tokens = max_qo_tokens;
+  cfg.num_qo_heads = num_qo_heads;
+  cfg.head_dim = head_dim;
+  cfg.device = device;
+  return cfg;
+}
+
+PrefillPlanOptions prefill_options(bool causal, float sm_scale, bool enable_cuda_graph,
+                                   int fixed_split_size, bool disable_split_kv) {
+  PrefillPlanOptions o;
+  o.causal = causal;
+  o.sm_scale = sm_scale;
+  o.enable_cuda_graph = enable_cuda_graph;
+  o.fixed_split_size = fixed_split_size;
+  o.disable_split_kv = disable_split_kv;
+  return o;
+}
+
+// BatchPrefillPaged and BatchPrefillRagged share construction and the plan's bookkeeping.
+template <class Op>
+class PyBatchPrefill {
+ public:
+  PyBatchPrefill(OutArray workspace, int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                 int head_dim, int device)
+      : ws_(std::move(workspace), device) {
+    op_ = std::make_unique<Op>(
+        prefill_config(max_batch, max_qo_tokens, num_qo_heads, head_dim, device), ws_.data,
+        ws_.bytes);
+  }
+
+  static size_t workspace_bytes(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                                int head_dim, int device) {
+    return Op::workspace_bytes(
+        prefill_config(max_batch, max_qo_tokens, num_qo_heads, head_dim, device));
+  }
+
+  void forget_captured_graphs() { op_->forget_captured_graphs(); }
+  nb::dict plan_info() const { return prefill_info(op_->plan_info()); }
+
+ protected:
+  Workspace ws_;  // declared first: destroyed after the op that uses it
+  std::unique_ptr<Op> op_;
+};
+
+class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
+ public:
+  using PyBatchPrefill::PyBatchPrefill;
+
+  void plan(const InArray& qo_indptr, const InArray& kv_indptr, const InArray& last_page_len,
+            int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+            const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+            bool causal, float sm_scale, bool enable_cuda_graph, int fixed_split_size,
+            bool disable_split_kv, uintptr_t stream) {
+    const int batch = batch_of(qo_indptr, "qo_indptr");
+    const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
+    const int32_t* kp = host_i32(kv_indptr, "paged_kv_indptr", batch + 1);
+    const int32_t* lp = host_i32(last_page_len, "paged_kv_last_page_len", batch);
+    const PrefillPlanOptions o =
+        prefill_options(causal, sm_scale, enable_cuda_graph, fixed_split_size, disable_split_kv);
+    const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
+    without_gil([&] {
+      op_->plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
+                stream_of(stream));
+    });
+  }
+
+  void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
+           const InArray& indptr, const InArray& indices, const InArray& last_page_len,
+           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+    const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
+    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
+  }
+};
+
+class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
+ public:
+  using PyBatchPrefill::PyBatchPrefill;
+
+  void plan(const InArray& qo_indptr, const InArray& kv_indptr, int num_qo_heads,
+            int num_kv_heads, int head_dim, const std::string& q_dtype,
+            const std::string& kv_dtype, const std::string& o_dtype, bool causal, float sm_scale,
+            bool enable_cuda_graph, int fixed_split_size, bool disable_split_kv,
+            uintptr_t stream) {
+    const int batch = batch_of(qo_indptr, "qo_indptr");
+    const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
+    const int32_t* kp = host_i32(kv_indptr, "kv_indptr", batch + 1);
+    const PrefillPlanOptions o =
+        prefill_options(causal, sm_scale, enable_cuda_graph, fixed_split_size, disable_split_kv);
+    const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
+    without_gil([&] {
+      op_->plan(qp, kp, batch, num_qo_heads, num_kv_heads, head_dim, qt, kt, ot, o,
+                stream_of(stream));
+    });
+  }
+
+  void run(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+           const LseArg& lse, uintptr_t stream) {
+    const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
+                     ov = view_of(out, "out"), lv = view_of(lse, "lse");
+    without_gil([&] { op_->run(qv, kv, vv, ov, lv, stream_of(stream)); });
+  }
+};
+
+template <class T>
+void bind_prefill_common(nb::class_<T>& c) {
+  c.def(nb::init<OutArray, int, int64_t, int, int, int>(), arg("workspace"), arg("max_batch"),
+        arg("max_qo_tokens"), arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def_static("workspace_bytes", &T::workspace_bytes, arg("max_batch"), arg("max_qo_tokens"),
+                  arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def("forget_captured_graphs", &T::forget_captured_graphs)
+      .def("plan_info", &T::plan_info);
+}
+
+}  // namespace
+
+void bind_module(nb::module_& m) {
+  register_error_translator();
+
+  m.def("cuda_available", &cuda_available);
+  m.def("cuda_unavailable_reason", &cuda_unavailable_reason);
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def(
+      "device_synchronize", [](int device) { without_gil([&] { device_synchronize(device); }); },
+      arg("device"));
+
+  // --- one request, contiguous KV (host arrays: the CPU reference) ---
+  m.def(
+      "single_decode",
+      [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+         const LseArg& lse, const std::string& layout, float sm_scale, uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
+                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        const KVLayout l = parse_kv_layout(layout);
+        without_gil([&] {
+          single_decode(qv, kv, vv, ov, lv, l, attention_options(sm_scale, false),
+                        stream_of(stream));
+        });
+      },
+      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
+      arg("sm_scale"), arg("stream"));
+  m.def(
+      "single_prefill",
+      [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+         const LseArg& lse, const std::string& layout, bool causal, float sm_scale,
+         uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
+                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        const KVLayout l = parse_kv_layout(layout);
+        without_gil([&] {
+          single_prefill(qv, kv, vv, ov, lv, l, attention_options(sm_scale, causal),
+                         stream_of(stream));
+        });
+      },
+      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("causal"),
+      arg("sm_scale"), arg("stream"));
+
+  // --- batch ops on host arrays: the CPU reference (the Batch* objects below need a GPU) ---
+  m.def(
+      "reference_batch_decode",
+      [](const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
+         const InArray& indptr, const InArray& indices, const InArray& last_page_len,
+         const OutArray& out, const LseArg& lse, float sm_scale) {
+        const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        without_gil(
+            [&] { reference::batch_decode(qv, kv, ov, lv, attention_options(sm_scale, false)); });
+      },
+      arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("sm_scale"));
+  m.def(
+      "reference_batch_prefill_paged",
+      [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
+         const std::string& layout, const InArray& indptr, const InArray& indices,
+         const InArray& last_page_len, const OutArray& out, const LseArg& lse, bool causal,
+         float sm_scale) {
+        const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
+                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        without_gil([&] {
+          reference::batch_prefill_paged(qv, qi, kv, ov, lv, attention_options(sm_scale, causal));
+        });
+      },
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
+      arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"),
+      arg("sm_scale"));
+  m.def(
+      "reference_batch_prefill_ragged",
+      [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
+         const InArray& kv_indptr, const OutArray& out, const LseArg& lse, bool causal,
+         float sm_scale) {
+        const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
+                         kv = view_of(k, "k"), vv = view_of(v, "v"),
+                         ki = view_of(kv_indptr, "kv_indptr"), ov = view_of(out, "out"),
+                         lv = view_of(lse, "lse");
+        without_gil([&] {
+          reference::batch_prefill_ragged(qv, qi, kv, vv, ki, ov, lv,
+                                          attention_options(sm_scale, causal));
+        });
+      },
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("kv_indptr"), arg("out"),
+      arg("lse").none(), arg("causal"), arg("sm_scale"));
+
+  // --- ⊕ (natural-log LSE) ---
+  m.def(
+      "merge_state",
+      [](const InArray& v_a, const InArray& s_a, const InArray& v_b, const InArray& s_b,
+         const OutArray& v_out, const OutArray& s_out, uintptr_t stream) {
+        const TensorView va = view_of(v_a, "v_a"), sa = view_of(s_a, "s_a"),
+                         vb = view_of(v_b, "v_b"), sb = view_of(s_b, "s_b"),
+                         vo = view_of(v_out, "v_out"), so = view_of(s_out, "s_out");
+        without_gil([&] { merge_state(va, sa, vb, sb, vo, so, stream_of(stream)); });
+      },
+      arg("v_a"), arg("s_a"), arg("v_b"), arg("s_b"), arg("v_out"), arg("s_out"), arg("stream"));
+  m.def(
+      "merge_state_in_place",
+      [](const OutArray& v, const OutArray& s, const InArray& v_other, const InArray& s_other,
+         uintptr_t stream) {
+        const TensorView vv = view_of(v, "v"), sv = view_of(s, "s"),
+                         vo = view_of(v_other, "v_other"), so = view_of(s_other, "s_other");
+        without_gil([&] { merge_state_in_place(vv, sv, vo, so, stream_of(stream)); });
+      },
+      arg("v"), arg("s"), arg("v_other"), arg("s_other"), arg("stream"));
+  m.def(
+      "merge_states",
+      [](const InArray& v, const InArray& s, const OutArray& v_out, const OutArray& s_out,
+         uintptr_t stream) {
+        const TensorView vv = view_of(v, "v"), sv = view_of(s, "s"), vo = view_of(v_out, "v_out"),
+                         so = view_of(s_out, "s_out");
+        without_gil([&] { merge_states(vv, sv, vo, so, stream_of(stream)); });
+      },
+      arg("v"), arg("s"), arg("v_out"), arg("s_out"), arg("stream"));
+
+  // --- plan/run objects (CUDA workspace) ---
+  nb::class_<PyBatchDecode>(m, "BatchDecode")
+      .def(nb::init<OutArray, int, int, int, int>(), arg("workspace"), arg("max_batch"),
+           arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def_static("workspace_bytes", &PyBatchDecode::workspace_bytes, arg("max_batch"),
+                  arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def("plan", &PyBatchDecode::plan, arg("indptr"), arg("last_page_len"), arg("num_qo_heads"),
+           arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"),
+           arg("kv_dtype"), arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"),
+           arg("fixed_split_size"), arg("disable_split_kv"), arg("stream"))
+      .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"),
+           arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
+           arg("stream"))
+      .def("forget_captured_graphs", &PyBatchDecode::forget_captured_graphs)
+      .def("plan_info", &PyBatchDecode::plan_info);
+
+  nb::class_<PyBatchPrefillPaged> paged(m, "BatchPrefillPaged");
+  bind_prefill_common(paged);
+  paged
+      .def("plan", &PyBatchPrefillPaged::plan, arg("qo_indptr"), arg("kv_indptr"),
+           arg("last_page_len"), arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"),
+           arg("page_size"), arg("q_dtype"), arg("kv_dtype"), arg("o_dtype"), arg("causal"),
+           arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
+           arg("disable_split_kv"), arg("stream"))
+      .def("run", &PyBatchPrefillPaged::run, arg("q"), arg("k"), arg("v"), arg("layout"),
+           arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
+           arg("stream"));
+
+  nb::class_<PyBatchPrefillRagged> ragged(m, "BatchPrefillRagged");
+  bind_prefill_common(ragged);
+  ragged
+      .def("plan", &PyBatchPrefillRagged::plan, arg("qo_indptr"), arg("kv_indptr"),
+           arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("q_dtype"),
+           arg("kv_dtype"), arg("o_dtype"), arg("causal"), arg("sm_scale"),
+           arg("enable_cuda_graph"), arg("fixed_split_size"), arg("disable_split_kv"),
+           arg("stream"))
+      .def("run", &PyBatchPrefillRagged::run, arg("q"), arg("k"), arg("v"), arg("out"),
+           arg("lse").none(), arg("stream"));
+}
+
+}  // namespace flashkv::python
+
+NB_MODULE(_C, m) {
+  m.doc() = "flashkv's C++ API (natural-log LSE); use the wrappers in the flashkv package.";
+  flashkv::python::bind_module(m);
+}
