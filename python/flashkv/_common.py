@@ -1,0 +1,145 @@
+"""Argument handling the FlashInfer-shaped wrappers share: the arguments flashkv does not
+implement yet, paged-cache unpacking, plan/run consistency checks on the CPU path, outputs."""
+
+from . import _arrays as A
+
+_BACKENDS = ("auto", "fa2")  # flashkv's kernels are FA2-style (mma.sync); "auto" picks them
+
+
+def not_implemented(name: str, value, expected: str):
+    raise NotImplementedError(
+        f"{name}={value!r}: not supported by flashkv yet (expected {expected}); attention "
+        f"variants (RoPE, sliding window, soft-capping, custom masks, FP8 scales) are a later "
+        f"issue")
+
+
+def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, **absent):
+    """NotImplementedError for anything but plain attention. `absent`: arguments that must be
+    None (custom masks, scales, ...)."""
+    if pos_encoding_mode != "NONE":
+        not_implemented("pos_encoding_mode", pos_encoding_mode,
+                        "'NONE': apply RoPE to q and k before attention")
+    if window_left is not None and window_left >= 0:
+        not_implemented("window_left", window_left, "-1 (no sliding window)")
+    if logits_soft_cap is not None and logits_soft_cap > 0:
+        not_implemented("logits_soft_cap", logits_soft_cap, "None or 0")
+    for name, value in absent.items():
+        if value is not None:
+            not_implemented(name, type(value).__name__, "None")
+
+
+def check_backend(backend: str, jit_args=None, jit_kwargs=None):
+    if backend not in _BACKENDS:
+        not_implemented("backend", backend, " or ".join(repr(b) for b in _BACKENDS))
+    if jit_args is not None or jit_kwargs:
+        not_implemented("jit_args", jit_args if jit_args is not None else jit_kwargs, "None")
+
+
+def check_layout(kv_layout: str) -> str:
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+    return kv_layout
+
+
+def check_run_extras(args, q_scale=None, k_scale=None, v_scale=None, window_left=None):
+    if args:
+        not_implemented("*args", args, "no extra positional arguments (variant parameters)")
+    for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is not None and value != 1.0:
+            not_implemented(name, value, "None or 1.0")
+    if window_left is not None and window_left >= 0:
+        not_implemented("window_left", window_left, "None or -1")
+
+
+def sm_scale_arg(sm_scale) -> float:
+    """The C++ sm_scale (0: 1/sqrt(head_dim))."""
+    if sm_scale is None:
+        return 0.0
+    s = float(sm_scale)
+    if not s > 0.0:
+        raise ValueError(f"sm_scale: expected a positive value or None, got {sm_scale!r}")
+    return s
+
+
+def plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type=None):
+    """(q, kv, o) flashkv dtype names with FlashInfer's defaulting rules."""
+    if data_type is not None:  # FlashInfer's deprecated spelling for q and kv at once
+        q_data_type = data_type if q_data_type is None else q_data_type
+        kv_data_type = data_type if kv_data_type is None else kv_data_type
+    q = A.dtype_name("float16" if q_data_type is None else q_data_type)
+    kv = q if kv_data_type is None else A.dtype_name(kv_data_type)
+    o = q if o_data_type is None else A.dtype_name(o_data_type)
+    return q, kv, o
+
+
+def unpack_paged_kv_cache(paged_kv_cache):
+    """(k, v) from a (k, v) tuple or one interleaved [num_pages, 2, ...] array."""
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(
+                f"paged_kv_cache: expected a (k_cache, v_cache) pair, got {len(paged_kv_cache)} "
+                f"arrays")
+        return paged_kv_cache[0], paged_kv_cache[1]
+    shape = tuple(paged_kv_cache.shape)
+    if len(shape) != 5 or shape[1] != 2:
+        raise ValueError(
+            f"paged_kv_cache: expected a (k_cache, v_cache) tuple or one array "
+            f"[num_pages, 2, page_size, num_kv_heads, head_dim] (NHD) or "
+            f"[num_pages, 2, num_kv_heads, page_size, head_dim] (HND), got shape {shape}")
+    return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
+
+
+def check_same_side(workspace_on_gpu: bool, device: int, x, name: str):
+    """The wrapper's workspace decides where it runs: inputs must be on that side."""
+    if A.is_cuda(x) != workspace_on_gpu or (workspace_on_gpu and A.device_index(x) != device):
+        where = f"cuda:{device}" if workspace_on_gpu else "the host"
+        raise ValueError(
+            f"{name}: expected an array on {where} (where float_workspace_buffer is), got one "
+            f"{'on cuda:%d' % A.device_index(x) if A.is_cuda(x) else 'on the host'}")
+
+
+def check_planned(q, k, plan, name_kv="paged_kv_cache"):
+    """CPU path: what the GPU run() checks against its plan (dtypes, heads, head_dim)."""
+    if plan is None:
+        raise ValueError("run: called before plan()")
+    q_dt, kv_dt = A.array_dtype(q), A.array_dtype(k)
+    if q_dt != plan["q_dtype"]:
+        raise ValueError(f"q: expected dtype {plan['q_dtype']} (the plan's q_data_type), "
+                         f"got {q_dt}")
+    if kv_dt != plan["kv_dtype"]:
+        raise ValueError(f"{name_kv}: expected dtype {plan['kv_dtype']} (the plan's "
+                         f"kv_data_type), got {kv_dt}")
+    if len(q.shape) != 3 or q.shape[1] != plan["num_qo_heads"] or q.shape[2] != plan["head_dim"]:
+        raise ValueError(
+            f"q: expected shape [*, {plan['num_qo_heads']}, {plan['head_dim']}] (the plan's "
+            f"num_qo_heads, head_dim), got {tuple(q.shape)}")
+
+
+def check_planned_paged(k, plan, kv_layout):
+    """CPU path: the paged cache matches the plan's page_size, num_kv_heads and head_dim."""
+    shape = tuple(k.shape)
+    if len(shape) != 4:
+        raise ValueError(f"paged_kv_cache: expected 4-D k/v caches, got shape {shape}")
+    nhd = kv_layout == "NHD"
+    got = {"page_size": shape[1] if nhd else shape[2], "num_kv_heads": shape[2] if nhd else shape[1],
+           "head_dim": shape[3]}
+    for name, value in got.items():
+        if value != plan[name]:
+            raise ValueError(f"paged_kv.{name}: expected {plan[name]} (the plan's), got {value} "
+                             f"(k shape {shape}, {kv_layout})")
+
+
+def outputs(q, rows_shape, head_dim, o_dtype, out, lse, return_lse):
+    """(out, lse) arrays for a run: the caller's, or new ones beside q. lse only when asked."""
+    if out is None:
+        out = A.empty(q, tuple(rows_shape) + (head_dim,), dtype=o_dtype)
+    if lse is None and return_lse:
+        lse = A.empty(q, tuple(rows_shape), dtype="f32")
+    return out, lse
+
+
+def finish(out, lse, return_lse):
+    """FlashInfer's return value; lse converted in place to base 2."""
+    if lse is not None:
+        A.scale_lse_to_base2(lse)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,82 @@
+"""The C++ plan/run object behind a wrapper, created at plan() time inside the caller's workspace.
+
+flashkv's BatchDecode / BatchPrefill* objects need a workspace of ``workspace_bytes(cfg)`` bytes,
+sized from a configuration (requests, query tokens, heads, head_dim). FlashInfer's wrappers
+instead take one user buffer (128 MB is usual) and size nothing up front. This bridges the two:
+each plan() asks for a configuration that covers it; the object is (re)created only when the
+plan needs more than the current one, with the request and token counts rounded up to a power of
+two when the buffer allows (so a growing batch re-creates it a few times, not every step). A plan
+that needs more than the buffer holds raises ValueError naming the size it needs.
+
+Under CUDA graphs the object is created once, at the first plan(), and never re-created: a
+captured graph holds pointers into it.
+"""
+
+from . import _C
+
+# Configuration fields that are counts (rounded up for headroom); the others are exact maxima.
+_COUNTS = ("max_batch", "max_qo_tokens")
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+class OpSlot:
+    """Holds the C++ op (cls: _C.BatchDecode / BatchPrefillPaged / BatchPrefillRagged) for one
+    wrapper and its workspace buffer (a CUDA array)."""
+
+    def __init__(self, cls, workspace, device: int, frozen: bool):
+        self.cls = cls
+        self.device = device
+        self.frozen = frozen  # CUDA graph mode: never re-create after the first plan
+        self.op = None
+        self.cfg = None
+        self.reset(workspace)
+
+    def reset(self, workspace):
+        self.release()
+        self.workspace = workspace
+        self.nbytes = int(workspace.nbytes) if hasattr(workspace, "nbytes") else (
+            workspace.numel() * workspace.element_size())
+
+    def release(self):
+        if self.op is not None:
+            # Runs enqueued on any stream may still read the old object's workspace.
+            _C.device_synchronize(self.device)
+        self.op = None
+        self.cfg = None
+
+    def _bytes(self, cfg) -> int:
+        return self.cls.workspace_bytes(**cfg, device=self.device)
+
+    def acquire(self, need: dict, what: str):
+        """The op, re-created if `need` (config field -> value) exceeds the current config.
+        `what` describes the plan for error messages."""
+        if self.op is not None and all(self.cfg[k] >= v for k, v in need.items()):
+            return self.op
+        if self.op is not None and self.frozen:
+            over = ", ".join(f"{k} {v} > {self.cfg[k]}" for k, v in need.items()
+                             if v > self.cfg[k])
+            raise ValueError(
+                f"plan: {over}: in CUDA graph mode the wrapper is sized by its first plan() "
+                f"(and the buffers given to the constructor); create another wrapper for a larger "
+                f"configuration")
+        exact = dict(need) if self.cfg is None else {k: max(v, self.cfg[k])
+                                                     for k, v in need.items()}
+        roomy = {k: (_pow2(v) if k in _COUNTS and not self.frozen else v)
+                 for k, v in exact.items()}
+        required = None
+        for cfg in (roomy, exact):
+            required = self._bytes(cfg)
+            if required <= self.nbytes:
+                break
+        else:
+            raise ValueError(
+                f"float_workspace_buffer: {self.nbytes} bytes is too small for this plan "
+                f"({what}): flashkv needs {required} bytes ({self.cls.__name__}.workspace_bytes "
+                f"of {exact}); pass a larger buffer")
+        self.release()
+        self.op = self.cls(self.workspace, **cfg, device=self.device)
+        self.cfg = cfg
+        return self.op

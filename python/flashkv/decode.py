@@ -1,0 +1,213 @@
+"""Decode attention: one query token per request, FlashInfer's ``flashinfer.decode`` API."""
+
+import functools
+
+from . import _C
+from . import _arrays as A
+from . import _common as C
+from ._workspace import OpSlot
+
+
+def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NONE",
+                                use_tensor_cores=False, q_scale=None, k_scale=None, v_scale=None,
+                                window_left=-1, logits_soft_cap=None, sm_scale=None,
+                                rope_scale=None, rope_theta=None, return_lse=False, *, out=None,
+                                lse=None, stream=None):
+    """Decode attention of one request over contiguous KV.
+
+    Parameters follow ``flashinfer.single_decode_with_kv_cache``:
+    q ``[num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
+    ``[num_kv_heads, kv_len, head_dim]`` (HND); ``num_qo_heads`` a multiple of ``num_kv_heads``
+    (GQA). ``sm_scale`` defaults to ``1/sqrt(head_dim)``. ``use_tensor_cores`` is accepted and
+    ignored (flashkv picks its kernel itself); ``rope_scale``/``rope_theta`` only matter with RoPE,
+    which raises NotImplementedError, as do ``window_left >= 0``, ``logits_soft_cap > 0`` and
+    FP8 scales.
+
+    flashkv extensions (keyword-only): ``out`` ``[num_qo_heads, head_dim]`` and ``lse``
+    ``float32 [num_qo_heads]`` to write into; ``stream``: a CUDA stream handle for callers without
+    torch/CuPy streams.
+
+    Returns out, or (out, lse) with ``return_lse``: lse is the **base-2** log-sum-exp of the
+    scaled logits, as FlashInfer's (flashkv's C++ API uses natural logs). With kv_len 0 the
+    output is zero and lse -inf. Host arrays run on the CPU reference; CUDA arrays on the GPU, on
+    the caller's current stream (a library-owned workspace: not for CUDA-graph capture).
+    """
+    C.check_variant(pos_encoding_mode, window_left, logits_soft_cap)
+    C.check_run_extras((), q_scale, k_scale, v_scale)
+    C.check_layout(kv_layout)
+    out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
+    _C.single_decode(q, k, v, out, lse, kv_layout, C.sm_scale_arg(sm_scale),
+                     A.cuda_stream(q, stream))
+    return C.finish(out, lse, return_lse)
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Batch decode over a paged KV cache: ``plan()`` once per generation step, ``run()`` per
+    layer. FlashInfer's ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` API.
+
+    ``float_workspace_buffer``: any contiguous buffer (FlashInfer's 128 MB uint8 tensor is the
+    usual choice). On a CUDA device the wrapper runs flashkv's GPU kernels and keeps its plan in
+    this buffer; a host buffer (e.g. ``numpy.empty(1, numpy.uint8)``) makes the wrapper run the
+    CPU reference on host arrays instead. The flashkv plan object is created at ``plan()`` time,
+    sized for the plan (batch, heads, head_dim) inside the buffer; a plan that needs more than
+    the buffer holds raises ValueError naming the bytes it needs (a few MB for typical models:
+    it grows with SMs x heads x head_dim and with the batch).
+
+    ``use_cuda_graph``: as FlashInfer, pass ``paged_kv_indptr_buffer`` ``[max_batch + 1]``,
+    ``paged_kv_indices_buffer`` and ``paged_kv_last_page_len_buffer`` ``[max_batch]`` (CUDA int32);
+    ``plan()`` copies each step's page table into them and ``run()`` reads them, so a graph that
+    captured ``run()`` replays correctly after any later ``plan()``. flashkv also accepts plans
+    with fewer requests than the buffers hold (capture q/out with ``max_batch`` rows then). The
+    plan object is sized once, at the first plan(): later plans may not exceed its heads or
+    head_dim. ``use_tensor_cores`` is accepted and ignored: flashkv chooses tensor cores wherever
+    its kernel supports the head_dim and GQA group.
+    """
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                 use_tensor_cores=False, paged_kv_indptr_buffer=None,
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto", jit_args=None):
+        C.check_backend(backend, jit_args)
+        self._kv_layout = C.check_layout(kv_layout)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._on_gpu = A.is_cuda(float_workspace_buffer)
+        self._device = A.device_index(float_workspace_buffer)
+        if self._use_cuda_graph:
+            for name, buf in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                              ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                              ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+                if buf is None:
+                    raise ValueError(f"{name} is required in CUDA graph mode (use_cuda_graph=True)")
+            self._fixed_batch_size = int(paged_kv_last_page_len_buffer.shape[0])
+            if int(paged_kv_indptr_buffer.shape[0]) != self._fixed_batch_size + 1:
+                raise ValueError(
+                    f"paged_kv_indptr_buffer: expected {self._fixed_batch_size + 1} entries "
+                    f"(paged_kv_last_page_len_buffer's + 1), got {paged_kv_indptr_buffer.shape[0]}")
+        else:
+            self._fixed_batch_size = 0
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._slot = (OpSlot(_C.BatchDecode, float_workspace_buffer, self._device,
+                             frozen=self._use_cuda_graph) if self._on_gpu else None)
+        self._plan = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
+        """Use another workspace buffer (``int_workspace_buffer`` is accepted for FlashInfer
+        compatibility and unused). Call plan() again before run()."""
+        if A.is_cuda(float_workspace_buffer) != self._on_gpu:
+            raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
+                             "(host or CUDA) as the old one")
+        self._float_workspace_buffer = float_workspace_buffer
+        if self._slot is not None:
+            self._slot.reset(float_workspace_buffer)
+        self._plan = None
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, *, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
+             q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None,
+             sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
+             block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False,
+             q_len_per_req=1):
+        """Plan decode for one step's page table (FlashInfer's arguments).
+
+        indptr ``[batch + 1]``, indices ``[indptr[-1]]``, last_page_len ``[batch]``: int32, on the
+        host or the device (host copies of indptr and last_page_len are taken here, as FlashInfer
+        does). ``fixed_split_size`` is in pages, as FlashInfer's (batch-invariant output);
+        ``disable_split_kv`` as FlashInfer's. Unsupported variants (``pos_encoding_mode``,
+        ``window_left``, ``logits_soft_cap``, ``block_tables``, ``seq_lens``,
+        ``q_len_per_req > 1``) raise NotImplementedError. Must not be called while a CUDA graph
+        is being captured.
+        """
+        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap,
+                        block_tables=block_tables, seq_lens=seq_lens)
+        if q_len_per_req != 1:
+            C.not_implemented("q_len_per_req", q_len_per_req,
+                              "1 (use BatchPrefillWithPagedKVCacheWrapper for several tokens)")
+        q_dt, kv_dt, o_dt = C.plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type)
+        indptr_h = A.host_i32(indptr, "indptr")
+        last_h = A.host_i32(last_page_len, "last_page_len")
+        batch = indptr_h.shape[0] - 1
+        split = 0 if fixed_split_size is None or fixed_split_size <= 0 else (
+            int(fixed_split_size) * int(page_size))
+        plan = dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
+                    num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
+                    page_size=int(page_size), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
+                    indptr=indptr_h, last_page_len=last_h)
+        self._plan = None  # a plan() that raises leaves the wrapper unplanned
+        if not self._on_gpu:
+            plan["indices"] = A.host_i32(indices, "indices")
+            self._plan = plan
+            return
+        if self._use_cuda_graph and batch > self._fixed_batch_size:
+            raise ValueError(
+                f"indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
+                f"buffers given to the constructor (CUDA graph mode)")
+        op = self._slot.acquire(
+            dict(max_batch=max(self._fixed_batch_size, batch, 1), num_qo_heads=int(num_qo_heads),
+                 head_dim=int(head_dim)),
+            f"batch {batch}, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
+        stream = A.cuda_stream(self._float_workspace_buffer)
+        nnz = int(indptr_h[-1]) if batch > 0 else 0
+        if self._use_cuda_graph:
+            A.copy_into(self._paged_kv_indptr_buf, indptr_h, batch + 1, "indptr")
+            A.copy_into(self._paged_kv_last_page_len_buf, last_h, batch, "last_page_len")
+            A.copy_into(self._paged_kv_indices_buf, indices[:nnz] if nnz else indices[:0], nnz,
+                        "indices")
+            plan["indices"] = self._paged_kv_indices_buf
+            plan["run_indptr"] = self._paged_kv_indptr_buf
+            plan["run_last_page_len"] = self._paged_kv_last_page_len_buf
+        else:
+            plan["indices"] = (indices if A.is_cuda(indices)
+                               else A.to_device_like(A.host_i32(indices, "indices"),
+                                                     self._float_workspace_buffer))
+            plan["run_indptr"], plan["run_last_page_len"] = indptr_h, last_h
+        op.plan(indptr_h, last_h, int(num_qo_heads), int(num_kv_heads), int(head_dim),
+                int(page_size), q_dt, kv_dt, o_dt, plan["sm_scale"], self._use_cuda_graph,
+                split, bool(disable_split_kv), stream)
+        self._plan = plan
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, enable_pdl=None, window_left=None):
+        """Decode attention for the planned batch.
+
+        q ``[batch, num_qo_heads, head_dim]``; paged_kv_cache a ``(k_cache, v_cache)`` tuple of
+        ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or
+        ``[num_pages, num_kv_heads, page_size, head_dim]`` (HND) arrays, or one
+        ``[num_pages, 2, ...]`` array. ``out`` / ``lse`` (float32 ``[batch, num_qo_heads]``) are
+        written when given, else allocated in q's framework (torch.empty for torch tensors).
+        Returns out, or (out, lse) with ``return_lse``; lse is **base 2** (FlashInfer's
+        convention; flashkv's C++ API is natural-log). GPU work goes on torch's current stream
+        (or CuPy's); allocates nothing else and never synchronizes, so it can be captured in a
+        CUDA graph in CUDA graph mode. ``enable_pdl`` is accepted and ignored.
+        """
+        C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run: called before a successful plan()")
+        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        C.check_same_side(self._on_gpu, self._device, q, "q")
+        out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
+                             return_lse)
+        if self._on_gpu:
+            self._slot.op.run(q, k, v, self._kv_layout, plan["run_indptr"], plan["indices"],
+                              plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+        else:
+            C.check_planned(q, k, plan)
+            C.check_planned_paged(k, plan, self._kv_layout)
+            _C.reference_batch_decode(q, k, v, self._kv_layout, plan["indptr"], plan["indices"],
+                                      plan["last_page_len"], out, lse, plan["sm_scale"])
+        return C.finish(out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def plan_info(self) -> dict:
+        """flashkv's statistics of the last GPU plan (CTAs, work items, splits, plan time)."""
+        return self._slot.op.plan_info() if self._slot is not None and self._slot.op else {}

@@ -1,0 +1,327 @@
+"""Prefill and append attention (ragged queries), FlashInfer's ``flashinfer.prefill`` API.
+
+Causal masks align to the END of the KV, as FlashInfer's: query i of a request with qo_len
+queries and kv_len keys sees keys j <= kv_len - qo_len + i (a query that sees no key gets zeros
+and lse -inf).
+"""
+
+import functools
+
+from . import _C
+from . import _arrays as A
+from . import _common as C
+from ._workspace import OpSlot
+
+
+def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
+                                 custom_mask=None, packed_custom_mask=None, causal=False,
+                                 kv_layout="NHD", pos_encoding_mode="NONE",
+                                 use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
+                                 logits_soft_cap=None, rope_scale=None, rope_theta=None,
+                                 backend="auto", return_lse=False, *, out=None, lse=None,
+                                 stream=None):
+    """Prefill/append attention of one request over contiguous KV.
+
+    Parameters follow ``flashinfer.single_prefill_with_kv_cache``: q
+    ``[qo_len, num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
+    ``[num_kv_heads, kv_len, head_dim]`` (HND). ``causal`` aligns to the end of the KV.
+    ``use_fp16_qk_reduction`` is accepted and ignored (flashkv accumulates in float32); custom
+    masks, RoPE, sliding windows, soft-capping and FP8 scales raise NotImplementedError.
+
+    flashkv extensions (keyword-only): ``out``, ``lse`` (float32 ``[qo_len, num_qo_heads]``) to
+    write into, and ``stream``. Returns out, or (out, lse) with ``return_lse``; lse is **base 2**
+    (FlashInfer's convention; flashkv's C++ API uses natural logs). Host arrays run on the CPU
+    reference; CUDA arrays on the GPU on the caller's current stream (library-owned workspace:
+    not for CUDA-graph capture, use BatchPrefillWithRaggedKVCacheWrapper there).
+    """
+    C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
+                    packed_custom_mask=packed_custom_mask, scale_q=scale_q, scale_k=scale_k,
+                    scale_v=scale_v)
+    C.check_backend(backend)
+    C.check_layout(kv_layout)
+    o_dt = None if o_dtype is None else A.dtype_name(o_dtype)
+    out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
+    _C.single_prefill(q, k, v, out, lse, kv_layout, bool(causal), C.sm_scale_arg(sm_scale),
+                      A.cuda_stream(q, stream))
+    return C.finish(out, lse, return_lse)
+
+
+class _BatchPrefillBase:
+    """Workspace, CUDA-graph buffers and the lazily created C++ op of both prefill wrappers."""
+
+    _op_class = None  # _C.BatchPrefillPaged / _C.BatchPrefillRagged
+
+    def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
+              jit_kwargs, buffers, custom_mask_buf, mask_indptr_buf):
+        C.check_backend(backend, jit_args, jit_kwargs)
+        C.check_variant(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
+        self._kv_layout = C.check_layout(kv_layout)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._on_gpu = A.is_cuda(float_workspace_buffer)
+        self._device = A.device_index(float_workspace_buffer)
+        self._buffers = buffers  # name -> array or None
+        if self._use_cuda_graph:
+            for name, buf in buffers.items():
+                if buf is None:
+                    raise ValueError(f"{name} is required in CUDA graph mode (use_cuda_graph=True)")
+            self._fixed_batch_size = int(buffers["qo_indptr_buf"].shape[0]) - 1
+        else:
+            self._fixed_batch_size = 0
+        self._slot = (OpSlot(self._op_class, float_workspace_buffer, self._device,
+                             frozen=self._use_cuda_graph) if self._on_gpu else None)
+        self._plan = None
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
+        """Use another workspace buffer (``int_workspace_buffer`` is accepted for FlashInfer
+        compatibility and unused). Call plan() again before run()."""
+        if A.is_cuda(float_workspace_buffer) != self._on_gpu:
+            raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
+                             "(host or CUDA) as the old one")
+        self._float_workspace_buffer = float_workspace_buffer
+        if self._slot is not None:
+            self._slot.reset(float_workspace_buffer)
+        self._plan = None
+
+    def plan_info(self) -> dict:
+        """flashkv's statistics of the last GPU plan (CTAs, work items, tile rows, plan time)."""
+        return self._slot.op.plan_info() if self._slot is not None and self._slot.op else {}
+
+    def _common_plan(self, qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                     causal, sm_scale, q_data_type, kv_data_type, o_data_type, fixed_split_size,
+                     page_size):
+        if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+            C.not_implemented("head_dim_vo", head_dim_vo, f"None or head_dim_qk ({head_dim_qk})")
+        q_dt, kv_dt, o_dt = C.plan_dtypes(q_data_type, kv_data_type, o_data_type)
+        qo_h = A.host_i32(qo_indptr, "qo_indptr")
+        batch = qo_h.shape[0] - 1
+        nnz_qo = int(qo_h[-1]) if batch > 0 else 0
+        split = 0 if fixed_split_size is None or fixed_split_size <= 0 else (
+            int(fixed_split_size) * int(page_size))
+        self._plan = None  # a plan() that raises leaves the wrapper unplanned
+        if self._use_cuda_graph and batch > self._fixed_batch_size:
+            raise ValueError(
+                f"qo_indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
+                f"buffers given to the constructor (CUDA graph mode)")
+        return dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
+                    num_kv_heads=int(num_kv_heads), head_dim=int(head_dim_qk),
+                    causal=bool(causal), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
+                    nnz_qo=nnz_qo, qo_indptr=qo_h, split=split)
+
+    def _acquire(self, plan):
+        return self._slot.acquire(
+            dict(max_batch=max(self._fixed_batch_size, plan["batch"], 1),
+                 max_qo_tokens=max(plan["nnz_qo"], 1), num_qo_heads=plan["num_qo_heads"],
+                 head_dim=plan["head_dim"]),
+            f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
+            f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
+
+    def _outputs(self, q, out, lse, return_lse):
+        C.check_same_side(self._on_gpu, self._device, q, "q")
+        plan = self._plan
+        return C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse, return_lse)
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
+    """Batch prefill/append over a paged KV cache with ragged queries (FlashInfer's
+    ``flashinfer.BatchPrefillWithPagedKVCacheWrapper``): ``plan()`` per step, ``run()`` per layer.
+
+    The workspace and CUDA-graph rules are those of
+    :class:`flashkv.BatchDecodeWithPagedKVCacheWrapper`: a CUDA ``float_workspace_buffer`` runs
+    the GPU kernels (the flashkv object is created at plan() inside it, ValueError with the
+    needed size if it is too small), a host one the CPU reference. In CUDA graph mode
+    (``qo_indptr_buf``, ``paged_kv_indptr_buf``, ``paged_kv_indices_buf``,
+    ``paged_kv_last_page_len_buf`` required) the first plan() fixes the query-token capacity (as
+    FlashInfer's), heads and head_dim; later plans may have fewer requests or tokens, not more.
+    Custom masks (``custom_mask_buf``) raise NotImplementedError.
+    """
+
+    _op_class = _C.BatchPrefillPaged
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
+                 paged_kv_last_page_len_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
+                 backend="auto", jit_args=None, jit_kwargs=None):
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
+                   jit_kwargs,
+                   {"qo_indptr_buf": qo_indptr_buf, "paged_kv_indptr_buf": paged_kv_indptr_buf,
+                    "paged_kv_indices_buf": paged_kv_indices_buf,
+                    "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf},
+                   custom_mask_buf, mask_indptr_buf)
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+             num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo=None,
+             custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+             use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+             rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+             o_data_type=None, non_blocking=True, prefix_len_ptr=None,
+             token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None,
+             seq_lens=None, seq_lens_q=None, block_tables=None, max_token_per_sequence=None,
+             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False):
+        """Plan prefill for one step (FlashInfer's arguments).
+
+        qo_indptr, paged_kv_indptr ``[batch + 1]``, paged_kv_indices ``[paged_kv_indptr[-1]]``,
+        paged_kv_last_page_len ``[batch]``: int32 on the host or the device. ``causal`` aligns to
+        the end of each request's KV. ``fixed_split_size`` is in pages (FlashInfer's unit).
+        ``use_fp16_qk_reduction``, ``max_token_per_sequence`` and ``max_sequence_kv`` are
+        accepted and ignored; masks, RoPE, windows, soft-capping, ``head_dim_vo != head_dim_qk``
+        and the multi-item / block-table arguments raise NotImplementedError.
+        """
+        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
+                        packed_custom_mask=packed_custom_mask, prefix_len_ptr=prefix_len_ptr,
+                        token_pos_in_items_ptr=token_pos_in_items_ptr,
+                        max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
+                        seq_lens_q=seq_lens_q, block_tables=block_tables)
+        plan = self._common_plan(qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                                 causal, sm_scale, q_data_type, kv_data_type, o_data_type,
+                                 fixed_split_size, page_size)
+        batch = plan["batch"]
+        kv_h = A.host_i32(paged_kv_indptr, "paged_kv_indptr")
+        last_h = A.host_i32(paged_kv_last_page_len, "paged_kv_last_page_len")
+        plan.update(page_size=int(page_size), indptr=kv_h, last_page_len=last_h)
+        if not self._on_gpu:
+            plan["indices"] = A.host_i32(paged_kv_indices, "paged_kv_indices")
+            self._plan = plan
+            return
+        op = self._acquire(plan)
+        nnz_kv = int(kv_h[-1]) if kv_h.shape[0] > 1 else 0
+        if self._use_cuda_graph:
+            b = self._buffers
+            A.copy_into(b["qo_indptr_buf"], plan["qo_indptr"], batch + 1, "qo_indptr")
+            A.copy_into(b["paged_kv_indptr_buf"], kv_h, kv_h.shape[0], "paged_kv_indptr")
+            A.copy_into(b["paged_kv_last_page_len_buf"], last_h, last_h.shape[0],
+                        "paged_kv_last_page_len")
+            A.copy_into(b["paged_kv_indices_buf"], paged_kv_indices[:nnz_kv], nnz_kv,
+                        "paged_kv_indices")
+            plan.update(indices=b["paged_kv_indices_buf"], run_indptr=b["paged_kv_indptr_buf"],
+                        run_last_page_len=b["paged_kv_last_page_len_buf"])
+        else:
+            plan["indices"] = (paged_kv_indices if A.is_cuda(paged_kv_indices)
+                               else A.to_device_like(A.host_i32(paged_kv_indices,
+                                                                "paged_kv_indices"),
+                                                     self._float_workspace_buffer))
+            plan.update(run_indptr=kv_h, run_last_page_len=last_h)
+        op.plan(plan["qo_indptr"], kv_h, last_h, plan["num_qo_heads"], plan["num_kv_heads"],
+                plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
+                plan["o_dtype"], plan["causal"], plan["sm_scale"], self._use_cuda_graph,
+                plan["split"], bool(disable_split_kv),
+                A.cuda_stream(self._float_workspace_buffer))
+        self._plan = plan
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+            lse=None, return_lse=False, enable_pdl=None, window_left=None):
+        """Prefill attention for the planned batch: q ``[nnz_qo, num_qo_heads, head_dim]``,
+        paged_kv_cache a ``(k_cache, v_cache)`` tuple or one ``[num_pages, 2, ...]`` array
+        (layouts as the decode wrapper's). Returns out ``[nnz_qo, num_qo_heads, head_dim]``, or
+        (out, lse) with ``return_lse``; lse float32 ``[nnz_qo, num_qo_heads]``, **base 2**
+        (FlashInfer's convention). Outputs are allocated in q's framework unless given. GPU work
+        goes on torch's (or CuPy's) current stream and can be captured in CUDA graph mode.
+        """
+        C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run: called before a successful plan()")
+        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        out, lse = self._outputs(q, out, lse, return_lse)
+        if self._on_gpu:
+            self._slot.op.run(q, k, v, self._kv_layout, plan["run_indptr"], plan["indices"],
+                              plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+        else:
+            C.check_planned(q, k, plan)
+            C.check_planned_paged(k, plan, self._kv_layout)
+            _C.reference_batch_prefill_paged(q, plan["qo_indptr"], k, v, self._kv_layout,
+                                             plan["indptr"], plan["indices"],
+                                             plan["last_page_len"], out, lse, plan["causal"],
+                                             plan["sm_scale"])
+        return C.finish(out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
+    """Batch prefill with ragged queries over ragged contiguous KV (FlashInfer's
+    ``flashinfer.BatchPrefillWithRaggedKVCacheWrapper``): request i owns query rows
+    ``qo_indptr[i]:qo_indptr[i+1]`` and KV rows ``kv_indptr[i]:kv_indptr[i+1]``.
+
+    Workspace and CUDA-graph rules as :class:`BatchPrefillWithPagedKVCacheWrapper`
+    (``qo_indptr_buf`` and ``kv_indptr_buf`` are required in CUDA graph mode).
+    """
+
+    _op_class = _C.BatchPrefillRagged
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None,
+                 mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
+                   jit_kwargs, {"qo_indptr_buf": qo_indptr_buf, "kv_indptr_buf": kv_indptr_buf},
+                   custom_mask_buf, mask_indptr_buf)
+
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
+             head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
+             pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
+             logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
+             q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True,
+             prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0,
+             max_item_len_ptr=None, fixed_split_size=None, disable_split_kv=False):
+        """Plan ragged prefill (FlashInfer's arguments): qo_indptr and kv_indptr ``[batch + 1]``
+        (tokens), int32 on the host or the device. ``fixed_split_size`` is in KV tokens here
+        (ragged KV has no pages). Unsupported variants raise NotImplementedError."""
+        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
+                        packed_custom_mask=packed_custom_mask, prefix_len_ptr=prefix_len_ptr,
+                        token_pos_in_items_ptr=token_pos_in_items_ptr,
+                        max_item_len_ptr=max_item_len_ptr)
+        plan = self._common_plan(qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                                 causal, sm_scale, q_data_type, kv_data_type, o_data_type,
+                                 fixed_split_size, 1)
+        kv_h = A.host_i32(kv_indptr, "kv_indptr")
+        plan["kv_indptr"] = kv_h
+        if not self._on_gpu:
+            self._plan = plan
+            return
+        op = self._acquire(plan)
+        if self._use_cuda_graph:
+            A.copy_into(self._buffers["qo_indptr_buf"], plan["qo_indptr"], plan["batch"] + 1,
+                        "qo_indptr")
+            A.copy_into(self._buffers["kv_indptr_buf"], kv_h, kv_h.shape[0], "kv_indptr")
+        op.plan(plan["qo_indptr"], kv_h, plan["num_qo_heads"], plan["num_kv_heads"],
+                plan["head_dim"], plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"],
+                plan["causal"], plan["sm_scale"], self._use_cuda_graph, plan["split"],
+                bool(disable_split_kv), A.cuda_stream(self._float_workspace_buffer))
+        self._plan = plan
+
+    begin_forward = plan
+
+    def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, enable_pdl=None):
+        """Ragged prefill for the planned batch: q ``[nnz_qo, num_qo_heads, head_dim]``; k, v
+        ``[nnz_kv, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, nnz_kv, head_dim]`` (HND).
+        Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's)."""
+        C.check_run_extras(args, q_scale, k_scale, v_scale)
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run: called before a successful plan()")
+        if self._kv_layout == "HND":
+            k, v = A.swap01(k), A.swap01(v)
+        out, lse = self._outputs(q, out, lse, return_lse)
+        if self._on_gpu:
+            self._slot.op.run(q, k, v, out, lse, A.cuda_stream(q))
+        else:
+            C.check_planned(q, k, plan, "k")
+            if len(k.shape) != 3 or k.shape[1] != plan["num_kv_heads"]:
+                raise ValueError(f"k: expected {plan['num_kv_heads']} kv heads (the plan's), got "
+                                 f"shape {tuple(k.shape)} ({self._kv_layout})")
+            # The GPU kernel takes k/v with more rows than kv_indptr[-1]; the reference wants
+            # exactly that many.
+            nnz_kv = int(plan["kv_indptr"][-1])
+            k, v = k[:nnz_kv], v[:nnz_kv]
+            _C.reference_batch_prefill_ragged(q, plan["qo_indptr"], k, v, plan["kv_indptr"], out,
+                                              lse, plan["causal"], plan["sm_scale"])
+        return C.finish(out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
