@@ -106,11 +106,10 @@ class PyBatchDecode {
     return BatchDecode::workspace_bytes(cfg);
   }
 
-  void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads,
-            int num_kv_heads, int head_dim, int page_size, const std::string& q_dtype,
-            const std::string& kv_dtype, const std::string& o_dtype, float sm_scale,
-            bool enable_cuda_graph, int fixed_split_size, bool disable_split_kv,
-            uintptr_t stream) {
+  void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads, int num_kv_heads,
+            int head_dim, int page_size, const std::string& q_dtype, const std::string& kv_dtype,
+            const std::string& o_dtype, float sm_scale, bool enable_cuda_graph,
+            int fixed_split_size, bool disable_split_kv, uintptr_t stream) {
     const int batch = batch_of(indptr, "indptr");
     const int32_t* ip = host_i32(indptr, "indptr", batch + 1);
     const int32_t* lp = host_i32(last_page_len, "last_page_len", batch);
@@ -236,11 +235,10 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
  public:
   using PyBatchPrefill::PyBatchPrefill;
 
-  void plan(const InArray& qo_indptr, const InArray& kv_indptr, int num_qo_heads,
-            int num_kv_heads, int head_dim, const std::string& q_dtype,
-            const std::string& kv_dtype, const std::string& o_dtype, bool causal, float sm_scale,
-            bool enable_cuda_graph, int fixed_split_size, bool disable_split_kv,
-            uintptr_t stream) {
+  void plan(const InArray& qo_indptr, const InArray& kv_indptr, int num_qo_heads, int num_kv_heads,
+            int head_dim, const std::string& q_dtype, const std::string& kv_dtype,
+            const std::string& o_dtype, bool causal, float sm_scale, bool enable_cuda_graph,
+            int fixed_split_size, bool disable_split_kv, uintptr_t stream) {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "kv_indptr", batch + 1);
@@ -296,8 +294,8 @@ void bind_module(nb::module_& m) {
                         stream_of(stream));
         });
       },
-      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
-      arg("sm_scale"), arg("stream"));
+      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("sm_scale"),
+      arg("stream"));
   m.def(
       "single_prefill",
       [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
@@ -340,9 +338,8 @@ void bind_module(nb::module_& m) {
           reference::batch_prefill_paged(qv, qi, kv, ov, lv, attention_options(sm_scale, causal));
         });
       },
-      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
-      arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"),
-      arg("sm_scale"));
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"), arg("sm_scale"));
   m.def(
       "reference_batch_prefill_ragged",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
@@ -397,12 +394,11 @@ void bind_module(nb::module_& m) {
       .def_static("workspace_bytes", &PyBatchDecode::workspace_bytes, arg("max_batch"),
                   arg("num_qo_heads"), arg("head_dim"), arg("device"))
       .def("plan", &PyBatchDecode::plan, arg("indptr"), arg("last_page_len"), arg("num_qo_heads"),
-           arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"),
-           arg("kv_dtype"), arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"),
-           arg("fixed_split_size"), arg("disable_split_kv"), arg("stream"))
-      .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"),
-           arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
-           arg("stream"))
+           arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
+           arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
+           arg("disable_split_kv"), arg("stream"))
+      .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
+           arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("stream"))
       .def("forget_captured_graphs", &PyBatchDecode::forget_captured_graphs)
       .def("plan_info", &PyBatchDecode::plan_info);
 

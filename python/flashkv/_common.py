@@ -121,8 +121,8 @@ def check_planned_paged(k, plan, kv_layout):
     if len(shape) != 4:
         raise ValueError(f"paged_kv_cache: expected 4-D k/v caches, got shape {shape}")
     nhd = kv_layout == "NHD"
-    got = {"page_size": shape[1] if nhd else shape[2], "num_kv_heads": shape[2] if nhd else shape[1],
-           "head_dim": shape[3]}
+    got = {"page_size": shape[1] if nhd else shape[2],
+           "num_kv_heads": shape[2] if nhd else shape[1], "head_dim": shape[3]}
     for name, value in got.items():
         if value != plan[name]:
             raise ValueError(f"paged_kv.{name}: expected {plan[name]} (the plan's), got {value} "
