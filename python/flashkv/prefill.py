@@ -71,6 +71,9 @@ class _BatchPrefillBase:
         self._slot = (OpSlot(self._op_class, float_workspace_buffer, self._device,
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
+        # A captured graph pins the kernel, whose query tile the heuristic picks from the average
+        # query length: under CUDA graphs the first plan's tile is kept for every later plan.
+        self._tile_rows = 0
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -86,6 +89,7 @@ class _BatchPrefillBase:
         if self._slot is not None:
             self._slot.reset(float_workspace_buffer)
         self._plan = None
+        self._tile_rows = 0
 
     def plan_info(self) -> dict:
         """flashkv's statistics of the last GPU plan (CTAs, work items, tile rows, plan time)."""
@@ -119,6 +123,10 @@ class _BatchPrefillBase:
                  head_dim=plan["head_dim"]),
             f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
             f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
+
+    def _planned(self, op):
+        if self._use_cuda_graph and not self._tile_rows:
+            self._tile_rows = op.plan_info()["tile_rows"]
 
     def _outputs(self, q, out, lse, return_lse):
         C.check_same_side(self._on_gpu, self._device, q, "q")
@@ -208,8 +216,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         op.plan(plan["qo_indptr"], kv_h, last_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
                 plan["o_dtype"], plan["causal"], plan["sm_scale"], self._use_cuda_graph,
-                plan["split"], bool(disable_split_kv),
+                plan["split"], bool(disable_split_kv), self._tile_rows,
                 A.cuda_stream(self._float_workspace_buffer))
+        self._planned(op)
         self._plan = plan
 
     begin_forward = plan
@@ -292,7 +301,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         op.plan(plan["qo_indptr"], kv_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"],
                 plan["causal"], plan["sm_scale"], self._use_cuda_graph, plan["split"],
-                bool(disable_split_kv), A.cuda_stream(self._float_workspace_buffer))
+                bool(disable_split_kv), self._tile_rows,
+                A.cuda_stream(self._float_workspace_buffer))
+        self._planned(op)
         self._plan = plan
 
     begin_forward = plan

@@ -1,0 +1,166 @@
+"""The Python side of the GPU path, on any machine: the wrappers driven with stand-in CUDA arrays
+and a stand-in for the C++ plan/run objects, checking what they are asked to do (workspace sizing
+and re-creation, the size error, CUDA-graph buffers and pinning, unit conversions, the LSE base).
+The real kernels are covered by test_gpu.py on a GPU machine."""
+
+import numpy as np
+import pytest
+
+import flashkv
+from flashkv import _C, prefill
+
+LOG2E = 1.4426950408889634
+
+
+class FakeCuda(np.ndarray):
+    """A NumPy array that says (through DLPack) it lives on cuda:0."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def cuda(a, dtype=None):
+    return np.array(a, dtype=dtype).view(FakeCuda)
+
+
+class FakeOp:
+    """Stands in for _C.BatchDecode / BatchPrefillPaged / BatchPrefillRagged."""
+
+    made = []
+
+    def __init__(self, workspace, device, **cfg):
+        self.cfg, self.plans, self.runs = cfg, [], []
+        FakeOp.made.append(self)
+
+    @staticmethod
+    def workspace_bytes(device, max_batch, num_qo_heads, head_dim, max_qo_tokens=0):
+        return 1000 * max_batch + 10 * max_qo_tokens + num_qo_heads * head_dim
+
+    def plan(self, *args):
+        self.plans.append(args)
+
+    def run(self, *args):
+        self.runs.append(args)
+        out, lse = args[-3], args[-2]
+        out[...] = 0.5
+        if lse is not None:
+            lse[...] = 1.0  # natural log, as the C++ objects write it
+
+    def plan_info(self):
+        return {"tile_rows": 32}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeOp.made = []
+    syncs = []
+    monkeypatch.setattr(_C, "BatchDecode", FakeOp)
+    monkeypatch.setattr(_C, "device_synchronize", syncs.append)
+    monkeypatch.setattr(prefill.BatchPrefillWithPagedKVCacheWrapper, "_op_class", FakeOp)
+    monkeypatch.setattr(prefill.BatchPrefillWithRaggedKVCacheWrapper, "_op_class", FakeOp)
+    return syncs
+
+
+def decode_plan(w, batch, hq=8, **kw):
+    indptr = np.arange(batch + 1, dtype=np.int32)
+    w.plan(cuda(indptr), cuda(np.arange(batch), np.int32), cuda(np.ones(batch), np.int32), hq, 2,
+           64, 16, **kw)
+
+
+def test_workspace_sized_at_plan_and_grown(fake):
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(20_000, np.uint8)))
+    assert FakeOp.made == []  # nothing before plan()
+    decode_plan(w, 3)
+    assert FakeOp.made[-1].cfg == dict(max_batch=4, num_qo_heads=8, head_dim=64)  # headroom
+    decode_plan(w, 4)
+    assert len(FakeOp.made) == 1 and fake == []  # fits: reused
+    decode_plan(w, 5)
+    assert FakeOp.made[-1].cfg["max_batch"] == 8 and fake == [0]  # grown after a device sync
+    decode_plan(w, 17)  # 32 does not fit 20 000 bytes, 17 does: exact size
+    assert FakeOp.made[-1].cfg["max_batch"] == 17
+    with pytest.raises(ValueError, match=r"20000 bytes is too small .* needs 30512 bytes"):
+        decode_plan(w, 30)
+
+
+def test_decode_plan_and_run_arguments(fake):
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)), "HND")
+    decode_plan(w, 2, fixed_split_size=3, q_data_type="bfloat16")
+    op = FakeOp.made[-1]
+    (indptr, last, hq, hk, d, ps, qt, kt, ot, scale, graph, split, no_split, stream) = op.plans[-1]
+    assert (qt, kt, ot, scale, graph, split, no_split) == ("bf16", "bf16", "bf16", 0.0, False,
+                                                           48, False)  # 3 pages of 16 tokens
+    assert indptr.tolist() == [0, 1, 2] and last.tolist() == [1, 1]
+    q = cuda(np.zeros((2, 8, 64), np.float16))
+    kv = cuda(np.zeros((4, 2, 2, 16, 64), np.float16))
+    out, lse = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8), np.float32))
+    ret = w.run(q, kv, out=out, lse=lse, return_lse=True)
+    assert ret[0] is out and ret[1] is lse
+    np.testing.assert_allclose(lse, LOG2E, rtol=1e-6)  # natural -> base 2, in place
+    args = op.runs[-1]
+    assert args[3] == "HND" and args[1].shape == (4, 2, 16, 64)  # interleaved split into k, v
+    with pytest.raises(TypeError, match="pass out="):  # no allocator for unknown frameworks
+        w.run(q, kv)
+    with pytest.raises(ValueError, match="expected an array on cuda:0"):
+        w.run(np.zeros((2, 8, 64), np.float16), kv, out=out)
+
+
+def test_decode_cuda_graph_buffers(fake):
+    bufs = [cuda(np.zeros(5), np.int32), cuda(np.zeros(32), np.int32), cuda(np.zeros(4), np.int32)]
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(
+        cuda(np.zeros(100_000, np.uint8)), use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+        paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
+    w.plan(np.array([0, 2, 5]), cuda([7, 8, 9, 10, 11], np.int32), np.array([3, 16]), 8, 2, 64,
+           16)
+    op = FakeOp.made[-1]
+    assert op.cfg == dict(max_batch=4, num_qo_heads=8, head_dim=64)  # the buffers' batch
+    assert bufs[0][:3].tolist() == [0, 2, 5] and bufs[2][:2].tolist() == [3, 16]
+    assert bufs[1][:5].tolist() == [7, 8, 9, 10, 11]
+    assert op.plans[-1][10] is True  # enable_cuda_graph
+    q, out = cuda(np.zeros((4, 8, 64), np.float16)), cuda(np.zeros((4, 8, 64), np.float16))
+    w.run(q, (cuda(np.zeros((9, 16, 2, 64))), cuda(np.zeros((9, 16, 2, 64)))), out=out)
+    args = op.runs[-1]
+    assert args[4] is bufs[0] and args[5] is bufs[1] and args[6] is bufs[2]  # fixed buffers
+    with pytest.raises(ValueError, match="exceeds the 4 requests"):
+        decode_plan(w, 5)
+    with pytest.raises(ValueError, match="num_qo_heads 16 > 8: in CUDA graph mode"):
+        decode_plan(w, 2, hq=16)
+    decode_plan(w, 1)  # fewer requests than the buffers hold: the same object
+    assert len(FakeOp.made) == 1
+
+
+def test_prefill_cuda_graph_pins_tokens_and_tile(fake):
+    bufs = dict(qo_indptr_buf=cuda(np.zeros(3), np.int32),
+                paged_kv_indptr_buf=cuda(np.zeros(3), np.int32),
+                paged_kv_indices_buf=cuda(np.zeros(16), np.int32),
+                paged_kv_last_page_len_buf=cuda(np.zeros(2), np.int32))
+    w = flashkv.BatchPrefillWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)),
+                                                    use_cuda_graph=True, **bufs)
+    kv = (cuda([0, 1, 2], np.int32), np.array([0, 1, 3]), np.array([5, 16]))
+
+    def plan(qo):
+        w.plan(np.array(qo), kv[1], kv[0], kv[2], 8, 2, 64, 16, causal=True)
+
+    plan([0, 10, 30])
+    op = FakeOp.made[-1]
+    assert op.cfg == dict(max_batch=2, max_qo_tokens=30, num_qo_heads=8, head_dim=64)
+    assert op.plans[-1][-2] == 0  # the first plan's tile is the heuristic's...
+    plan([0, 1, 20])
+    assert op.plans[-1][-2] == 32  # ...and kept for every later plan (plan_info's tile_rows)
+    assert bufs["qo_indptr_buf"].tolist() == [0, 1, 20]
+    with pytest.raises(ValueError, match="max_qo_tokens 31 > 30"):
+        plan([0, 1, 31])
+
+
+def test_ragged_prefill_plan_arguments(fake):
+    w = flashkv.BatchPrefillWithRaggedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)), "HND")
+    w.plan(cuda([0, 3, 7], np.int32), cuda([0, 5, 9], np.int32), 4, 4, 128, causal=True,
+           sm_scale=0.125, fixed_split_size=64)
+    op = FakeOp.made[-1]
+    assert op.cfg == dict(max_batch=2, max_qo_tokens=8, num_qo_heads=4, head_dim=128)
+    qo, kvp, hq, hk, d, qt, kt, ot, causal, scale, graph, split, no_split, tile, stream = (
+        op.plans[-1])
+    assert (causal, scale, split, tile) == (True, 0.125, 64, 0)
+    q, out = cuda(np.zeros((7, 4, 128), np.float16)), cuda(np.zeros((7, 4, 128), np.float16))
+    k = cuda(np.zeros((4, 9, 128), np.float16))  # HND [H, L, D]
+    w.run(q, k, k, out=out)
+    assert op.runs[-1][1].shape == (9, 4, 128)  # passed on as an NHD view
