@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Builds flashkv and runs the test suite: CPU tests everywhere; GPU tests run where a CUDA GPU is
-# present and skip cleanly otherwise. Then checks that an installed flashkv works from a consumer
-# project through find_package(flashkv).
+# present and skip cleanly otherwise. The Python package is built in the same build dir
+# (flashkv._C, -DFLASHKV_PYTHON=ON, against a venv at $BUILD/pyenv with nanobind, numpy and
+# pytest from PyPI) and its pytest suite runs (its GPU tests skip without torch and a GPU);
+# FLASHKV_PYTHON_TESTS=0 skips that part. Then checks that an installed flashkv works from a
+# consumer project through find_package(flashkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 BUILD=${BUILD:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+PY_ARGS=(-DFLASHKV_PYTHON=OFF)
+if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
+  VENV="$BUILD/pyenv"
+  [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
+  PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")
+fi
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${PY_ARGS[@]}" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
+  PYTHONPATH="python:$BUILD/python" "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests
+fi
 # Install into a scratch prefix and build the consumer example against it.
 PREFIX=$(mktemp -d)
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null

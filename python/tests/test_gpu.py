@@ -10,6 +10,7 @@ bf16 2^-8); LSE relative error <= 1e-4, with -inf exactly where no key is visibl
 """
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -25,6 +26,8 @@ except ImportError:
     torch = None
     GPU = False
 
+if not GPU and os.environ.get("FLASHKV_REQUIRE_GPU") == "1":  # scripts/gpu-test-python.sh
+    raise RuntimeError("FLASHKV_REQUIRE_GPU=1, but PyTorch with CUDA and a CUDA GPU are missing")
 pytestmark = pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
 
 LOG2E = 1.4426950408889634
