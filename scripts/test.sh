@@ -12,7 +12,8 @@ BUILD=${BUILD:-build}
 JOBS=${JOBS:-$(nproc)}
 PY_ARGS=(-DFLASHKV_PYTHON=OFF)
 if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
-  VENV="$BUILD/pyenv"
+  mkdir -p "$BUILD"
+  VENV="$(cd "$BUILD" && pwd)/pyenv"  # absolute: CMake's FindPython ignores a relative one
   [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
   PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")

@@ -199,6 +199,21 @@ def copy_into(dst, src, n: int, name: str):
         dst[:n] = host
 
 
+def dl(x):
+    """x as flashkv._C receives it: a torch tensor as a DLPack capsule taken with stream=-1 (no
+    synchronization: torch's __dlpack__() without a stream makes its default stream wait on the
+    current one, an extra dependency that is illegal while a CUDA graph is being captured);
+    anything else unchanged (nanobind imports it through DLPack or the buffer protocol)."""
+    if framework(x) == "torch" and hasattr(x, "__dlpack__"):
+        return x.detach().__dlpack__(stream=-1)
+    return x
+
+
+def call(fn, *args, **kwargs):
+    """fn(*args, **kwargs) with every torch tensor among the arguments passed through dl()."""
+    return fn(*[dl(a) for a in args], **{k: dl(v) for k, v in kwargs.items()})
+
+
 def scale_lse_to_base2(lse):
     """In place: natural-log LSE (flashkv's C++) -> base 2 (FlashInfer's)."""
     lse *= LOG2E

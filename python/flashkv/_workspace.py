@@ -13,6 +13,7 @@ captured graph holds pointers into it.
 """
 
 from . import _C
+from . import _arrays as A
 
 # Configuration fields that are counts (rounded up for headroom); the others are exact maxima.
 _COUNTS = ("max_batch", "max_qo_tokens")
@@ -77,6 +78,6 @@ class OpSlot:
                 f"({what}): flashkv needs {required} bytes ({self.cls.__name__}.workspace_bytes "
                 f"of {exact}); pass a larger buffer")
         self.release()
-        self.op = self.cls(self.workspace, **cfg, device=self.device)
+        self.op = A.call(self.cls, self.workspace, **cfg, device=self.device)
         self.cfg = cfg
         return self.op

@@ -22,8 +22,8 @@ def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
     or float32), s ``float32 [seq_len, num_heads]`` base 2. Returns new (V, S)."""
     v_out = A.empty(v_a, v_a.shape)
     s_out = A.empty(s_a, s_a.shape, dtype="f32")
-    _C.merge_state(v_a, _natural(s_a), v_b, _natural(s_b), v_out, s_out,
-                   A.cuda_stream(v_a, stream))
+    A.call(_C.merge_state, v_a, _natural(s_a), v_b, _natural(s_b), v_out, s_out,
+           A.cuda_stream(v_a, stream))
     return v_out, A.scale_lse_to_base2(s_out)
 
 
@@ -33,7 +33,8 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
     if mask is not None:
         raise NotImplementedError("mask: not supported by flashkv yet (expected None)")
     s_nat = _natural(s)
-    _C.merge_state_in_place(v, s_nat, v_other, _natural(s_other), A.cuda_stream(v, stream))
+    A.call(_C.merge_state_in_place, v, s_nat, v_other, _natural(s_other),
+           A.cuda_stream(v, stream))
     s[...] = s_nat * A.LOG2E
 
 
@@ -46,5 +47,5 @@ def merge_states(v, s, *, stream=None):
                          f"{tuple(v.shape)}")
     v_out = A.empty(v, (v.shape[0], v.shape[2], v.shape[3]))
     s_out = A.empty(s, (v.shape[0], v.shape[2]), dtype="f32")
-    _C.merge_states(v, _natural(s), v_out, s_out, A.cuda_stream(v, stream))
+    A.call(_C.merge_states, v, _natural(s), v_out, s_out, A.cuda_stream(v, stream))
     return v_out, A.scale_lse_to_base2(s_out)

@@ -36,8 +36,8 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     C.check_run_extras((), q_scale, k_scale, v_scale)
     C.check_layout(kv_layout)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
-    _C.single_decode(q, k, v, out, lse, kv_layout, C.sm_scale_arg(sm_scale),
-                     A.cuda_stream(q, stream))
+    A.call(_C.single_decode, q, k, v, out, lse, kv_layout, C.sm_scale_arg(sm_scale),
+           A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
 
 
@@ -197,13 +197,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)
         if self._on_gpu:
-            self._slot.op.run(q, k, v, self._kv_layout, plan["run_indptr"], plan["indices"],
-                              plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+            A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
+                   plan["indices"], plan["run_last_page_len"], out, lse, A.cuda_stream(q))
         else:
             C.check_planned(q, k, plan)
             C.check_planned_paged(k, plan, self._kv_layout)
-            _C.reference_batch_decode(q, k, v, self._kv_layout, plan["indptr"], plan["indices"],
-                                      plan["last_page_len"], out, lse, plan["sm_scale"])
+            A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, plan["indptr"],
+                   plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"])
         return C.finish(out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -41,8 +41,8 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     C.check_layout(kv_layout)
     o_dt = None if o_dtype is None else A.dtype_name(o_dtype)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
-    _C.single_prefill(q, k, v, out, lse, kv_layout, bool(causal), C.sm_scale_arg(sm_scale),
-                      A.cuda_stream(q, stream))
+    A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, bool(causal),
+           C.sm_scale_arg(sm_scale), A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
 
 
@@ -239,15 +239,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
-            self._slot.op.run(q, k, v, self._kv_layout, plan["run_indptr"], plan["indices"],
-                              plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+            A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
+                   plan["indices"], plan["run_last_page_len"], out, lse, A.cuda_stream(q))
         else:
             C.check_planned(q, k, plan)
             C.check_planned_paged(k, plan, self._kv_layout)
-            _C.reference_batch_prefill_paged(q, plan["qo_indptr"], k, v, self._kv_layout,
-                                             plan["indptr"], plan["indices"],
-                                             plan["last_page_len"], out, lse, plan["causal"],
-                                             plan["sm_scale"])
+            A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v, self._kv_layout,
+                   plan["indptr"], plan["indices"], plan["last_page_len"], out, lse,
+                   plan["causal"], plan["sm_scale"])
         return C.finish(out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -321,7 +320,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             k, v = A.swap01(k), A.swap01(v)
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
-            self._slot.op.run(q, k, v, out, lse, A.cuda_stream(q))
+            A.call(self._slot.op.run, q, k, v, out, lse, A.cuda_stream(q))
         else:
             C.check_planned(q, k, plan, "k")
             if len(k.shape) != 3 or k.shape[1] != plan["num_kv_heads"]:
@@ -331,8 +330,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             # exactly that many.
             nnz_kv = int(plan["kv_indptr"][-1])
             k, v = k[:nnz_kv], v[:nnz_kv]
-            _C.reference_batch_prefill_ragged(q, plan["qo_indptr"], k, v, plan["kv_indptr"], out,
-                                              lse, plan["causal"], plan["sm_scale"])
+            A.call(_C.reference_batch_prefill_ragged, q, plan["qo_indptr"], k, v,
+                   plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"])
         return C.finish(out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
