@@ -25,8 +25,10 @@ DType dtype_of(dl::dtype t, const char* name) {
     if (code == dl::dtype_code::Float && t.bits == 32) return DType::f32;
     if (code == dl::dtype_code::Bfloat && t.bits == 16) return DType::bf16;
     if (code == dl::dtype_code::Int && t.bits == 32) return DType::i32;
-    if (code == dl::dtype_code::Float8_E4M3FN && t.bits == 8) return DType::e4m3;
-    if (code == dl::dtype_code::Float8_E5M2 && t.bits == 8) return DType::e5m2;
+    // DLPack 1.1's float8 codes (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12), by number: older
+    // nanobind releases do not name them.
+    if (t.code == 10 && t.bits == 8) return DType::e4m3;
+    if (t.code == 12 && t.bits == 8) return DType::e5m2;
   }
   throw nb::type_error((std::string(name) + ": unsupported dtype " + dtype_str(t) +
                         "; expected float16, bfloat16, float32 or int32")
