@@ -158,6 +158,20 @@ def host_i32(x, name: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
+def device_i32(x):
+    """A CUDA index array as the kernels read it: contiguous int32 (a copy only if needed)."""
+    fw = framework(x)
+    if fw == "torch":
+        import torch
+
+        return x.to(torch.int32).contiguous()
+    if fw == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(x, dtype=cupy.int32)
+    return x
+
+
 def to_device_like(a: np.ndarray, like):
     """Host array `a` on `like`'s device, in its framework (no copy for host `like`)."""
     if not is_cuda(like):

@@ -157,13 +157,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._use_cuda_graph:
             A.copy_into(self._paged_kv_indptr_buf, indptr_h, batch + 1, "indptr")
             A.copy_into(self._paged_kv_last_page_len_buf, last_h, batch, "last_page_len")
-            A.copy_into(self._paged_kv_indices_buf, indices[:nnz] if nnz else indices[:0], nnz,
-                        "indices")
+            A.copy_into(self._paged_kv_indices_buf, indices[:nnz], nnz, "indices")
             plan["indices"] = self._paged_kv_indices_buf
             plan["run_indptr"] = self._paged_kv_indptr_buf
             plan["run_last_page_len"] = self._paged_kv_last_page_len_buf
         else:
-            plan["indices"] = (indices if A.is_cuda(indices)
+            plan["indices"] = (A.device_i32(indices) if A.is_cuda(indices)
                                else A.to_device_like(A.host_i32(indices, "indices"),
                                                      self._float_workspace_buffer))
             plan["run_indptr"], plan["run_last_page_len"] = indptr_h, last_h

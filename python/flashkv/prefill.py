@@ -208,7 +208,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             plan.update(indices=b["paged_kv_indices_buf"], run_indptr=b["paged_kv_indptr_buf"],
                         run_last_page_len=b["paged_kv_last_page_len_buf"])
         else:
-            plan["indices"] = (paged_kv_indices if A.is_cuda(paged_kv_indices)
+            plan["indices"] = (A.device_i32(paged_kv_indices) if A.is_cuda(paged_kv_indices)
                                else A.to_device_like(A.host_i32(paged_kv_indices,
                                                                 "paged_kv_indices"),
                                                      self._float_workspace_buffer))
