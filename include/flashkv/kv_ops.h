@@ -1,0 +1,54 @@
+// KV-cache ops: writing new tokens' keys and values into a paged cache (FlashInfer's
+// append_paged_kv_cache and get_batch_indices_positions). Includes rope.h, so this one header
+// gives the per-layer ops an engine runs before attention: RoPE, then the append.
+//
+// Append. The new tokens are ragged: append_key / append_value [nnz, H_kv, D] (any row/head
+// strides, last dimension contiguous), f16/bf16/f32, the dtype of the cache. Token t goes to
+// request b = batch_indices[t] at position p = positions[t] (both i32 [nnz]), i.e. to slot
+// p % page_size of page paged_kv.indices[paged_kv.indptr[b] + p / page_size].
+// `paged_kv` describes the cache AFTER the append, as in FlashInfer: the caller has already
+// allocated the pages and set last_page_len so that kv_len(b) counts the new tokens. A token with
+// p >= kv_len(b) (it would write past the request's pages, or past its counted tokens) is an error
+// and nothing is written; so are b outside [0, batch), p < 0, and two tokens that would write the
+// same slot. Slots no token names are left as they were. NHD/HND, separate or interleaved k/v
+// (PagedKVCache::interleaved), as paged_kv.h describes.
+//
+// Batch indices and positions (FlashInfer semantics). append_indptr i32 [batch + 1] splits the
+// nnz new tokens by request (0, non-decreasing); seq_lens i32 [batch] are the requests' KV
+// lengths after the append (seq_lens[i] >= append_len(i) = append_indptr[i+1] - append_indptr[i]).
+// Token j of request i (row append_indptr[i] + j) gets
+//   batch_indices = i,   positions = seq_lens[i] - append_len(i) + j.
+//
+// Devices: host tensors (page table included) run on the CPU reference (reference_kv_ops.h).
+// CUDA tensors raise flashkv::Error: the GPU kernels are not available yet. Bad input raises
+// flashkv::Error naming the argument.
+#pragma once
+
+#include "flashkv/host_tensor.h"
+#include "flashkv/paged_kv.h"
+#include "flashkv/rope.h"
+#include "flashkv/runtime.h"
+#include "flashkv/tensor.h"
+
+namespace flashkv {
+
+// Writes the new tokens' k and v into their pages (see above).
+void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
+                           const TensorView& batch_indices, const TensorView& positions,
+                           const PagedKVCache& paged_kv, Stream stream = nullptr);
+
+// Fills batch_indices and positions, i32 [nnz] each, nnz = append_indptr[batch] (see above).
+void get_batch_indices_positions(const TensorView& append_indptr, const TensorView& seq_lens,
+                                 const TensorView& batch_indices, const TensorView& positions,
+                                 Stream stream = nullptr);
+
+// The same on host inputs, returning new host tensors of `nnz` entries (nnz must equal
+// append_indptr[batch]; FlashInfer takes it to size its outputs).
+struct BatchIndicesPositions {
+  HostTensor batch_indices;  // i32 [nnz]
+  HostTensor positions;      // i32 [nnz]
+};
+BatchIndicesPositions get_batch_indices_positions(const TensorView& append_indptr,
+                                                  const TensorView& seq_lens, int64_t nnz);
+
+}  // namespace flashkv
