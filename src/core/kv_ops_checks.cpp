@@ -21,6 +21,11 @@ void check_in_place_or_separate(const TensorView& in, const char* in_name, const
 
 }  // namespace
 
+void fail_no_gpu_kernel(const char* op, Device dev) {
+  fail(op, ": the GPU kernel is not available yet (tensors on ", dev.str(),
+       "); pass host tensors to run the CPU reference");
+}
+
 void check_i32_vector(const TensorView& t, const char* name, int64_t len) {
   check_defined(t, name);
   check_dtype(t, name, DType::i32);
@@ -60,8 +65,8 @@ RopeShape check_rope_tensors(const TensorView& q, const TensorView& k, const Ten
 
 int resolve_rotary_dim(int rotary_dim, int head_dim, const char* what) {
   const int r = rotary_dim == 0 ? head_dim : rotary_dim;
-  check(r >= 2 && r <= head_dim, what, ": rotary_dim = ", r, " is out of range: expected 2 <= ",
-        "rotary_dim <= ", head_dim, " (head_dim)");
+  check(r >= 2 && r <= head_dim, what, ": rotary_dim = ", r,
+        " is out of range: expected 2 <= ", "rotary_dim <= ", head_dim, " (head_dim)");
   check(r % 2 == 0, what, ": rotary_dim = ", r, " must be even (it rotates pairs)");
   return r;
 }
@@ -71,8 +76,7 @@ int check_cos_sin_cache(const TensorView& cos_sin_cache, int head_dim) {
   check_ndim(cos_sin_cache, "cos_sin_cache", 2);
   check_dtype(cos_sin_cache, "cos_sin_cache", DType::f32);
   check_last_dim_contiguous(cos_sin_cache, "cos_sin_cache");
-  check(cos_sin_cache.size(1) <= INT32_MAX, "cos_sin_cache: too wide: ",
-        cos_sin_cache.shape_str());
+  check(cos_sin_cache.size(1) <= INT32_MAX, "cos_sin_cache: too wide: ", cos_sin_cache.shape_str());
   return resolve_rotary_dim(static_cast<int>(cos_sin_cache.size(1)), head_dim, "cos_sin_cache");
 }
 

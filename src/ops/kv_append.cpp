@@ -7,15 +7,6 @@
 #include "ops/jit_util.h"
 
 namespace flashkv {
-namespace {
-
-[[noreturn]] void no_gpu_kernel(const char* op, Device dev) {
-  fail(op, ": the GPU kernel is not available yet (tensors on ", dev.str(),
-       "); pass host tensors to run the CPU reference");
-}
-
-}  // namespace
-
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
                            const TensorView& batch_indices, const TensorView& positions,
                            const PagedKVCache& paged_kv, Stream stream) {
@@ -33,7 +24,7 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
     return reference::append_paged_kv_cache(append_key, append_value, batch_indices, positions,
                                             paged_kv);
   }
-  no_gpu_kernel("append_paged_kv_cache", dev);
+  detail::fail_no_gpu_kernel("append_paged_kv_cache", dev);
 }
 
 void get_batch_indices_positions(const TensorView& append_indptr, const TensorView& seq_lens,
@@ -50,15 +41,14 @@ void get_batch_indices_positions(const TensorView& append_indptr, const TensorVi
     return reference::get_batch_indices_positions(append_indptr, seq_lens, batch_indices,
                                                   positions);
   }
-  no_gpu_kernel("get_batch_indices_positions", dev);
+  detail::fail_no_gpu_kernel("get_batch_indices_positions", dev);
 }
 
 BatchIndicesPositions get_batch_indices_positions(const TensorView& append_indptr,
                                                   const TensorView& seq_lens, int64_t nnz) {
   check(nnz >= 0, "nnz = ", nnz, ": expected >= 0");
   BatchIndicesPositions r{HostTensor(DType::i32, {nnz}), HostTensor(DType::i32, {nnz})};
-  get_batch_indices_positions(append_indptr, seq_lens, r.batch_indices.view(),
-                              r.positions.view());
+  get_batch_indices_positions(append_indptr, seq_lens, r.batch_indices.view(), r.positions.view());
   return r;
 }
 

@@ -1,9 +1,10 @@
 // Host side of RoPE (rope.h): shape checks, then the CPU reference for host tensors. The GPU
 // kernels are not written yet: CUDA tensors get a clear error, never a no-op.
+#include "flashkv/rope.h"
+
 #include "core/kv_ops_checks.h"
 #include "flashkv/error.h"
 #include "flashkv/reference_kv_ops.h"
-#include "flashkv/rope.h"
 #include "ops/jit_util.h"
 
 namespace flashkv {
@@ -14,17 +15,8 @@ Device rope_device(const TensorView& q, const TensorView& k, const TensorView& q
                    const TensorView& k_rope, const TensorView& a, const char* a_name,
                    const TensorView& b = {}, const char* b_name = "") {
   detail::check_rope_tensors(q, k, q_rope, k_rope);
-  return ops::common_device({{"q", &q},
-                             {"k", &k},
-                             {"q_rope", &q_rope},
-                             {"k_rope", &k_rope},
-                             {a_name, &a},
-                             {b_name, &b}});
-}
-
-[[noreturn]] void no_gpu_kernel(const char* op, Device dev) {
-  fail(op, ": the GPU kernel is not available yet (tensors on ", dev.str(),
-       "); pass host tensors to run the CPU reference");
+  return ops::common_device(
+      {{"q", &q}, {"k", &k}, {"q_rope", &q_rope}, {"k_rope", &k_rope}, {a_name, &a}, {b_name, &b}});
 }
 
 }  // namespace
@@ -34,7 +26,7 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ro
                 const RopeOptions& opts, Stream stream) {
   const Device dev = rope_device(q, k, q_rope, k_rope, indptr, "indptr", offsets, "offsets");
   if (dev.is_cpu()) return reference::apply_rope(q, k, q_rope, k_rope, indptr, offsets, opts);
-  no_gpu_kernel("apply_rope", dev);
+  detail::fail_no_gpu_kernel("apply_rope", dev);
 }
 
 void apply_rope_pos_ids(const TensorView& q, const TensorView& k, const TensorView& q_rope,
@@ -42,7 +34,7 @@ void apply_rope_pos_ids(const TensorView& q, const TensorView& k, const TensorVi
                         const RopeOptions& opts, Stream stream) {
   const Device dev = rope_device(q, k, q_rope, k_rope, pos_ids, "pos_ids");
   if (dev.is_cpu()) return reference::apply_rope_pos_ids(q, k, q_rope, k_rope, pos_ids, opts);
-  no_gpu_kernel("apply_rope_pos_ids", dev);
+  detail::fail_no_gpu_kernel("apply_rope_pos_ids", dev);
 }
 
 void apply_llama31_rope(const TensorView& q, const TensorView& k, const TensorView& q_rope,
@@ -52,7 +44,7 @@ void apply_llama31_rope(const TensorView& q, const TensorView& k, const TensorVi
   if (dev.is_cpu()) {
     return reference::apply_llama31_rope(q, k, q_rope, k_rope, indptr, offsets, opts);
   }
-  no_gpu_kernel("apply_llama31_rope", dev);
+  detail::fail_no_gpu_kernel("apply_llama31_rope", dev);
 }
 
 void apply_llama31_rope_pos_ids(const TensorView& q, const TensorView& k, const TensorView& q_rope,
@@ -62,7 +54,7 @@ void apply_llama31_rope_pos_ids(const TensorView& q, const TensorView& k, const 
   if (dev.is_cpu()) {
     return reference::apply_llama31_rope_pos_ids(q, k, q_rope, k_rope, pos_ids, opts);
   }
-  no_gpu_kernel("apply_llama31_rope_pos_ids", dev);
+  detail::fail_no_gpu_kernel("apply_llama31_rope_pos_ids", dev);
 }
 
 void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k,
@@ -72,10 +64,10 @@ void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k,
   const Device dev =
       rope_device(q, k, q_rope, k_rope, positions, "positions", cos_sin_cache, "cos_sin_cache");
   if (dev.is_cpu()) {
-    return reference::apply_rope_with_cos_sin_cache(q, k, q_rope, k_rope, positions,
-                                                    cos_sin_cache, is_neox);
+    return reference::apply_rope_with_cos_sin_cache(q, k, q_rope, k_rope, positions, cos_sin_cache,
+                                                    is_neox);
   }
-  no_gpu_kernel("apply_rope_with_cos_sin_cache", dev);
+  detail::fail_no_gpu_kernel("apply_rope_with_cos_sin_cache", dev);
 }
 
 }  // namespace flashkv

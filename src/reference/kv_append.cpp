@@ -73,8 +73,8 @@ void copy_row(const TensorView& src, int64_t t, int64_t h, const TensorView& dst
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
                            const TensorView& batch_indices, const TensorView& positions,
                            const PagedKVCache& paged_kv) {
-  const int64_t nnz = flashkv::detail::check_append_tensors(append_key, append_value,
-                                                            batch_indices, positions, paged_kv);
+  const int64_t nnz = flashkv::detail::check_append_tensors(append_key, append_value, batch_indices,
+                                                            positions, paged_kv);
   detail::check_cpu(append_key, "append_key");
   detail::check_cpu(append_value, "append_value");
   detail::check_cpu(batch_indices, "batch_indices");
@@ -110,9 +110,8 @@ void get_batch_indices_positions(const TensorView& append_indptr, const TensorVi
       detail::read_indptr(append_indptr, "append_indptr", nnz, "nnz (batch_indices.size(0))");
   for (int64_t i = 0; i < batch; ++i) {
     const int64_t append_len = ptr[i + 1] - ptr[i], seq_len = i32_at(seq_lens, i);
-    check(seq_len >= append_len, "seq_lens[", i, "] = ", seq_len,
-          " is less than request ", i, "'s append length ", append_len,
-          " (append_indptr[", i + 1, "] - append_indptr[", i,
+    check(seq_len >= append_len, "seq_lens[", i, "] = ", seq_len, " is less than request ", i,
+          "'s append length ", append_len, " (append_indptr[", i + 1, "] - append_indptr[", i,
           "]): seq_lens are the lengths after the append");
     for (int64_t j = 0; j < append_len; ++j) {
       const int64_t t = ptr[i] + j;

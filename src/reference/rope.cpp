@@ -56,8 +56,8 @@ std::vector<int64_t> read_positions(const TensorView& pos_ids, const char* name,
   for (int64_t t = 0; t < nnz; ++t) {
     pos[t] = i32_at(pos_ids, t);
     check(pos[t] >= 0, name, "[", t, "] = ", pos[t], ": expected >= 0");
-    check(limit < 0 || pos[t] < limit, name, "[", t, "] = ", pos[t], " is out of range: expected < ",
-          limit, " (", limit_name, ")");
+    check(limit < 0 || pos[t] < limit, name, "[", t, "] = ", pos[t],
+          " is out of range: expected < ", limit, " (", limit_name, ")");
   }
   return pos;
 }
@@ -112,16 +112,16 @@ template <class Options>
 void rope_with_positions(const TensorView& q, const TensorView& k, const TensorView& q_rope,
                          const TensorView& k_rope, const RopeShape& s,
                          const std::vector<int64_t>& pos, const Options& opts) {
-  const int rotary_dim = flashkv::detail::resolve_rotary_dim(opts.rotary_dim, s.head_dim,
-                                                             "rotary_dim");
+  const int rotary_dim =
+      flashkv::detail::resolve_rotary_dim(opts.rotary_dim, s.head_dim, "rotary_dim");
   rotate_all(q, k, q_rope, k_rope, s, pos, rotary_dim, opts.interleave,
              from_frequencies(rope_frequencies(rotary_dim, opts)));
 }
 
 template <class Options>
 void rope_by_offsets(const TensorView& q, const TensorView& k, const TensorView& q_rope,
-                     const TensorView& k_rope, const TensorView& indptr,
-                     const TensorView& offsets, const Options& opts) {
+                     const TensorView& k_rope, const TensorView& indptr, const TensorView& offsets,
+                     const Options& opts) {
   check_host_tensors(q, k, q_rope, k_rope);
   const RopeShape s = flashkv::detail::check_rope_tensors(q, k, q_rope, k_rope);
   rope_with_positions(q, k, q_rope, k_rope, s, positions_from_offsets(indptr, offsets, s.nnz),

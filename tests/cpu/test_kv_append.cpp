@@ -26,8 +26,8 @@ struct TestCache {
   int64_t num_pages, page_size, heads, dim;
   HostTensor k, v, kv;  // k/v when separate, kv when interleaved
 
-  TestCache(KVLayout layout, bool interleaved, int64_t num_pages, int64_t page_size,
-            int64_t heads, int64_t dim, DType dtype)
+  TestCache(KVLayout layout, bool interleaved, int64_t num_pages, int64_t page_size, int64_t heads,
+            int64_t dim, DType dtype)
       : layout(layout),
         interleaved(interleaved),
         num_pages(num_pages),
@@ -53,8 +53,8 @@ struct TestCache {
 
   // Flat element index of (page, k or v, token slot, head, d) in its tensor.
   int64_t index(int64_t page, bool is_v, int64_t slot, int64_t h, int64_t d) const {
-    const int64_t inner = layout == KVLayout::NHD ? (slot * heads + h) * dim + d
-                                                  : (h * page_size + slot) * dim + d;
+    const int64_t inner =
+        layout == KVLayout::NHD ? (slot * heads + h) * dim + d : (h * page_size + slot) * dim + d;
     const int64_t page_elems = page_size * heads * dim;
     return interleaved ? (page * 2 + (is_v ? 1 : 0)) * page_elems + inner
                        : page * page_elems + inner;
@@ -142,19 +142,25 @@ TEST_P(AppendTest, WritesEachNewTokenToItsSlotAndNothingElse) {
     }
   }
 
-  const BatchIndicesPositions bp = get_batch_indices_positions(b.append_indptr.view(),
-                                                               b.seq_lens.view(), b.nnz);
+  const BatchIndicesPositions bp =
+      get_batch_indices_positions(b.append_indptr.view(), b.seq_lens.view(), b.nnz);
   append_paged_kv_cache(new_k.view(), new_v.view(), bp.batch_indices.view(), bp.positions.view(),
                         c.cache(b.indptr, b.indices, b.last_page_len));
   EXPECT_EQ(c.storage(false).to_doubles(), expect_k);
   if (!interleaved) EXPECT_EQ(c.storage(true).to_doubles(), expect_v);
 }
 
+std::string append_param_name(const ::testing::TestParamInfo<AppendParam>& info) {
+  return std::string(kv_layout_name(std::get<0>(info.param))) +
+         (std::get<1>(info.param) ? "_interleaved_" : "_separate_") +
+         dtype_name(std::get<2>(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, AppendTest,
                          ::testing::Combine(::testing::Values(KVLayout::NHD, KVLayout::HND),
                                             ::testing::Bool(),
-                                            ::testing::Values(DType::f16, DType::bf16,
-                                                              DType::f32)));
+                                            ::testing::Values(DType::f16, DType::bf16, DType::f32)),
+                         append_param_name);
 
 TEST(BatchIndicesPositions, FlashInferSemantics) {
   // Requests with 2, 0, 3 new tokens and KV lengths 5, 4, 3 after the append.
