@@ -1,5 +1,5 @@
-// Internals of the CPU reference backend, shared by attention.cpp, attention_paged.cpp and
-// merge.cpp. Not a public header.
+// Internals of the CPU reference backend, shared by attention.cpp, attention_paged.cpp,
+// merge.cpp and the variant ops (variant_*.cpp). Not a public header.
 //
 // Every attention op reduces to one routine, attend_row(): one query row over a list of K/V rows,
 // in double, with a max-subtracted softmax. The ops differ only in where the K/V rows of a request
@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "flashkv/attention.h"
+#include "flashkv/paged_kv.h"
 #include "flashkv/tensor.h"
 
 namespace flashkv::reference::detail {
@@ -61,6 +63,25 @@ struct QOShape {
   int head_dim = 0;
 };
 QOShape check_qo(const TensorView& q, const TensorView& out, const TensorView& lse);
+
+// Checks contiguous k, v ([kv_len, H_kv, D] NHD / [H_kv, kv_len, D] HND) against q's head_dim
+// and head count; returns {kv_len, H_kv}.
+std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorView& v,
+                                            KVLayout layout, const QOShape& qo);
+
+// The host-side view of a validated page table (attention_paged.cpp).
+struct PageTable {
+  std::vector<int64_t> indptr;
+  std::vector<int64_t> indices;
+  std::vector<int64_t> kv_len;  // per request
+};
+
+// Validates a host paged cache against q's shape (heads, head_dim) and reads its page table.
+PageTable check_paged(const PagedKVCache& kv, const QOShape& qo);
+
+// Request i's K/V rows. Offsets use each tensor's own strides (page, token, head), so k and v
+// may be separate views with different memory layouts, or the two halves of an interleaved one.
+KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i);
 
 // One request of an op: query rows [q_begin, q_begin + qo_len) of q over the K/V rows of `kv`.
 struct Request {

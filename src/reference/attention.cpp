@@ -253,10 +253,6 @@ TensorView unsqueeze0(const TensorView& t) {
   return TensorView(t.data(), t.dtype(), t.ndim() + 1, shape, strides, t.device());
 }
 
-namespace {
-
-// Checks contiguous k, v ([kv_len, H_kv, D] NHD / [H_kv, kv_len, D] HND) against q's head_dim
-// and head count; returns {kv_len, H_kv}.
 std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorView& v,
                                             KVLayout layout, const QOShape& qo) {
   check_cpu(k, "k");
@@ -273,7 +269,6 @@ std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorVie
   return {k.size(nhd ? 0 : 1), num_kv_heads};
 }
 
-}  // namespace
 }  // namespace detail
 
 using detail::check_contiguous_kv;

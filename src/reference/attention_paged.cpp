@@ -20,12 +20,9 @@ std::vector<int64_t> read_i32(const TensorView& t) {
   return vals;
 }
 
-// The host-side view of a validated page table.
-struct PageTable {
-  std::vector<int64_t> indptr;
-  std::vector<int64_t> indices;
-  std::vector<int64_t> kv_len;  // per request
-};
+}  // namespace
+
+namespace detail {
 
 PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   // Device first: validate() reads the index arrays, which must be host memory.
@@ -47,8 +44,6 @@ PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   return table;
 }
 
-// Request i's K/V rows. Offsets use each tensor's own strides (page, token, head), so k and v
-// may be separate views with different memory layouts, or the two halves of an interleaved one.
 KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   const bool nhd = kv.layout == KVLayout::NHD;
   const int token_dim = nhd ? 1 : 2;
@@ -75,7 +70,11 @@ KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   return src;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::check_paged;
+using detail::paged_source;
+using detail::PageTable;
 
 void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                   const TensorView& lse, const AttentionOptions& opts) {
