@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 
 #include "flashkv/error.h"
+#include "flashkv/rope.h"
 
 namespace flashkv {
 
@@ -22,26 +22,21 @@ const char* rope_mode_name(RopeMode m) {
 }
 
 std::vector<double> rope_frequencies(const RopeParams& p, int dim) {
-  check(dim > 0 && dim % 2 == 0, "rope: head_dim must be even and positive, got ", dim);
-  check(p.rope_theta > 0, "rope.rope_theta must be positive, got ", p.rope_theta);
-  check(p.rope_scale > 0, "rope.rope_scale must be positive, got ", p.rope_scale);
-  const double scale = p.rope_scale;
-  std::vector<double> freq(dim / 2);
-  for (int d = 0; d < dim / 2; ++d) {
-    const double f = std::pow(static_cast<double>(p.rope_theta), -2.0 * d / dim);
-    if (p.mode != RopeMode::llama31) {
-      freq[d] = f / scale;
-      continue;
-    }
-    // Llama 3.1: wavelengths above old_context_len / low_freq_factor are interpolated (f / scale),
-    // those below old_context_len / high_freq_factor kept, a linear blend in between.
-    const double lo = p.low_freq_factor, hi = p.high_freq_factor;
-    check(hi > lo, "rope.high_freq_factor (", hi, ") must exceed rope.low_freq_factor (", lo, ")");
-    const double smooth = std::clamp(
-        f * p.old_context_len / (2 * std::numbers::pi * (hi - lo)) - lo / (hi - lo), 0.0, 1.0);
-    freq[d] = (1 - smooth) * f / scale + smooth * f;
+  // One formula for RoPE frequencies in the library (rope.h); a variant's RoPE rotates the whole
+  // head (rotary_dim = head_dim).
+  if (p.mode != RopeMode::llama31) {
+    RopeOptions o;
+    o.rope_scale = p.rope_scale;
+    o.rope_theta = p.rope_theta;
+    return rope_frequencies(dim, o);
   }
-  return freq;
+  Llama31RopeOptions o;
+  o.rope_scale = p.rope_scale;
+  o.rope_theta = p.rope_theta;
+  o.low_freq_factor = p.low_freq_factor;
+  o.high_freq_factor = p.high_freq_factor;
+  o.old_context_len = p.old_context_len;
+  return rope_frequencies(dim, o);
 }
 
 std::vector<uint8_t> pack_custom_mask(const std::vector<bool>& mask,
