@@ -14,6 +14,6 @@
 #include "flashkv/reference.h"
 #include "flashkv/reference_kv_ops.h"
 #include "flashkv/rope.h"
-#include "flashkv/variants.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
+#include "flashkv/variants.h"
