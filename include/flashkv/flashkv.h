@@ -12,6 +12,7 @@
 #include "flashkv/paged_kv.h"
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
+#include "flashkv/reference_cascade.h"
 #include "flashkv/reference_kv_ops.h"
 #include "flashkv/rope.h"
 #include "flashkv/runtime.h"
