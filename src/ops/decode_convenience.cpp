@@ -11,47 +11,33 @@
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/reference.h"
+#include "ops/cached_op.h"
 #include "runtime/driver.h"
 
 namespace flashkv {
 namespace {
 
-// One device's cached decoder: grows (re-created) when a call needs more batch, heads or head_dim.
-struct CachedDecoder {
-  BatchDecodeConfig cfg{};
-  DeviceBuffer workspace;
-  std::unique_ptr<BatchDecode> decode;
+// One device's cached decoder (ops/cached_op.h), plus the page ids of contiguous KV.
+struct CachedDecoder : ops::CachedOp<BatchDecode, BatchDecodeConfig> {
   DeviceBuffer arange;  // i32 0, 1, 2, ...: page ids of contiguous KV viewed as pages of one token
   int64_t arange_len = 0;
 };
 
 std::mutex g_mu;
-// Never destroyed: at process exit the driver may already be unloading, and freeing device memory
-// from a static destructor would race it. The process exit releases the memory.
 std::vector<std::unique_ptr<CachedDecoder>>& g_decoders =
     *new std::vector<std::unique_ptr<CachedDecoder>>;
 
 CachedDecoder& decoder_for(int device, int batch, int num_qo_heads, int head_dim) {
-  check(device >= 0, "device: expected a CUDA device index >= 0, got ", device);
   check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);
-  if (static_cast<int>(g_decoders.size()) <= device) g_decoders.resize(device + 1);
-  auto& slot = g_decoders[device];
-  if (!slot) slot = std::make_unique<CachedDecoder>();
-  CachedDecoder& c = *slot;
-  if (!c.decode || batch > c.cfg.max_batch || num_qo_heads > c.cfg.num_qo_heads ||
+  CachedDecoder& c = ops::device_entry(g_decoders, device);
+  if (!c.op || batch > c.cfg.max_batch || num_qo_heads > c.cfg.num_qo_heads ||
       head_dim > c.cfg.head_dim) {
-    // Build the grown configuration aside and commit it only once it exists, so a failed call
-    // (out of memory, say) leaves the cached decoder as it was.
     BatchDecodeConfig cfg = c.cfg;
     cfg.device = device;
-    cfg.max_batch = std::max({batch, c.decode ? c.cfg.max_batch : 1, 1});
-    cfg.num_qo_heads = std::max(num_qo_heads, c.decode ? c.cfg.num_qo_heads : 1);
-    cfg.head_dim = std::max(head_dim, c.decode ? c.cfg.head_dim : 64);
-    DeviceBuffer ws(BatchDecode::workspace_bytes(cfg), device);
-    auto dec = std::make_unique<BatchDecode>(cfg, ws.data(), ws.size());
-    c.decode = std::move(dec);
-    c.workspace = std::move(ws);
-    c.cfg = cfg;
+    cfg.max_batch = std::max({batch, c.op ? c.cfg.max_batch : 1, 1});
+    cfg.num_qo_heads = std::max(num_qo_heads, c.op ? c.cfg.num_qo_heads : 1);
+    cfg.head_dim = std::max(head_dim, c.op ? c.cfg.head_dim : 64);
+    c.rebuild(cfg);
   }
   return c;
 }
@@ -115,7 +101,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   // indptr / last_page_len are read on the host by plan(); their views only carry the batch size.
   kv.indptr = TensorView(c.arange.data(), DType::i32, {2}, Device::cuda(device));
   kv.last_page_len = TensorView(c.arange.data(), DType::i32, {1}, Device::cuda(device));
-  c.decode->plan(indptr, last, 1, static_cast<int>(q.size(0)), static_cast<int>(num_kv_heads),
+  c.op->plan(indptr, last, 1, static_cast<int>(q.size(0)), static_cast<int>(num_kv_heads),
                  static_cast<int>(head_dim), 1, q.dtype(), k.dtype(), out.dtype(),
                  plan_options(opts), stream);
   const int64_t q_shape[3] = {1, q.size(0), q.size(1)},
@@ -127,7 +113,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
     const int64_t l_shape[2] = {1, lse.size(0)}, l_strides[2] = {lse.size(0), lse.stride(0)};
     lse3 = TensorView(lse.data(), lse.dtype(), 2, l_shape, l_strides, lse.device());
   }
-  c.decode->run(TensorView(q.data(), q.dtype(), 3, q_shape, q_strides, q.device()), kv,
+  c.op->run(TensorView(q.data(), q.dtype(), 3, q_shape, q_strides, q.device()), kv,
                 TensorView(out.data(), out.dtype(), 3, o_shape, o_strides, out.device()), lse3,
                 stream);
 }
@@ -150,10 +136,10 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   std::lock_guard<std::mutex> lock(g_mu);
   CachedDecoder& c =
       decoder_for(q.device().index, batch, static_cast<int>(q.size(1)), kv.head_dim());
-  c.decode->plan(kv.indptr.data_as<const int32_t>(), kv.last_page_len.data_as<const int32_t>(),
+  c.op->plan(kv.indptr.data_as<const int32_t>(), kv.last_page_len.data_as<const int32_t>(),
                  batch, static_cast<int>(q.size(1)), kv.num_kv_heads(), kv.head_dim(),
                  kv.page_size(), q.dtype(), kv.k.dtype(), out.dtype(), plan_options(opts), stream);
-  c.decode->run(q, kv, out, lse, stream);
+  c.op->run(q, kv, out, lse, stream);
 }
 
 }  // namespace flashkv

@@ -10,41 +10,28 @@
 #include "flashkv/error.h"
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
+#include "ops/cached_op.h"
 
 namespace flashkv {
 namespace {
 
-struct CachedPrefill {
-  BatchPrefillConfig cfg{};
-  DeviceBuffer workspace;
-  std::unique_ptr<BatchPrefillRagged> prefill;
-};
+using CachedPrefill = ops::CachedOp<BatchPrefillRagged, BatchPrefillConfig>;
 
 std::mutex g_mu;
-// Never destroyed: freeing device memory from a static destructor would race the driver's unload.
 std::vector<std::unique_ptr<CachedPrefill>>& g_cache = *new std::vector<std::unique_ptr<CachedPrefill>>;
 
 CachedPrefill& prefill_for(int device, int64_t qo_len, int num_qo_heads, int head_dim) {
-  check(device >= 0, "device: expected a CUDA device index >= 0, got ", device);
   check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);
-  if (static_cast<int>(g_cache.size()) <= device) g_cache.resize(device + 1);
-  auto& slot = g_cache[device];
-  if (!slot) slot = std::make_unique<CachedPrefill>();
-  CachedPrefill& c = *slot;
-  if (!c.prefill || qo_len > c.cfg.max_qo_tokens || num_qo_heads > c.cfg.num_qo_heads ||
+  CachedPrefill& c = ops::device_entry(g_cache, device);
+  if (!c.op || qo_len > c.cfg.max_qo_tokens || num_qo_heads > c.cfg.num_qo_heads ||
       head_dim > c.cfg.head_dim) {
-    // Build the grown configuration aside; commit only once it exists.
     BatchPrefillConfig cfg;
     cfg.device = device;
     cfg.max_batch = 1;
-    cfg.max_qo_tokens = std::max<int64_t>({qo_len, c.prefill ? c.cfg.max_qo_tokens : 1, 1});
-    cfg.num_qo_heads = std::max(num_qo_heads, c.prefill ? c.cfg.num_qo_heads : 1);
-    cfg.head_dim = std::max(head_dim, c.prefill ? c.cfg.head_dim : 64);
-    DeviceBuffer ws(BatchPrefillRagged::workspace_bytes(cfg), device);
-    auto pf = std::make_unique<BatchPrefillRagged>(cfg, ws.data(), ws.size());
-    c.prefill = std::move(pf);
-    c.workspace = std::move(ws);
-    c.cfg = cfg;
+    cfg.max_qo_tokens = std::max<int64_t>({qo_len, c.op ? c.cfg.max_qo_tokens : 1, 1});
+    cfg.num_qo_heads = std::max(num_qo_heads, c.op ? c.cfg.num_qo_heads : 1);
+    cfg.head_dim = std::max(head_dim, c.op ? c.cfg.head_dim : 64);
+    c.rebuild(cfg);
   }
   return c;
 }
@@ -83,10 +70,10 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   PrefillPlanOptions po;
   po.causal = opts.causal;
   po.sm_scale = opts.sm_scale;
-  c.prefill->plan(qo_indptr, kv_indptr, 1, static_cast<int>(q.size(1)),
+  c.op->plan(qo_indptr, kv_indptr, 1, static_cast<int>(q.size(1)),
                   static_cast<int>(num_kv_heads), static_cast<int>(k.size(2)), q.dtype(),
                   k.dtype(), out.dtype(), po, stream);
-  c.prefill->run(q, as_nhd(k), as_nhd(v), out, lse, stream);
+  c.op->run(q, as_nhd(k), as_nhd(v), out, lse, stream);
 }
 
 }  // namespace flashkv

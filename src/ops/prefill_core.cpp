@@ -199,19 +199,13 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   so.max_work_items = ws.max_work_items();
   scheduler::PrefillSchedule& s = schedule;
   scheduler::plan_prefill(qo_lens, kv_lens, so, &s);
-  // The op's part of each item: where its queries and pages start, its causal diagonal, and
-  // which merge item its partial state belongs to.
-  slot_merge.assign(s.num_slots, -1);
-  for (size_t mi = 0; mi < s.merge.size(); ++mi) {
-    PrefillMergeItem& m = s.merge[mi];
-    m.q_base = qo_indptr[m.request];
-    for (int slot = m.slot_begin; slot < m.slot_end; ++slot) slot_merge[slot] = static_cast<int>(mi);
-  }
+  // The op's part of each item: where its queries and pages start and its causal diagonal (the
+  // scheduler already set which merge item a split item's partial state belongs to).
+  for (PrefillMergeItem& m : s.merge) m.q_base = qo_indptr[m.request];
   for (PrefillWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
     w.q_base = qo_indptr[w.request];
     w.diag = static_cast<int>(kv_lens[w.request] - qo_lens[w.request]);
-    w.merge = w.slot >= 0 ? slot_merge[w.slot] : -1;
   }
   int used_ctas = 0;
   for (int c = 0; c < s.num_ctas; ++c)

@@ -74,7 +74,6 @@ struct PrefillCore {
   } captured;
 
   std::vector<int64_t> qo_lens, kv_lens;
-  std::vector<int> slot_merge;
   scheduler::PrefillSchedule schedule;  // reused across plans
 
  private:

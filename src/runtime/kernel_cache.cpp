@@ -168,8 +168,11 @@ uint64_t included_sources_hash(const std::string& source) {
   // Only the embedded headers `source` reaches (transitively) enter the key, so editing the
   // prefill kernel does not invalidate cached decode cubins. A header not found is skipped here
   // (NVRTC reports it); a preprocessor-conditional include is hashed either way (conservative).
-  std::map<std::string_view, std::string_view> files;
-  for (const auto& f : embedded_kernel_files()) files.emplace(f.path, f.source);
+  static const std::map<std::string_view, std::string_view> files = [] {
+    std::map<std::string_view, std::string_view> m;
+    for (const auto& f : embedded_kernel_files()) m.emplace(f.path, f.source);
+    return m;
+  }();
   std::set<std::string> seen;
   std::vector<std::string> todo = quoted_includes(source);
   while (!todo.empty()) {
@@ -191,21 +194,6 @@ uint64_t included_sources_hash(const std::string& source) {
   const uint64_t v = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return v;
-}
-
-uint64_t embedded_sources_hash() {
-  static const uint64_t h = [] {
-    XXH3_state_t* st = XXH3_createState();
-    XXH3_64bits_reset(st);
-    for (const auto& f : embedded_kernel_files()) {
-      XXH3_64bits_update(st, f.path, std::strlen(f.path) + 1);
-      XXH3_64bits_update(st, f.source.data(), f.source.size());
-    }
-    const uint64_t v = XXH3_64bits_digest(st);
-    XXH3_freeState(st);
-    return v;
-  }();
-  return h;
 }
 
 std::string device_arch(int device) {

@@ -75,8 +75,6 @@ class KernelCache {
 std::string device_arch(int device);
 // $FLASHKV_CACHE_DIR, else $HOME/.cache/flashkv.
 std::string default_cache_dir();
-// 64-bit hash of the embedded kernel sources (part of every cache key).
-uint64_t embedded_sources_hash();
 // Hash of the embedded kernel headers `source` includes, directly or transitively (part of every
 // cache key: a kernel's entry is invalidated exactly when a header it reads changes).
 uint64_t included_sources_hash(const std::string& source);
