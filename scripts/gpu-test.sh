@@ -19,10 +19,12 @@ if command -v compute-sanitizer >/dev/null; then
   # Memory and race checks on a representative subset (the full suite under the sanitizer is slow).
   filter='DecodeGpu.BothLayoutsAndInterleavingAgree:DecodeGpu.AllEmptyAndSingleTokenBatches:MergeGpu.*:DecodeGraphGpu.BadInputsRaiseNamedErrors'
   filter+=':PrefillGpu.AllEmptyAndTinyBatches:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.QueryLongerThanKvFirstRowsSeeNothing'
+  filter+=':DeviceErrorsGpu.AppendBadInputWritesNothingForThatTokenAndRaises:KvAppendGpu.EveryLayoutMatchesReferenceBitwise'
+  filter+=':RopeGpu.StridedRowsVectorAndScalarPaths'
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/flashkv_gpu_tests" --gtest_filter="$filter" \
     > "$LOGS/memcheck.log" 2>&1 || { status=1; echo "memcheck FAILED"; }
   compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/flashkv_gpu_tests" \
-    --gtest_filter='DecodeGpu.BothLayoutsAndInterleavingAgree:MergeGpu.MergeStatesMatchesReference:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.AllEmptyAndTinyBatches' \
+    --gtest_filter='DecodeGpu.BothLayoutsAndInterleavingAgree:MergeGpu.MergeStatesMatchesReference:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.AllEmptyAndTinyBatches:RopeGpu.EmptyAndSingleTokenBatches' \
     > "$LOGS/racecheck.log" 2>&1 || { status=1; echo "racecheck FAILED"; }
   tail -n 3 "$LOGS/memcheck.log" "$LOGS/racecheck.log"
 fi

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench_cascade.h"
 #include "bench_decode.h"
 #include "bench_prefill.h"
+#include "bench_step.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "flashkv/error.h"
@@ -28,6 +30,8 @@ struct BenchArgs {
   int reps = 30, page_size = 16, ctas_per_sm = 2;
   DecodeBenchOptions decode;
   PrefillBenchOptions prefill;
+  StepBenchOptions step;
+  CascadeBenchOptions cascade;
   bool plan_time = true;
   bool has(const char* kind) const {
     return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
@@ -43,6 +47,12 @@ struct BenchArgs {
     decode.reps = prefill.reps = reps;
     decode.page_size = prefill.page_size = page_size;
     decode.ctas_per_sm = prefill.ctas_per_sm = ctas_per_sm;
+    step.dtype = dts.empty() ? DType::f16 : dts.front();
+    step.reps = reps;
+    step.page_size = page_size;
+    cascade.dtype = step.dtype;
+    cascade.reps = reps;
+    cascade.page_size = page_size;
   }
 };
 
@@ -133,8 +143,10 @@ void add_bench_command(CLI::App& app) {
       app.add_subcommand("bench", "ceilings and the standard workloads (../shared/BENCHMARKS.md)");
   auto* a = new BenchArgs;
   cmd->add_option("kinds", a->kinds,
-                  "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal)")
-      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill"}))
+                  "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal), step "
+                  "(32-layer decode step, RoPE + append + attention, fused vs unfused), cascade (shared "
+                  "prompt: MultiLevelCascade vs plain decode)")
+      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill", "step", "cascade"}))
       ->capture_default_str();
   cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file");
   cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file");
@@ -155,6 +167,9 @@ void add_bench_command(CLI::App& app) {
                   "auto, cuda (CUDA cores) or tc (tensor cores)")
       ->check(CLI::IsMember({"auto", "cuda", "tc"}))
       ->capture_default_str();
+  cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
+      ->capture_default_str();
+  cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
   cmd->callback([a] {
     if (!cuda_available()) return bench_cpu_only(*a);
@@ -174,6 +189,8 @@ void add_bench_command(CLI::App& app) {
       j["results"] = bench_decode(a->decode, ceil, s);
       if (a->plan_time) j["plan_time"] = bench_plan_time(s);
     }
+    if (a->has("step")) j["step"] = bench_step(a->step, ceil, s);
+    if (a->has("cascade")) j["cascade"] = bench_cascade(a->cascade, ceil, s);
     int prefill_failed = 0;
     if (a->has("prefill")) {
       nlohmann::json failures = nlohmann::json::array();

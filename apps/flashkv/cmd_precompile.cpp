@@ -17,7 +17,7 @@ void add_precompile_command(CLI::App& app) {
   auto* json_path = new std::string;
   cmd->add_option("--json", *json_path, "also write the compiled kernels and times as JSON");
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
-  cmd->add_option("--ops", o->ops, "ops to compile: merge, decode, prefill")->capture_default_str();
+  cmd->add_option("--ops", o->ops, "ops to compile: merge, decode, prefill, kv (RoPE, append), cascade")->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")->capture_default_str();
   cmd->add_option("--head-dims", o->head_dims, "head dims")->capture_default_str();
   cmd->add_option("--group-sizes", o->group_sizes, "query heads per KV head")

@@ -18,6 +18,7 @@
 
 #include "flashkv/attention.h"
 #include "flashkv/paged_kv.h"
+#include "flashkv/rope.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
 
@@ -51,6 +52,24 @@ struct DecodePlanOptions {
   int64_t num_pages = 0;
 };
 
+struct DecodeStepParams;  // the kernel's step parameters (kernels/attention/decode_params.cuh)
+
+// The fused decode step (BatchDecode::run_step): how q and the new keys rotate, with rope.h's
+// conventions. Rope::kNone appends and attends without rotating (q and new_k already rotated).
+struct DecodeStepOptions {
+  enum class Rope : uint8_t { kNone, kLlama, kLlama31, kCosSinCache };
+  Rope rope = Rope::kNone;
+  RopeOptions llama;           // Rope::kLlama
+  Llama31RopeOptions llama31;  // Rope::kLlama31
+  TensorView cos_sin_cache;    // Rope::kCosSinCache: f32 [max_position, rotary_dim] on the device
+  bool is_neox = true;         // Rope::kCosSinCache: half-split pairs (false: interleaved)
+  // Optional i32 [batch] on the device: the RoPE position of each request's new token. Default:
+  // kv_len - 1, the position the token is appended at. A position < 0 (or >= max_position with a
+  // cos_sin_cache) leaves that request's q and key unrotated and is reported through
+  // check_device_errors() (device_errors.h).
+  TensorView pos_ids;
+};
+
 class BatchDecode {
  public:
   static size_t workspace_bytes(const BatchDecodeConfig& cfg);
@@ -75,6 +94,21 @@ class BatchDecode {
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
 
+  // The fused decode step, one launch per layer where an engine otherwise runs three (RoPE,
+  // append_paged_kv_cache, decode): every request brings one new token; its q [batch, H_qo, D]
+  // and key are rotated (DecodeStepOptions), its key and value new_k / new_v [batch, H_kv, D]
+  // (kv dtype, last dimension contiguous, 16-byte aligned rows) are written into the cache at
+  // position kv_len - 1, and out / lse are decode attention over the updated cache. The plan
+  // counts the new token: it was made with the page table after the append (every request has
+  // kv_len >= 1, its last page allocated). q is read, not modified. Equal to
+  // apply_rope_pos_ids -> append_paged_kv_cache -> run bitwise (cache and outputs). Split-KV and
+  // CUDA graphs work as with run() (the positions come from the plan, so a replay after a new
+  // plan() appends where the new plan says). See kernels/attention/decode_step.cuh for why the
+  // append is visible to every CTA that reads the new token.
+  void run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
+                const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
+                const DecodeStepOptions& step, Stream stream = nullptr);
+
   // A CUDA graph that captured run() keeps its q/out/lse/indices pointers, kernel and sm_scale, so
   // plan() refuses a batch or configuration the captured graph cannot run. Call this after
   // destroying every graph that captured this object's run() to lift those limits.
@@ -94,6 +128,8 @@ class BatchDecode {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  void run_impl(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                const TensorView& lse, const DecodeStepParams& step, Stream stream);
 };
 
 // One request over contiguous KV: q[H_qo, D], k/v [kv_len, H_kv, D] (NHD) or [H_kv, kv_len, D]

@@ -2,7 +2,9 @@
 #pragma once
 
 #include "flashkv/attention.h"
+#include "flashkv/cascade.h"
 #include "flashkv/decode.h"
+#include "flashkv/device_errors.h"
 #include "flashkv/dtype.h"
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"

@@ -9,8 +9,9 @@
 // `paged_kv` describes the cache AFTER the append, as in FlashInfer: the caller has already
 // allocated the pages and set last_page_len so that kv_len(b) counts the new tokens. A token with
 // p >= kv_len(b) (it would write past the request's pages, or past its counted tokens) is an error
-// and nothing is written; so are b outside [0, batch), p < 0, and two tokens that would write the
-// same slot. Slots no token names are left as they were. NHD/HND, separate or interleaved k/v
+// and is not written (host: nothing at all is; GPU: that token is skipped, see Devices); so are b
+// outside [0, batch), p < 0, and (host only) two tokens that would write the same slot. Slots no
+// token names are left as they were. NHD/HND, separate or interleaved k/v
 // (PagedKVCache::interleaved), as paged_kv.h describes.
 //
 // Batch indices and positions (FlashInfer semantics). append_indptr i32 [batch + 1] splits the
@@ -19,9 +20,21 @@
 // Token j of request i (row append_indptr[i] + j) gets
 //   batch_indices = i,   positions = seq_lens[i] - append_len(i) + j.
 //
-// Devices: host tensors (page table included) run on the CPU reference (reference_kv_ops.h).
-// CUDA tensors raise flashkv::Error: the GPU kernels are not available yet. Bad input raises
-// flashkv::Error naming the argument.
+// Devices: host tensors (page table included) run on the CPU reference (reference_kv_ops.h),
+// which checks everything before writing anything. CUDA tensors (all on one device, page table
+// included; index arrays contiguous) run JIT kernels (kernels/kv/append.cuh) on `stream`: no
+// copy, no synchronization, safe to capture in a CUDA graph (after the first GPU call on the
+// device, which allocates the error record: device_errors.h); elements are copied bit for bit
+// with 16-byte vector accesses when pointers and strides allow. Shapes and dtypes are checked on
+// the host (flashkv::Error naming the argument); the values of the device-resident arrays are
+// checked by the kernel, per token (device_errors.h): a token with a batch index outside
+// [0, batch), a position outside [0, kv_len(b)), a page-table entry out of range (indptr range,
+// last_page_len, page id) is not written at all, and the first such error is raised by the next
+// check_device_errors() (at once with FLASHKV_CHECK_DEVICE_ERRORS=1). The GPU path does NOT
+// detect two tokens that write the same slot (which one wins is unspecified); the CPU reference
+// does. get_batch_indices_positions on the GPU likewise reports an append_indptr that is not
+// non-decreasing from 0 to nnz, or a seq_len shorter than its append, and leaves those rows
+// unwritten.
 #pragma once
 
 #include "flashkv/host_tensor.h"

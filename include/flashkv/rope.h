@@ -39,12 +39,23 @@
 // must be < max_position.
 //
 // Devices: host tensors run on the CPU reference (reference_kv_ops.h; double math, rounded once
-// to the output dtype). CUDA tensors raise flashkv::Error: the GPU kernels are not available yet.
-// Bad input raises flashkv::Error naming the argument.
+// to the output dtype). CUDA tensors (all on one device, positions/indptr/offsets/cache
+// included; index arrays contiguous) run one JIT kernel (kernels/kv/rope.cuh) on `stream`: it
+// never synchronizes and is safe to capture in a CUDA graph (after the first GPU call on the
+// device, which allocates the error record: device_errors.h). It rotates in f32 (the angle
+// p * freq[i] reduced mod 2π in double, then sincosf; kv/rope_math.cuh) and rounds once to the
+// dtype; 16-byte vector accesses when pointers, strides, head_dim and rotary_dim / 2 allow
+// (else element by element); rotary_dim <= 256; a cos/sin cache must have contiguous rows.
+// Bad input raises flashkv::Error naming the argument. Positions (and indptr, offsets) are on
+// the device and are checked there, per token (device_errors.h): a token whose position is
+// negative, >= max_position with a cos/sin cache, or that indptr places in no request is not
+// written at all (in place: left as it was) and the first such error is raised by the next
+// check_device_errors() (at once with FLASHKV_CHECK_DEVICE_ERRORS=1).
 #pragma once
 
 #include <vector>
 
+#include "flashkv/device_errors.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
 

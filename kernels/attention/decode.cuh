@@ -14,6 +14,7 @@
 #pragma once
 
 #include "attention/decode_common.cuh"
+#include "attention/decode_step.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
@@ -84,6 +85,10 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   const int ty = row % C::kBdy;
   const int tz = row / C::kBdy;
 
+  // Fused step: the new token's k/v go into the cache before any load of this chunk is issued.
+  const long long step_pos = decode_step_position(p, w);
+  decode_step_append<C>(p, w, step_pos);
+
   // Query heads of this thread, pre-scaled so logits come out in base 2.
   float q[H][V];
   bool head_ok[H];
@@ -92,9 +97,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     const int g = ty + h * C::kBdy;
     head_ok[h] = g < C::kGroup;
     const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
-    const typename C::q_t* qp = static_cast<const typename C::q_t*>(p.q) +
-                                (long long)w.request * p.q_stride_n + (long long)qo_head * p.q_stride_h + tx * V;
-    Vec16<typename C::q_t>::to_floats(*reinterpret_cast<const uint4*>(qp), q[h]);
+    Vec16<typename C::q_t>::to_floats(decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos), q[h]);
 #pragma unroll
     for (int i = 0; i < V; ++i) q[h][i] *= p.sm_scale_log2;
   }

@@ -3,8 +3,22 @@
 #pragma once
 
 #include "attention/decode_plan.cuh"
+#include "common/device_error.cuh"
+#include "kv/rope_math.cuh"
 
 namespace flashkv {
+
+// The fused decode step (BatchDecode::run_step): each request's one new token is appended to the
+// cache (k rotated) and q is rotated, inside the decode launch. new_k == nullptr: plain decode.
+struct DecodeStepParams {
+  const void* new_k;          // [batch, H_kv, D] un-rotated keys of the new tokens
+  const void* new_v;          // [batch, H_kv, D]
+  long long k_stride_n, k_stride_h, v_stride_n, v_stride_h;  // elements
+  const int* pos_ids;         // [batch] RoPE positions, or nullptr: kv_len - 1
+  DeviceErrorRecord* error;   // where a bad position / page id is reported (device_errors.h)
+  int rope;                   // 0: no rotation (q and k are already rotated)
+  RopeSpec spec;
+};
 
 struct DecodeParams {
   const void* q;            // [batch, H_qo, D]
@@ -20,6 +34,7 @@ struct DecodeParams {
   long long num_pages;      // pages in k / v: ids outside [0, num_pages) are read as zeros
   float sm_scale_log2;      // sm_scale * log2(e): logits are kept in base 2
   DecodePlanPtrs plan;
+  DecodeStepParams step;
 };
 
 }  // namespace flashkv

@@ -16,6 +16,7 @@ struct DecodeWorkItem {
   int slot;      // -1: write the final output directly; else the partial-state slot to write
   int page_base; // kv_indptr[request]: the request's first entry in kv_indices (filled by the op)
   int merge;     // slot >= 0: index of the tile's DecodeMergeItem (filled by the op); else -1
+  int kv_len;    // the request's KV length (filled by the op): the fused step appends at kv_len - 1
 };
 
 // One split (request, kv_head) tile: its partial states live in slots [slot_begin, slot_end),

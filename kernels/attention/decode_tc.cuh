@@ -12,6 +12,7 @@
 #pragma once
 
 #include "attention/decode_common.cuh"
+#include "attention/decode_step.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
@@ -80,6 +81,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       for (int e = 0; e < 4; ++e) o[r][n][e] = 0.f;
   }
 
+  // Fused step: the new token's k/v go into the cache before any load of this chunk is issued.
+  const long long step_pos = decode_step_position(p, w);
+  decode_step_append<C>(p, w, step_pos);
+
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
   DecodeTilePages<C> pages;
@@ -97,10 +102,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     const int row = ci / C::kChunks, chunk = ci % C::kChunks;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < C::kGroup) {
-      const int qo_head = w.kv_head * C::kGroup + row;
-      val = *reinterpret_cast<const uint4*>(static_cast<const typename C::q_t*>(p.q) +
-                                            (long long)w.request * p.q_stride_n +
-                                            (long long)qo_head * p.q_stride_h + chunk * 8);
+      val = decode_step_load_q8<typename C::q_t>(p, w, w.kv_head * C::kGroup + row, chunk * 8, step_pos);
     }
     *reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, chunk)) = val;
   }

@@ -21,11 +21,6 @@ void check_in_place_or_separate(const TensorView& in, const char* in_name, const
 
 }  // namespace
 
-void fail_no_gpu_kernel(const char* op, Device dev) {
-  fail(op, ": the GPU kernel is not available yet (tensors on ", dev.str(),
-       "); pass host tensors to run the CPU reference");
-}
-
 void check_i32_vector(const TensorView& t, const char* name, int64_t len) {
   check_defined(t, name);
   check_dtype(t, name, DType::i32);

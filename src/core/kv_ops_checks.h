@@ -11,9 +11,6 @@
 
 namespace flashkv::detail {
 
-// Throws flashkv::Error saying that `op` has no GPU kernel yet (CUDA tensors on `dev`).
-[[noreturn]] void fail_no_gpu_kernel(const char* op, Device dev);
-
 // A 1-d i32 tensor named `name` with `len` entries (len < 0: any length).
 void check_i32_vector(const TensorView& t, const char* name, int64_t len);
 

@@ -1,4 +1,5 @@
 // Host side of batch decode: validation, plan (scheduler -> pinned buffer -> workspace), run.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -7,9 +8,11 @@
 #include "attention/decode_params.cuh"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
+#include "ops/decode_step.h"
 #include "ops/decode_workspace.h"
 #include "ops/jit_util.h"
 #include "ops/kernel_specs.h"
+#include "runtime/device_errors.h"
 #include "runtime/driver.h"
 #include "runtime/launch.h"
 #include "scheduler/decode_scheduler.h"
@@ -102,6 +105,8 @@ struct BatchDecode::Impl {
   KernelKey kernel_key;
   PlanInfo info;
   std::vector<int64_t> kv_lens;
+  int64_t min_kv_len = 0, max_kv_len = 0;
+  ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
   std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 };
@@ -121,6 +126,9 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
   impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
   impl_->pinned = PinnedBuffer(impl_->ws.plan_layout().bytes, cfg.device);
   impl_->max_smem = device_info(cfg.device).max_smem_per_block;
+  // The error record run_step reports into: allocated now, so a first run_step inside a CUDA
+  // graph capture does not have to allocate.
+  runtime::device_error_record(cfg.device);
   runtime::check_cu(runtime::driver().cuEventCreate(&impl_->copy_done, CU_EVENT_DISABLE_TIMING),
                     "cuEventCreate");
   runtime::check_cu(runtime::driver().cuEventCreate(&impl_->run_done, CU_EVENT_DISABLE_TIMING),
@@ -224,7 +232,10 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   for (DecodeWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
     w.merge = w.slot >= 0 ? m.slot_merge[w.slot] : -1;
+    w.kv_len = static_cast<int>(m.kv_lens[w.request]);
   }
+  m.min_kv_len = batch_size > 0 ? *std::min_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;
+  m.max_kv_len = batch_size > 0 ? *std::max_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;
 
   // JIT: compile (first use only) at plan time so run() never compiles.
   const bool tc_ok = ops::decode_tc_supported(head_dim, group);
@@ -314,8 +325,34 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, Stream stream) {
+  check(impl_->planned, "BatchDecode::run: called before a successful plan()");
+  run_impl(q, kv, out, lse, DecodeStepParams{}, stream);
+}
+
+void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
+                           const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
+                           const DecodeStepOptions& step, Stream stream) {
   Impl& m = *impl_;
-  check(m.planned, "BatchDecode::run: called before a successful plan()");
+  check(m.planned, "BatchDecode::run_step: called before a successful plan()");
+  ops::DecodeStepShape shape;
+  shape.batch = m.batch;
+  shape.num_qo_heads = m.num_qo_heads;
+  shape.num_kv_heads = m.num_kv_heads;
+  shape.head_dim = m.head_dim;
+  shape.device = m.cfg.device;
+  shape.kv_dtype = m.kv_dtype;
+  shape.min_kv_len = m.min_kv_len;
+  shape.max_kv_len = m.max_kv_len;
+  shape.graph = m.opts.enable_cuda_graph;
+  runtime::ensure_context(m.cfg.device);
+  const DecodeStepParams sp = ops::make_decode_step_params(new_k, new_v, step, shape, m.rope_memo);
+  run_impl(q, kv, out, lse, sp, stream);
+  runtime::check_device_errors_if_debug(m.cfg.device, stream);
+}
+
+void BatchDecode::run_impl(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                           const TensorView& lse, const DecodeStepParams& step, Stream stream) {
+  Impl& m = *impl_;
   const Device dev = Device::cuda(m.cfg.device);
   // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
   // max_batch so later, larger plans still fit); eagerly they must match the plan exactly.
@@ -409,6 +446,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   p.num_pages = kv.num_pages();
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
+  p.step = step;
   void* args[] = {&p};
   if (m.grid > 0) {
     runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream,

@@ -31,3 +31,17 @@ namespace flashkv::ops {
 // 1 paged with a power-of-two page size, 2 any page size); see ops/prefill_kernel.h.
 KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source);
 }  // namespace flashkv::ops
+
+namespace flashkv::ops {
+// The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
+KernelSpec rope_kernel_spec(DType t);
+// The append kernel (kv/append.cuh) for element type `t`: both vector widths.
+KernelSpec kv_append_kernel_spec(DType t);
+// get_batch_indices_positions' kernel (kv/append.cuh; no element type).
+KernelSpec batch_indices_positions_kernel_spec();
+}  // namespace flashkv::ops
+
+namespace flashkv::ops {
+// The multi-level cascade's gather and merge kernels (attention/cascade_merge.cuh).
+KernelSpec cascade_kernel_spec(DType dtype);
+}  // namespace flashkv::ops

@@ -25,8 +25,16 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
         for (int d : opts.head_dims)
           for (int rows : {16, 32, 64, 128})
             for (int kv : {0, 1}) specs.push_back(ops::prefill_kernel_spec(t, d, rows, kv));
+    } else if (op == "cascade") {  // the gather / merge kernels around the levels' passes
+      for (DType t : opts.dtypes) specs.push_back(ops::cascade_kernel_spec(t));
+    } else if (op == "kv") {  // RoPE, KV append, get_batch_indices_positions
+      for (DType t : opts.dtypes) {
+        specs.push_back(ops::rope_kernel_spec(t));
+        specs.push_back(ops::kv_append_kernel_spec(t));
+      }
+      specs.push_back(ops::batch_indices_positions_kernel_spec());
     } else {
-      fail("precompile: unknown op '", op, "' (expected merge, decode or prefill)");
+      fail("precompile: unknown op '", op, "' (expected merge, decode, prefill, kv or cascade)");
     }
   }
   std::vector<PrecompiledKernel> out;

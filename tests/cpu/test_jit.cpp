@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
@@ -54,6 +55,20 @@ TEST(Jit, EveryDecodeShapeCompiles) {
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
       }
     }
+  }
+}
+
+TEST(Jit, KvKernelsCompileForHopperWithoutAGpu) {
+  // RoPE (both vector widths and pairings), append and get_batch_indices_positions, every dtype.
+  std::vector<ops::KernelSpec> specs = {ops::batch_indices_positions_kernel_spec()};
+  for (DType t : {DType::f16, DType::bf16, DType::f32}) {
+    specs.push_back(ops::rope_kernel_spec(t));
+    specs.push_back(ops::kv_append_kernel_spec(t));
+  }
+  for (const auto& spec : specs) {
+    runtime::CompileRequest req = spec.make();
+    req.arch = "sm_90a";
+    EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
   }
 }
 

@@ -1,0 +1,24 @@
+// flashkv bench step: the per-token attention work of a 32-layer Llama-3.1-8B decode step (RoPE,
+// KV append, decode per layer), unfused (3 launches per layer) vs the fused decode step (1), eager
+// and inside a CUDA graph; checked (fused == unfused bitwise, and against the CPU reference).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench_util.h"
+
+namespace flashkv::cli {
+
+struct StepBenchOptions {
+  std::vector<int> batches = {1, 16, 64};
+  std::vector<int64_t> kv_lens = {1024, 8192};
+  DType dtype = DType::f16;
+  int page_size = 16;
+  int reps = 30;
+};
+
+// Runs every (batch, kv_len); prints a line per mode; returns the result rows.
+nlohmann::json bench_step(const StepBenchOptions& opts, const Ceilings& ceil, Stream s);
+
+}  // namespace flashkv::cli
