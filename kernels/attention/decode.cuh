@@ -85,9 +85,9 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   const int ty = row % C::kBdy;
   const int tz = row / C::kBdy;
 
-  // Fused step: the new token's k/v go into the cache before any load of this chunk is issued.
+  // Fused step: the new token's k/v go into the cache before the load of its tile is issued.
   const long long step_pos = decode_step_position(p, w);
-  decode_step_append<C>(p, w, step_pos);
+  const int append_tile = decode_step_append_tile<C>(p, w);
 
   // Query heads of this thread, pre-scaled so logits come out in base 2.
   float q[H][V];
@@ -112,8 +112,20 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     return reinterpret_cast<unsigned char*>(base + stage * C::kStageElems);
   };
   DecodeTilePages<C> pages;
-#pragma unroll
+  // Prologue: tiles [0, kStages - 1). A fused step appends before issuing the tile that holds the
+  // new token (tiles before it are already in flight); for a later tile, before the main loop,
+  // whose first barrier then precedes that tile's issue.
+  const int append_at = append_tile < 0 ? C::kStages - 1 : min(append_tile, C::kStages - 1);
   for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s == append_at) break;
+    if (s < num_tiles) {
+      decode_tile_pages<C>(p, w, s, pages);
+      decode_issue_tile<C>(p, w, s, pages, stage_bytes(k_smem, s), stage_bytes(v_smem, s));
+    }
+    cp_async_commit();
+  }
+  if (append_tile >= 0) decode_step_append<C>(p, w, step_pos);
+  for (int s = append_at; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
       decode_tile_pages<C>(p, w, s, pages);
       decode_issue_tile<C>(p, w, s, pages, stage_bytes(k_smem, s), stage_bytes(v_smem, s));

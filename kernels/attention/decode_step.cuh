@@ -82,14 +82,22 @@ __device__ __forceinline__ uint4 decode_step_load_q8(const DecodeParams& p, cons
   return Vec16<T>::from_floats(x);
 }
 
+// The KV tile of work item w (tiles of C::kTile tokens from kv_start) that holds the new token,
+// when this item appends it (its chunk ends at kv_len); -1 otherwise. Uniform across the CTA.
+template <class C>
+__device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p, const DecodeWorkItem& w) {
+  if (!decode_step_active(p) || w.kv_end != w.kv_len || w.kv_end == w.kv_start) return -1;
+  return (w.kv_end - w.kv_start - 1) / C::kTile;
+}
+
 // The new token's key (rotated) and value of head w.kv_head written into its cache slot, by the
-// CTA of the work item whose chunk ends at kv_len. All threads call it; it ends with the barrier
-// that makes the writes visible to the CTA's loads of the chunk.
+// CTA of the work item whose chunk ends at kv_len (call it only when decode_step_append_tile >= 0,
+// before the load of that tile is issued). All threads call it; it ends with the barrier that
+// makes the writes visible to the CTA's later loads.
 template <class C>
 __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const DecodeWorkItem& w,
                                                    long long pos) {
   typedef typename C::kv_t kv_t;
-  if (!decode_step_active(p) || w.kv_end != w.kv_len || w.kv_end == w.kv_start) return;
   const int t = w.kv_len - 1;
   const int page = p.kv_indices[w.page_base + t / C::kPageSize];
   if ((unsigned long long)page < (unsigned long long)p.num_pages) {

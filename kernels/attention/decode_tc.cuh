@@ -81,15 +81,27 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       for (int e = 0; e < 4; ++e) o[r][n][e] = 0.f;
   }
 
-  // Fused step: the new token's k/v go into the cache before any load of this chunk is issued.
+  // Fused step: the new token's k/v go into the cache before the load of its tile is issued.
   const long long step_pos = decode_step_position(p, w);
-  decode_step_append<C>(p, w, step_pos);
+  const int append_tile = decode_step_append_tile<C>(p, w);
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
   DecodeTilePages<C> pages;
-#pragma unroll
+  // Prologue: tiles [0, kStages - 1). A fused step appends before issuing the tile that holds the
+  // new token (tiles before it are already in flight); for a later tile, before the main loop,
+  // whose first barrier then precedes that tile's issue.
+  const int append_at = append_tile < 0 ? C::kStages - 1 : min(append_tile, C::kStages - 1);
   for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s == append_at) break;
+    if (s < num_tiles) {
+      decode_tile_pages<C>(p, w, s, pages);
+      decode_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
+    }
+    cp_async_commit();
+  }
+  if (append_tile >= 0) decode_step_append<C>(p, w, step_pos);
+  for (int s = append_at; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
       decode_tile_pages<C>(p, w, s, pages);
       decode_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
@@ -253,7 +265,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) batch_decode_tc_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(C::kThreads, 2) batch_decode_tc_kernel(const DecodeParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];

@@ -89,6 +89,9 @@ TensorView view_of(const OutArray& a, const char* name) { return make_view(a, na
 TensorView view_of(const std::optional<OutArray>& a, const char* name) {
   return a ? make_view(*a, name) : TensorView();
 }
+TensorView view_of(const std::optional<InArray>& a, const char* name) {
+  return a ? make_view(*a, name) : TensorView();
+}
 
 const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len) {
   const TensorView v = make_view(a, name);

@@ -28,6 +28,7 @@ TensorView view_of(const InArray& a, const char* name);
 TensorView view_of(const OutArray& a, const char* name);
 // An undefined view for None.
 TensorView view_of(const std::optional<OutArray>& a, const char* name);
+TensorView view_of(const std::optional<InArray>& a, const char* name);
 
 // A host int32 index array of at least `min_len` entries, contiguous (the plan() arrays).
 const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len);

@@ -19,6 +19,7 @@ namespace {
 
 using nb::arg;
 using LseArg = std::optional<OutArray>;
+using OptionalIn = std::optional<InArray>;
 
 // Runs f with the GIL released (the views were built while it was held).
 template <class F>
@@ -34,9 +35,10 @@ AttentionOptions attention_options(float sm_scale, bool causal) {
   return o;
 }
 
-PagedKVCache paged_cache(const InArray& k, const InArray& v, const std::string& layout,
-                         const InArray& indptr, const InArray& indices,
-                         const InArray& last_page_len) {
+// KV: InArray for the attention ops (read), OutArray for the append (written).
+template <class KV>
+PagedKVCache paged_cache(const KV& k, const KV& v, const std::string& layout, const InArray& indptr,
+                         const InArray& indices, const InArray& last_page_len) {
   PagedKVCache kv;
   kv.k = view_of(k, "paged_kv.k");
   kv.v = view_of(v, "paged_kv.v");
@@ -45,6 +47,46 @@ PagedKVCache paged_cache(const InArray& k, const InArray& v, const std::string& 
   kv.indices = view_of(indices, "paged_kv.indices");
   kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
   return kv;
+}
+
+RopeOptions llama_rope(int rotary_dim, bool interleave, double rope_scale, double rope_theta) {
+  RopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  return o;
+}
+
+Llama31RopeOptions llama31_rope(int rotary_dim, bool interleave, double rope_scale,
+                                double rope_theta, double low_freq_factor, double high_freq_factor,
+                                double old_context_len) {
+  Llama31RopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  o.low_freq_factor = low_freq_factor;
+  o.high_freq_factor = high_freq_factor;
+  o.old_context_len = old_context_len;
+  return o;
+}
+
+DecodeStepOptions::Rope parse_step_rope(const std::string& rope) {
+  using Rope = DecodeStepOptions::Rope;
+  if (rope == "none") return Rope::kNone;
+  if (rope == "llama") return Rope::kLlama;
+  if (rope == "llama31") return Rope::kLlama31;
+  if (rope == "cos_sin_cache") return Rope::kCosSinCache;
+  fail("rope: expected 'none', 'llama', 'llama31' or 'cos_sin_cache', got '", rope, "'");
+}
+
+CascadePlanOptions::Use parse_cascade_use(const std::string& use) {
+  using Use = CascadePlanOptions::Use;
+  if (use == "auto") return Use::kAuto;
+  if (use == "always") return Use::kAlways;
+  if (use == "never") return Use::kNever;
+  fail("use_cascade: expected 'auto', 'always' or 'never', got '", use, "'");
 }
 
 // The caller's workspace: contiguous device memory of any dtype (FlashInfer's is uint8) on the
@@ -131,6 +173,33 @@ class PyBatchDecode {
     const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
     const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
     without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
+  }
+
+  // The fused step. rope: "none", "llama", "llama31" or "cos_sin_cache"; the Llama options are
+  // read for "llama", the Llama 3.1 ones for "llama31", cos_sin_cache / is_neox for
+  // "cos_sin_cache".
+  void run_step(const InArray& q, const InArray& k_new, const InArray& v_new, const OutArray& k,
+                const OutArray& v, const std::string& layout, const InArray& indptr,
+                const InArray& indices, const InArray& last_page_len, const OutArray& out,
+                const LseArg& lse, const std::string& rope, int rotary_dim, bool interleave,
+                double rope_scale, double rope_theta, double low_freq_factor,
+                double high_freq_factor, double old_context_len, const OptionalIn& cos_sin_cache,
+                bool is_neox, const OptionalIn& pos_ids, uintptr_t stream) {
+    const TensorView qv = view_of(q, "q"), kn = view_of(k_new, "k_new"),
+                     vn = view_of(v_new, "v_new"), ov = view_of(out, "out"),
+                     lv = view_of(lse, "lse");
+    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    DecodeStepOptions step;
+    step.rope = parse_step_rope(rope);
+    step.llama = llama_rope(rotary_dim, interleave, rope_scale, rope_theta);
+    step.llama31 = llama31_rope(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+                                high_freq_factor, old_context_len);
+    step.cos_sin_cache = view_of(cos_sin_cache, "cos_sin_cache");
+    step.is_neox = is_neox;
+    step.pos_ids = view_of(pos_ids, "pos_ids");
+    check(step.rope != DecodeStepOptions::Rope::kCosSinCache || step.cos_sin_cache.defined(),
+          "cos_sin_cache: required with rope='cos_sin_cache'");
+    without_gil([&] { op_->run_step(qv, kn, vn, kv, ov, lv, step, stream_of(stream)); });
   }
 
   void forget_captured_graphs() { op_->forget_captured_graphs(); }
@@ -258,6 +327,93 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
                      ov = view_of(out, "out"), lv = view_of(lse, "lse");
     without_gil([&] { op_->run(qv, kv, vv, ov, lv, stream_of(stream)); });
   }
+};
+
+MultiLevelCascadeConfig cascade_config(int max_batch, int64_t max_qo_tokens, int64_t max_pages,
+                                       int num_qo_heads, int head_dim, int max_levels, int device) {
+  MultiLevelCascadeConfig cfg;
+  cfg.max_batch = max_batch;
+  cfg.max_qo_tokens = max_qo_tokens;
+  cfg.max_pages = max_pages;
+  cfg.num_qo_heads = num_qo_heads;
+  cfg.head_dim = head_dim;
+  cfg.max_levels = max_levels;
+  cfg.device = device;
+  return cfg;
+}
+
+// MultiLevelCascade: max_qo_tokens 0 makes a decode cascade (one query row per request).
+class PyMultiLevelCascade {
+ public:
+  PyMultiLevelCascade(OutArray workspace, int max_batch, int64_t max_qo_tokens, int64_t max_pages,
+                      int num_qo_heads, int head_dim, int max_levels, int device)
+      : ws_(std::move(workspace), device) {
+    op_ = std::make_unique<MultiLevelCascade>(
+        cascade_config(max_batch, max_qo_tokens, max_pages, num_qo_heads, head_dim, max_levels,
+                       device),
+        ws_.data, ws_.bytes);
+  }
+
+  static size_t workspace_bytes(int max_batch, int64_t max_qo_tokens, int64_t max_pages,
+                                int num_qo_heads, int head_dim, int max_levels, int device) {
+    return MultiLevelCascade::workspace_bytes(cascade_config(
+        max_batch, max_qo_tokens, max_pages, num_qo_heads, head_dim, max_levels, device));
+  }
+
+  // Host page table of the whole batch; qo_indptr None: one query row per request (decode).
+  void plan(const OptionalIn& qo_indptr, const InArray& kv_indptr, const InArray& kv_indices,
+            const InArray& kv_last_page_len, int page_size, int num_qo_heads, int num_kv_heads,
+            int head_dim, const std::string& dtype, bool causal, float sm_scale,
+            const std::string& use_cascade, int min_group_size, bool enable_cuda_graph,
+            uintptr_t stream) {
+    CascadeBatch b;
+    b.batch_size = batch_of(kv_indptr, "paged_kv_indptr");
+    b.kv_indptr = host_i32(kv_indptr, "paged_kv_indptr", b.batch_size + 1);
+    b.kv_indices = host_i32(kv_indices, "paged_kv_indices", b.kv_indptr[b.batch_size]);
+    b.kv_last_page_len = host_i32(kv_last_page_len, "paged_kv_last_page_len", b.batch_size);
+    b.qo_indptr = qo_indptr ? host_i32(*qo_indptr, "qo_indptr", b.batch_size + 1) : nullptr;
+    b.page_size = page_size;
+    CascadeShape shape;
+    shape.num_qo_heads = num_qo_heads;
+    shape.num_kv_heads = num_kv_heads;
+    shape.head_dim = head_dim;
+    shape.dtype = parse_dtype(dtype);
+    CascadePlanOptions o;
+    o.causal = causal;
+    o.sm_scale = sm_scale;
+    o.use = parse_cascade_use(use_cascade);
+    o.min_group_size = min_group_size;
+    o.enable_cuda_graph = enable_cuda_graph;
+    without_gil([&] { op_->plan(b, shape, o, stream_of(stream)); });
+  }
+
+  // The plan holds device copies of every level's page ids: only the cache tensors are passed.
+  void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
+           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+    const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
+    PagedKVCache kv;
+    kv.k = view_of(k, "paged_kv.k");
+    kv.v = view_of(v, "paged_kv.v");
+    kv.layout = parse_kv_layout(layout);
+    without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
+  }
+
+  nb::dict plan_info() const {
+    const CascadePlanInfo i = op_->plan_info();
+    nb::dict d;
+    d["num_levels"] = i.num_levels;
+    d["cascade"] = i.cascade;
+    d["plain_kv_bytes"] = i.plain_kv_bytes;
+    d["cascade_kv_bytes"] = i.cascade_kv_bytes;
+    d["estimated_plain_us"] = i.estimated_plain_us;
+    d["estimated_cascade_us"] = i.estimated_cascade_us;
+    d["plan_us"] = i.plan_us;
+    return d;
+  }
+
+ private:
+  Workspace ws_;  // declared first: destroyed after the op that uses it
+  std::unique_ptr<MultiLevelCascade> op_;
 };
 
 template <class T>
@@ -388,6 +544,115 @@ void bind_module(nb::module_& m) {
       },
       arg("v"), arg("s"), arg("v_out"), arg("s_out"), arg("stream"));
 
+  // --- KV-cache ops (kv_ops.h): host arrays run the CPU reference ---
+  m.def(
+      "append_paged_kv_cache",
+      [](const InArray& append_key, const InArray& append_value, const InArray& batch_indices,
+         const InArray& positions, const OutArray& k, const OutArray& v, const std::string& layout,
+         const InArray& indptr, const InArray& indices, const InArray& last_page_len,
+         uintptr_t stream) {
+        const TensorView ak = view_of(append_key, "append_key"),
+                         av = view_of(append_value, "append_value"),
+                         bi = view_of(batch_indices, "batch_indices"),
+                         pos = view_of(positions, "positions");
+        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        without_gil([&] { append_paged_kv_cache(ak, av, bi, pos, kv, stream_of(stream)); });
+      },
+      arg("append_key"), arg("append_value"), arg("batch_indices"), arg("positions"), arg("k"),
+      arg("v"), arg("layout"), arg("indptr"), arg("indices"), arg("last_page_len"), arg("stream"));
+  m.def(
+      "get_batch_indices_positions",
+      [](const InArray& append_indptr, const InArray& seq_lens, const OutArray& batch_indices,
+         const OutArray& positions, uintptr_t stream) {
+        const TensorView ai = view_of(append_indptr, "append_indptr"),
+                         sl = view_of(seq_lens, "seq_lens"),
+                         bi = view_of(batch_indices, "batch_indices"),
+                         pos = view_of(positions, "positions");
+        without_gil([&] { get_batch_indices_positions(ai, sl, bi, pos, stream_of(stream)); });
+      },
+      arg("append_indptr"), arg("seq_lens"), arg("batch_indices"), arg("positions"), arg("stream"));
+
+  // --- RoPE (rope.h): in place when q_rope is q and k_rope is k ---
+  m.def(
+      "apply_rope",
+      [](const InArray& q, const InArray& k, const OutArray& q_rope, const OutArray& k_rope,
+         const InArray& indptr, const InArray& offsets, int rotary_dim, bool interleave,
+         double rope_scale, double rope_theta, uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), qr = view_of(q_rope, "q_rope"),
+                         kr = view_of(k_rope, "k_rope"), ip = view_of(indptr, "indptr"),
+                         off = view_of(offsets, "offsets");
+        const RopeOptions o = llama_rope(rotary_dim, interleave, rope_scale, rope_theta);
+        without_gil([&] { apply_rope(qv, kv, qr, kr, ip, off, o, stream_of(stream)); });
+      },
+      arg("q"), arg("k"), arg("q_rope"), arg("k_rope"), arg("indptr"), arg("offsets"),
+      arg("rotary_dim"), arg("interleave"), arg("rope_scale"), arg("rope_theta"), arg("stream"));
+  m.def(
+      "apply_rope_pos_ids",
+      [](const InArray& q, const InArray& k, const OutArray& q_rope, const OutArray& k_rope,
+         const InArray& pos_ids, int rotary_dim, bool interleave, double rope_scale,
+         double rope_theta, uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), qr = view_of(q_rope, "q_rope"),
+                         kr = view_of(k_rope, "k_rope"), pos = view_of(pos_ids, "pos_ids");
+        const RopeOptions o = llama_rope(rotary_dim, interleave, rope_scale, rope_theta);
+        without_gil([&] { apply_rope_pos_ids(qv, kv, qr, kr, pos, o, stream_of(stream)); });
+      },
+      arg("q"), arg("k"), arg("q_rope"), arg("k_rope"), arg("pos_ids"), arg("rotary_dim"),
+      arg("interleave"), arg("rope_scale"), arg("rope_theta"), arg("stream"));
+  m.def(
+      "apply_llama31_rope",
+      [](const InArray& q, const InArray& k, const OutArray& q_rope, const OutArray& k_rope,
+         const InArray& indptr, const InArray& offsets, int rotary_dim, bool interleave,
+         double rope_scale, double rope_theta, double low_freq_factor, double high_freq_factor,
+         double old_context_len, uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), qr = view_of(q_rope, "q_rope"),
+                         kr = view_of(k_rope, "k_rope"), ip = view_of(indptr, "indptr"),
+                         off = view_of(offsets, "offsets");
+        const Llama31RopeOptions o =
+            llama31_rope(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+                         high_freq_factor, old_context_len);
+        without_gil([&] { apply_llama31_rope(qv, kv, qr, kr, ip, off, o, stream_of(stream)); });
+      },
+      arg("q"), arg("k"), arg("q_rope"), arg("k_rope"), arg("indptr"), arg("offsets"),
+      arg("rotary_dim"), arg("interleave"), arg("rope_scale"), arg("rope_theta"),
+      arg("low_freq_factor"), arg("high_freq_factor"), arg("old_context_len"), arg("stream"));
+  m.def(
+      "apply_llama31_rope_pos_ids",
+      [](const InArray& q, const InArray& k, const OutArray& q_rope, const OutArray& k_rope,
+         const InArray& pos_ids, int rotary_dim, bool interleave, double rope_scale,
+         double rope_theta, double low_freq_factor, double high_freq_factor, double old_context_len,
+         uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), qr = view_of(q_rope, "q_rope"),
+                         kr = view_of(k_rope, "k_rope"), pos = view_of(pos_ids, "pos_ids");
+        const Llama31RopeOptions o =
+            llama31_rope(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+                         high_freq_factor, old_context_len);
+        without_gil([&] { apply_llama31_rope_pos_ids(qv, kv, qr, kr, pos, o, stream_of(stream)); });
+      },
+      arg("q"), arg("k"), arg("q_rope"), arg("k_rope"), arg("pos_ids"), arg("rotary_dim"),
+      arg("interleave"), arg("rope_scale"), arg("rope_theta"), arg("low_freq_factor"),
+      arg("high_freq_factor"), arg("old_context_len"), arg("stream"));
+  m.def(
+      "apply_rope_with_cos_sin_cache",
+      [](const InArray& q, const InArray& k, const OutArray& q_rope, const OutArray& k_rope,
+         const InArray& positions, const InArray& cos_sin_cache, bool is_neox, uintptr_t stream) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), qr = view_of(q_rope, "q_rope"),
+                         kr = view_of(k_rope, "k_rope"), pos = view_of(positions, "positions"),
+                         cs = view_of(cos_sin_cache, "cos_sin_cache");
+        without_gil([&] {
+          apply_rope_with_cos_sin_cache(qv, kv, qr, kr, pos, cs, is_neox, stream_of(stream));
+        });
+      },
+      arg("q"), arg("k"), arg("q_rope"), arg("k_rope"), arg("positions"), arg("cos_sin_cache"),
+      arg("is_neox"), arg("stream"));
+
+  // --- errors recorded by kernels from device-resident input (device_errors.h) ---
+  m.def(
+      "check_device_errors",
+      [](int device, uintptr_t stream) {
+        without_gil([&] { check_device_errors(device, stream_of(stream)); });
+      },
+      arg("device"), arg("stream"));
+
   // --- plan/run objects (CUDA workspace) ---
   nb::class_<PyBatchDecode>(m, "BatchDecode")
       .def(nb::init<OutArray, int, int, int, int>(), arg("workspace"), arg("max_batch"),
@@ -400,6 +665,12 @@ void bind_module(nb::module_& m) {
            arg("disable_split_kv"), arg("stream"))
       .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
            arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("stream"))
+      .def("run_step", &PyBatchDecode::run_step, arg("q"), arg("k_new"), arg("v_new"), arg("k"),
+           arg("v"), arg("layout"), arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"),
+           arg("lse").none(), arg("rope"), arg("rotary_dim"), arg("interleave"), arg("rope_scale"),
+           arg("rope_theta"), arg("low_freq_factor"), arg("high_freq_factor"),
+           arg("old_context_len"), arg("cos_sin_cache").none(), arg("is_neox"),
+           arg("pos_ids").none(), arg("stream"))
       .def("forget_captured_graphs", &PyBatchDecode::forget_captured_graphs)
       .def("plan_info", &PyBatchDecode::plan_info);
 
@@ -425,6 +696,21 @@ void bind_module(nb::module_& m) {
            arg("tile_rows"), arg("stream"))
       .def("run", &PyBatchPrefillRagged::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"));
+
+  nb::class_<PyMultiLevelCascade>(m, "MultiLevelCascade")
+      .def(nb::init<OutArray, int, int64_t, int64_t, int, int, int, int>(), arg("workspace"),
+           arg("max_batch"), arg("max_qo_tokens"), arg("max_pages"), arg("num_qo_heads"),
+           arg("head_dim"), arg("max_levels"), arg("device"))
+      .def_static("workspace_bytes", &PyMultiLevelCascade::workspace_bytes, arg("max_batch"),
+                  arg("max_qo_tokens"), arg("max_pages"), arg("num_qo_heads"), arg("head_dim"),
+                  arg("max_levels"), arg("device"))
+      .def("plan", &PyMultiLevelCascade::plan, arg("qo_indptr").none(), arg("kv_indptr"),
+           arg("kv_indices"), arg("kv_last_page_len"), arg("page_size"), arg("num_qo_heads"),
+           arg("num_kv_heads"), arg("head_dim"), arg("dtype"), arg("causal"), arg("sm_scale"),
+           arg("use_cascade"), arg("min_group_size"), arg("enable_cuda_graph"), arg("stream"))
+      .def("run", &PyMultiLevelCascade::run, arg("q"), arg("k"), arg("v"), arg("layout"),
+           arg("out"), arg("lse").none(), arg("stream"))
+      .def("plan_info", &PyMultiLevelCascade::plan_info);
 }
 
 }  // namespace flashkv::python

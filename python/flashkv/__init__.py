@@ -5,7 +5,18 @@ Swap ``import flashinfer`` for ``import flashkv`` where these are used:
 * :class:`BatchDecodeWithPagedKVCacheWrapper`, :func:`single_decode_with_kv_cache`
 * :class:`BatchPrefillWithPagedKVCacheWrapper`, :class:`BatchPrefillWithRaggedKVCacheWrapper`,
   :func:`single_prefill_with_kv_cache`
-* :func:`merge_state`, :func:`merge_state_in_place`, :func:`merge_states`
+* :func:`merge_state`, :func:`merge_state_in_place`, :func:`merge_states`,
+  :class:`MultiLevelCascadeAttentionWrapper` (explicit per-level page tables)
+* :func:`append_paged_kv_cache`, :func:`get_batch_indices_positions`, :func:`get_seq_lens`
+  (``flashkv.page``)
+* :func:`apply_rope`, :func:`apply_rope_pos_ids`, :func:`apply_llama31_rope`,
+  :func:`apply_llama31_rope_pos_ids`, :func:`apply_rope_with_cos_sin_cache` and their
+  ``*_inplace`` forms (``flashkv.rope``)
+
+flashkv's own additions: :class:`MultiLevelCascadeWrapper` (a cascade that finds shared prefixes
+in the batch's page table itself), ``BatchDecodeWithPagedKVCacheWrapper.run_step`` (RoPE +
+append + decode attention in one launch) and :func:`check_device_errors` (errors the GPU kernels
+found in device-resident indices, such as an append position past a request's pages).
 
 Arrays cross into C++ through DLPack without copies: PyTorch, CuPy, NumPy (and anything else with
 ``__dlpack__``). CUDA arrays run flashkv's GPU kernels on the caller's current stream; host arrays
@@ -25,12 +36,36 @@ CUDA or NVRTC raise ``RuntimeError``.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from . import _C  # noqa: E402
-from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
+from .cascade import (  # noqa: E402
+    MultiLevelCascadeAttentionWrapper,
+    MultiLevelCascadeWrapper,
+    merge_state,
+    merge_state_in_place,
+    merge_states,
+)
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache  # noqa: E402
+from .page import (  # noqa: E402
+    append_paged_kv_cache,
+    check_device_errors,
+    get_batch_indices_positions,
+    get_seq_lens,
+)
 from .prefill import (  # noqa: E402
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
+)
+from .rope import (  # noqa: E402
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
 )
 
 __version__ = "0.1.0"
@@ -45,7 +80,23 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
+    "MultiLevelCascadeWrapper",
+    "append_paged_kv_cache",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "check_device_errors",
     "cuda_available",
+    "get_batch_indices_positions",
+    "get_seq_lens",
     "merge_state",
     "merge_state_in_place",
     "merge_states",

@@ -20,7 +20,7 @@ _DTYPE_ALIASES = {
     "float8_e4m3fn": "e4m3", "e4m3": "e4m3", "fp8_e4m3": "e4m3",
     "float8_e5m2": "e5m2", "e5m2": "e5m2", "fp8_e5m2": "e5m2",
 }
-_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
+_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "i32": np.int32}
 
 
 def framework(x) -> str:
@@ -72,14 +72,15 @@ def array_dtype(x) -> str:
 
 
 def framework_dtype(like, name: str):
-    """The dtype object of `like`'s framework for flashkv dtype `name`."""
-    if name == array_dtype(like):
-        return like.dtype
+    """The dtype object of `like`'s framework for flashkv dtype `name` ("i32" too)."""
     fw = framework(like)
     if fw == "torch":
         import torch
 
-        return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
+        return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
+                "i32": torch.int32}[name]
+    if name != "i32" and name == array_dtype(like):
+        return like.dtype
     if name in _NUMPY_DTYPES:
         return _NUMPY_DTYPES[name]
     raise TypeError(f"{fw} has no {name} dtype: pass out= explicitly")
@@ -156,6 +157,12 @@ def host_i32(x, name: str) -> np.ndarray:
     if a.dtype != np.int32 and a.size and (a.min() < -(2**31) or a.max() >= 2**31):
         raise ValueError(f"{name}: values do not fit int32")
     return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def index_i32(x, name: str):
+    """An index array as flashkv._C takes it, where it lives: contiguous int32 on the device for
+    a CUDA array (device_i32), a host int32 NumPy array otherwise (host_i32)."""
+    return device_i32(x) if is_cuda(x) else host_i32(x, name)
 
 
 def device_i32(x):

@@ -18,7 +18,9 @@ def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None
     None (custom masks, scales, ...)."""
     if pos_encoding_mode != "NONE":
         not_implemented("pos_encoding_mode", pos_encoding_mode,
-                        "'NONE': apply RoPE to q and k before attention")
+                        "'NONE': apply RoPE to q and k before attention, e.g. with "
+                        "flashkv.apply_rope_pos_ids, or fused with the append in "
+                        "BatchDecodeWithPagedKVCacheWrapper.run_step")
     if window_left is not None and window_left >= 0:
         not_implemented("window_left", window_left, "-1 (no sliding window)")
     if logits_soft_cap is not None and logits_soft_cap > 0:

@@ -1,12 +1,13 @@
 """The C++ plan/run object behind a wrapper, created at plan() time inside the caller's workspace.
 
-flashkv's BatchDecode / BatchPrefill* objects need a workspace of ``workspace_bytes(cfg)`` bytes,
-sized from a configuration (requests, query tokens, heads, head_dim). FlashInfer's wrappers
-instead take one user buffer (128 MB is usual) and size nothing up front. This bridges the two:
-each plan() asks for a configuration that covers it; the object is (re)created only when the
-plan needs more than the current one, with the request and token counts rounded up to a power of
-two when the buffer allows (so a growing batch re-creates it a few times, not every step). A plan
-that needs more than the buffer holds raises ValueError naming the size it needs.
+flashkv's BatchDecode / BatchPrefill* / MultiLevelCascade objects need a workspace of
+``workspace_bytes(cfg)`` bytes, sized from a configuration (requests, query tokens, pages, heads,
+head_dim). FlashInfer's wrappers instead take one user buffer (128 MB is usual) and size nothing
+up front. This bridges the two: each plan() asks for a configuration that covers it; the object is
+(re)created only when the plan needs more than the current one, with the request, token and page
+counts rounded up to a power of two when the buffer allows (so a growing batch re-creates it a few
+times, not every step). A plan that needs more than the buffer holds raises ValueError naming the
+size it needs.
 
 Under CUDA graphs the object is created once, at the first plan(), and never re-created: a
 captured graph holds pointers into it.
@@ -16,7 +17,7 @@ from . import _C
 from . import _arrays as A
 
 # Configuration fields that are counts (rounded up for headroom); the others are exact maxima.
-_COUNTS = ("max_batch", "max_qo_tokens")
+_COUNTS = ("max_batch", "max_qo_tokens", "max_pages")
 
 
 def _pow2(n: int) -> int:
@@ -24,8 +25,8 @@ def _pow2(n: int) -> int:
 
 
 class OpSlot:
-    """Holds the C++ op (cls: _C.BatchDecode / BatchPrefillPaged / BatchPrefillRagged) for one
-    wrapper and its workspace buffer (a CUDA array)."""
+    """Holds the C++ op (cls: _C.BatchDecode / BatchPrefillPaged / BatchPrefillRagged /
+    MultiLevelCascade) for one wrapper and its workspace buffer (a CUDA array)."""
 
     def __init__(self, cls, workspace, device: int, frozen: bool):
         self.cls = cls
@@ -51,21 +52,27 @@ class OpSlot:
     def _bytes(self, cfg) -> int:
         return self.cls.workspace_bytes(**cfg, device=self.device)
 
-    def acquire(self, need: dict, what: str):
-        """The op, re-created if `need` (config field -> value) exceeds the current config.
-        `what` describes the plan for error messages."""
-        if self.op is not None and all(self.cfg[k] >= v for k, v in need.items()):
+    def acquire(self, need: dict, what: str, exact_fields=()):
+        """The op, re-created if `need` (config field -> value) exceeds the current config, or
+        differs from it in one of `exact_fields` (a mode, such as the decode cascade's
+        max_qo_tokens = 0: taken as given, never rounded or kept from an earlier plan). `what`
+        describes the plan for error messages."""
+        def fits(k, v):
+            return self.cfg[k] == v if k in exact_fields else self.cfg[k] >= v
+
+        if self.op is not None and all(fits(k, v) for k, v in need.items()):
             return self.op
         if self.op is not None and self.frozen:
-            over = ", ".join(f"{k} {v} > {self.cfg[k]}" for k, v in need.items()
-                             if v > self.cfg[k])
+            over = ", ".join(f"{k} {v} {'!=' if k in exact_fields else '>'} {self.cfg[k]}"
+                             for k, v in need.items() if not fits(k, v))
             raise ValueError(
                 f"plan: {over}: in CUDA graph mode the wrapper is sized by its first plan() "
                 f"(and the buffers given to the constructor); create another wrapper for a larger "
                 f"configuration")
-        exact = dict(need) if self.cfg is None else {k: max(v, self.cfg[k])
-                                                     for k, v in need.items()}
-        roomy = {k: (_pow2(v) if k in _COUNTS and not self.frozen else v)
+        exact = dict(need) if self.cfg is None else {
+            k: (v if k in exact_fields else max(v, self.cfg[k])) for k, v in need.items()}
+        roomy = {k: (_pow2(v) if k in _COUNTS and k not in exact_fields and not self.frozen
+                     else v)
                  for k, v in exact.items()}
         required = None
         for cfg in (roomy, exact):

@@ -2,6 +2,8 @@
 
 import functools
 
+import numpy as np
+
 from . import _C
 from . import _arrays as A
 from . import _common as C
@@ -206,6 +208,105 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return C.finish(out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def run_step(self, q, k_new, v_new, paged_kv_cache, *, rope="none", pos_ids=None,
+                 rotary_dim=None, interleave=False, rope_scale=None, rope_theta=None,
+                 low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192,
+                 cos_sin_cache=None, is_neox=True, out=None, lse=None, return_lse=False):
+        """The fused decode step (flashkv extension; FlashInfer has no counterpart): RoPE on q and
+        the new keys, the append of every request's new token into the cache, and decode
+        attention over the updated cache, in one launch per layer on the GPU.
+
+        Equal (bitwise, cache and outputs) to what an engine otherwise runs per layer::
+
+            q, k_new = flashkv.apply_llama31_rope_pos_ids(q, k_new, pos_ids, ...)  # per `rope`
+            flashkv.append_paged_kv_cache(k_new, v_new, arange(batch), kv_len - 1,
+                                          paged_kv_cache, indices, indptr, last_page_len)
+            out = wrapper.run(q, paged_kv_cache)
+
+        The plan() must describe the page table AFTER the append: every request has
+        ``kv_len >= 1`` and its new token goes to position ``kv_len - 1`` (its last page
+        allocated). q ``[batch, num_qo_heads, head_dim]`` is read, not modified; k_new, v_new
+        ``[batch, num_kv_heads, head_dim]`` (the cache's dtype, last dimension contiguous,
+        16-byte aligned rows); paged_kv_cache as in :meth:`run` (written: the new tokens).
+
+        ``rope``: ``"none"`` (or None; q and k_new already rotated), ``"llama"``
+        (:func:`flashkv.apply_rope_pos_ids`: ``rope_scale`` default 1, ``rope_theta`` 1e4),
+        ``"llama31"`` (:func:`flashkv.apply_llama31_rope_pos_ids`: defaults 8 and 5e5, and
+        ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``) or ``"cos_sin_cache"``
+        (:func:`flashkv.apply_rope_with_cos_sin_cache` with ``cos_sin_cache`` float32
+        ``[max_position, rotary_dim]`` on the device and ``is_neox``). ``rotary_dim`` (None: all
+        of head_dim) and ``interleave`` as in :mod:`flashkv.rope`. ``pos_ids`` ``[batch]`` int32:
+        each request's RoPE position (default ``kv_len - 1``, the append position); on the GPU a
+        bad one leaves that request's q and key unrotated and is raised by
+        :func:`flashkv.check_device_errors`.
+
+        Returns out, or (out, lse) with ``return_lse`` (lse base 2, as :meth:`run`). GPU work goes
+        on torch's (or CuPy's) current stream; allocates nothing else and never synchronizes, so
+        it can be captured in a CUDA graph in CUDA graph mode (a replay after a new plan()
+        appends where the new plan says). A host wrapper runs the three CPU reference ops.
+        """
+        plan = self._plan
+        if plan is None:
+            raise ValueError("run_step: called before a successful plan()")
+        rope = "none" if rope is None else rope
+        if rope not in ("none", "llama", "llama31", "cos_sin_cache"):
+            raise ValueError(f"rope: expected 'none', 'llama', 'llama31' or 'cos_sin_cache', got "
+                             f"{rope!r}")
+        if (cos_sin_cache is not None) != (rope == "cos_sin_cache"):
+            raise ValueError("cos_sin_cache: required with rope='cos_sin_cache' and only then")
+        llama31 = rope == "llama31"
+        scale = float((8.0 if llama31 else 1.0) if rope_scale is None else rope_scale)
+        theta = float((5e5 if llama31 else 1e4) if rope_theta is None else rope_theta)
+        rd = 0 if rotary_dim is None else int(rotary_dim)
+        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        C.check_same_side(self._on_gpu, self._device, q, "q")
+        out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
+                             return_lse)
+        if self._on_gpu:
+            pos = None if pos_ids is None else (
+                A.device_i32(pos_ids) if A.is_cuda(pos_ids)
+                else A.to_device_like(A.host_i32(pos_ids, "pos_ids"), q))
+            A.call(self._slot.op.run_step, q, k_new, v_new, k, v, self._kv_layout,
+                   plan["run_indptr"], plan["indices"], plan["run_last_page_len"], out, lse, rope,
+                   rd, bool(interleave), scale, theta, float(low_freq_factor),
+                   float(high_freq_factor), float(old_context_len), cos_sin_cache,
+                   bool(is_neox), pos, A.cuda_stream(q))
+            return C.finish(out, lse, return_lse)
+        # Host: the unfused ops on the CPU reference.
+        C.check_planned(q, k, plan)
+        C.check_planned_paged(k, plan, self._kv_layout)
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if len(x.shape) != 3 or x.shape[0] != plan["batch"]:
+                raise ValueError(f"{name}: expected {plan['batch']} rows (one new token per "
+                                 f"request of the plan), got shape {tuple(x.shape)}")
+        indptr, last = plan["indptr"], plan["last_page_len"]
+        pages = indptr[1:] - indptr[:-1]
+        kv_len = np.where(pages > 0, (pages - 1) * plan["page_size"] + last, 0).astype(np.int32)
+        if plan["batch"] and kv_len.min() < 1:
+            raise ValueError(
+                f"run_step: every request must have kv_len >= 1 in the plan (the page table after "
+                f"the append counts the new token); request {int(np.argmin(kv_len))} has 0")
+        positions = kv_len - 1
+        pos = positions if pos_ids is None else A.host_i32(pos_ids, "pos_ids")
+        q_rot, k_rot = q, k_new
+        if rope != "none":
+            q_rot, k_rot = A.empty(q, q.shape), A.empty(k_new, k_new.shape)
+            if rope == "cos_sin_cache":
+                A.call(_C.apply_rope_with_cos_sin_cache, q, k_new, q_rot, k_rot, pos,
+                       cos_sin_cache, bool(is_neox), 0)
+            elif llama31:
+                A.call(_C.apply_llama31_rope_pos_ids, q, k_new, q_rot, k_rot, pos, rd,
+                       bool(interleave), scale, theta, float(low_freq_factor),
+                       float(high_freq_factor), float(old_context_len), 0)
+            else:
+                A.call(_C.apply_rope_pos_ids, q, k_new, q_rot, k_rot, pos, rd, bool(interleave),
+                       scale, theta, 0)
+        A.call(_C.append_paged_kv_cache, k_rot, v_new, np.arange(plan["batch"], dtype=np.int32),
+               positions, k, v, self._kv_layout, indptr, plan["indices"], last, 0)
+        A.call(_C.reference_batch_decode, q_rot, k, v, self._kv_layout, indptr, plan["indices"],
+               last, out, lse, plan["sm_scale"])
+        return C.finish(out, lse, return_lse)
 
     def plan_info(self) -> dict:
         """flashkv's statistics of the last GPU plan (CTAs, work items, splits, plan time)."""

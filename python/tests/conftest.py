@@ -1,6 +1,6 @@
-"""Shared test helpers: a float64 NumPy attention reference written here (independent of flashkv's
-C++ reference), random paged caches, and the frameworks the CPU tests run under (NumPy always;
-PyTorch CPU tensors too where torch is installed)."""
+"""Shared test helpers: float64 NumPy references written here (independent of flashkv's C++
+reference) for attention and RoPE, random paged caches, and the frameworks the CPU tests run
+under (NumPy always; PyTorch CPU tensors too where torch is installed)."""
 
 import math
 
@@ -69,6 +69,54 @@ def attention_ref(q, k, v, causal=False, sm_scale=None):
     out[~seen] = 0.0
     lse = np.where(seen, m0 + np.log(safe), -np.inf)
     return out, lse
+
+
+# --- RoPE (rope.h / FlashInfer conventions), float64 ---
+
+
+def llama_freqs(rotary_dim, rope_scale=1.0, rope_theta=1e4):
+    i = np.arange(rotary_dim // 2, dtype=np.float64)
+    return rope_theta ** (-2.0 * i / rotary_dim) / rope_scale
+
+
+def llama31_freqs(rotary_dim, rope_scale=8.0, rope_theta=5e5, low_freq_factor=1.0,
+                  high_freq_factor=4.0, old_context_len=8192):
+    """Meta's apply_scaling (llama3 reference code), band by band."""
+    out = []
+    low_wavelen = old_context_len / low_freq_factor
+    high_wavelen = old_context_len / high_freq_factor
+    for f in llama_freqs(rotary_dim, 1.0, rope_theta):
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            out.append(f)
+        elif wavelen > low_wavelen:
+            out.append(f / rope_scale)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor)
+            out.append((1 - smooth) * f / rope_scale + smooth * f)
+    return np.array(out)
+
+
+def rotate(x, cos, sin, interleave):
+    """x [n, H, D]; cos/sin [n, R/2] (float64): the first R dims rotate, the rest are copied."""
+    x = np.asarray(x, dtype=np.float64)
+    r = 2 * cos.shape[1]
+    out = x.copy()
+    if interleave:
+        i1, i2 = np.arange(0, r, 2), np.arange(1, r, 2)
+    else:
+        i1, i2 = np.arange(r // 2), np.arange(r // 2, r)
+    x1, x2 = x[..., i1], x[..., i2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out[..., i1] = x1 * c - x2 * s
+    out[..., i2] = x2 * c + x1 * s
+    return out
+
+
+def rope_ref(x, pos, freqs, interleave):
+    ang = np.asarray(pos, dtype=np.float64)[:, None] * freqs[None, :]
+    return rotate(x, np.cos(ang), np.sin(ang), interleave)
 
 
 def tolerance(dtype):

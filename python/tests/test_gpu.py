@@ -1,8 +1,10 @@
 """GPU tests: every wrapper on CUDA torch tensors against torch's float32
 scaled_dot_product_attention on the gathered KV, CUDA-graph capture and replay across re-plans,
-the caller's stream, and the workspace-size error. Skipped unless torch with CUDA and a GPU are
-present (run on a GPU machine: `scripts/gpu-test-python.sh`, or pytest python/tests/test_gpu.py
-with the module built).
+the caller's stream, and the workspace-size error; the KV append and RoPE against the CPU path,
+errors recorded by the kernels (check_device_errors), the fused decode step (run_step) bitwise
+against the unfused ops, and both cascade wrappers against plain decode. Skipped unless torch
+with CUDA and a GPU are present (run on a GPU machine: `scripts/gpu-test-python.sh`, or pytest
+python/tests/test_gpu.py with the module built).
 
 Tolerance (tests/common/test_util.h, STYLE.md): rel_err(out, ref) <= min(2 * rel_err(ref rounded
 to the dtype, ref) + u, 1e-2), u the unit roundoff of the dtype P is rounded to (f16 2^-11,
@@ -423,3 +425,421 @@ def test_cuda_graph_prefill_across_replans():
         graph.replay()
         torch.cuda.synchronize()
         check(qo, kvl, *state)
+
+
+# --- KV-cache ops, RoPE, the fused decode step, cascades ---
+
+
+def i32(values):
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
+def clone_cache(c):
+    return c.clone() if isinstance(c, torch.Tensor) else tuple(x.clone() for x in c)
+
+
+def cpu_cache(c):
+    return c.cpu() if isinstance(c, torch.Tensor) else tuple(x.cpu() for x in c)
+
+
+def flat(c):
+    """A cache's elements, k then v (or the interleaved kv), as one CPU vector."""
+    parts = (c,) if isinstance(c, torch.Tensor) else c
+    return torch.cat([x.reshape(-1).cpu() for x in parts])
+
+
+def assert_caches_equal(a, b):
+    for x, y in zip((a,) if isinstance(a, torch.Tensor) else a,
+                    (b,) if isinstance(b, torch.Tensor) else b):
+        assert torch.equal(x.cpu(), y.cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["float32"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_append_matches_cpu(dtype, layout, interleaved, page_size):
+    """get_batch_indices_positions and append_paged_kv_cache on CUDA tensors equal the CPU path
+    (a bitwise copy), for strided new keys/values."""
+    g = gen(11)
+    hk, d = 8, 128
+    seq_lens = [1, 37, 16, 5, 300]  # after the append
+    append_lens = [1, 37, 3, 0, 129]
+    cache = Paged(seq_lens, page_size, hk, d, dtype, layout, g)
+    nnz = sum(append_lens)
+    append_indptr = i32(np.concatenate([[0], np.cumsum(append_lens)]))
+    bi, pos = flashkv.get_batch_indices_positions(append_indptr, i32(seq_lens), nnz)
+    bi_h, pos_h = flashkv.get_batch_indices_positions(append_indptr.cpu(), i32(seq_lens).cpu(),
+                                                      nnz)
+    assert bi.is_cuda and torch.equal(bi.cpu(), bi_h) and torch.equal(pos.cpu(), pos_h)
+    packed = rand((nnz, 2 * hk * d), dtype, g)  # new k / v: strided views of one projection
+    keys, values = packed[:, : hk * d].view(nnz, hk, d), packed[:, hk * d:].view(nnz, hk, d)
+    on_gpu = clone_cache(cache.cache(interleaved))
+    on_cpu = cpu_cache(on_gpu)
+    flashkv.append_paged_kv_cache(keys, values, bi, pos, on_gpu, cache.indices, cache.indptr,
+                                  cache.last_page_len, kv_layout=layout)
+    flashkv.append_paged_kv_cache(keys.cpu(), values.cpu(), bi_h, pos_h, on_cpu,
+                                  cache.indices.cpu(), cache.indptr.cpu(),
+                                  cache.last_page_len.cpu(), kv_layout=layout)
+    flashkv.check_device_errors()
+    assert_caches_equal(on_gpu, on_cpu)
+    assert not torch.equal(flat(on_gpu), flat(cache.cache(interleaved)))  # it did write
+
+
+def test_append_device_error_is_reported_and_the_token_skipped():
+    g = gen(12)
+    cache = Paged([5, 9], 16, 8, 128, "float16", "NHD", g)
+    keys = rand((2, 8, 128), "float16", g)
+    flashkv.check_device_errors()  # nothing pending
+    before = cache.kv.clone()
+    flashkv.append_paged_kv_cache(keys, keys, i32([0, 1]), i32([4, 9]), cache.kv, cache.indices,
+                                  cache.indptr, cache.last_page_len)
+    with pytest.raises(ValueError, match=r"positions\[1\] = 9 is outside request 1's KV length"):
+        flashkv.check_device_errors()
+    flashkv.check_device_errors()  # raised once, then cleared
+    page0 = int(cache.indices[0])
+    expected = before.clone()
+    expected[page0, 0, 4] = keys[0]
+    expected[page0, 1, 4] = keys[0]
+    assert torch.equal(cache.kv, expected)  # token 0 written, token 1 skipped
+
+
+# Agreement of the GPU RoPE (f32 rotation) with the CPU reference (double, rounded once): one
+# rounding flip (relative) plus the f32 error of rotated values that cancel (absolute).
+ROPE_TOL = {"float16": dict(rtol=2.0**-10, atol=1e-5), "bfloat16": dict(rtol=2.0**-7, atol=1e-5),
+            "float32": dict(rtol=1e-5, atol=1e-5)}
+
+
+def rope_cases(d, rotary_dim, interleave, indptr, offsets, pos, cos_sin):
+    """(name, out-of-place fn, in-place fn, args after q and k) for every RoPE form."""
+    kw = dict(rotary_dim=rotary_dim, interleave=interleave)
+    return [
+        ("rope", flashkv.apply_rope, flashkv.apply_rope_inplace, (indptr, offsets),
+         dict(kw, rope_theta=5e5)),
+        ("rope_pos_ids", flashkv.apply_rope_pos_ids, flashkv.apply_rope_pos_ids_inplace, (pos,),
+         dict(kw, rope_scale=2.0)),
+        ("llama31", flashkv.apply_llama31_rope, flashkv.apply_llama31_rope_inplace,
+         (indptr, offsets), kw),
+        ("llama31_pos_ids", flashkv.apply_llama31_rope_pos_ids,
+         flashkv.apply_llama31_rope_pos_ids_inplace, (pos,), dict(kw, old_context_len=4096)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["float32"])
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("dims", [(128, None), (128, 64), (64, 32), (256, None)])
+def test_rope_matches_cpu(dtype, interleave, dims):
+    """Every RoPE form on CUDA tensors (strided views of a packed qkv) against the CPU path;
+    in place equals out of place bitwise."""
+    g = gen(13)
+    d, rotary_dim = dims
+    nnz, hq, hk = 37, 32, 8
+    qkv = rand((nnz, (hq + 2 * hk) * d), dtype, g) * 4
+    q = qkv[:, : hq * d].view(nnz, hq, d)
+    k = qkv[:, hq * d: (hq + hk) * d].view(nnz, hk, d)
+    indptr, offsets = i32([0, 5, 5, 6, 37]), i32([0, 9000, 3, 100000])
+    pos = torch.randint(0, 1 << 17, (nnz,), generator=g, device="cuda")  # int64: converted
+    for name, fn, fn_inplace, where, kw in rope_cases(d, rotary_dim, interleave, indptr, offsets,
+                                                      pos, None):
+        q_rope, k_rope = fn(q, k, *where, **kw)
+        q_ref, k_ref = fn(q.cpu(), k.cpu(), *(x.cpu() for x in where), **kw)
+        torch.testing.assert_close(q_rope.cpu(), q_ref, **ROPE_TOL[dtype], msg=name)
+        torch.testing.assert_close(k_rope.cpu(), k_ref, **ROPE_TOL[dtype], msg=name)
+        qi, ki = q.clone(), k.clone()
+        assert fn_inplace(qi, ki, *where, **kw) is None
+        assert torch.equal(qi, q_rope) and torch.equal(ki, k_rope), name
+    flashkv.check_device_errors()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rotary_dim", [128, 64])
+def test_rope_cos_sin_cache_matches_cpu(dtype, is_neox, rotary_dim):
+    """vLLM's layout: query/key [nnz, heads * head_size], a float32 cos/sin cache."""
+    g = gen(14)
+    nnz, hq, hk, d = 29, 32, 8, 128
+    query = rand((nnz, hq * d), dtype, g) * 4
+    key = rand((nnz, hk * d), dtype, g) * 4
+    freqs = 1e4 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    ang = torch.arange(8192, dtype=torch.float64)[:, None] * freqs[None, :]
+    cache = torch.cat([ang.cos(), ang.sin()], dim=1).float()
+    positions = torch.randint(0, 8192, (nnz,), generator=g, device="cuda").to(torch.int32)
+    q_out, k_out = flashkv.apply_rope_with_cos_sin_cache(positions, query, key, d, cache.cuda(),
+                                                         is_neox)
+    assert q_out.shape == query.shape and k_out.shape == key.shape
+    q_ref, k_ref = flashkv.apply_rope_with_cos_sin_cache(positions.cpu(), query.cpu(), key.cpu(),
+                                                         d, cache, is_neox)
+    torch.testing.assert_close(q_out.cpu(), q_ref, **ROPE_TOL[dtype])
+    torch.testing.assert_close(k_out.cpu(), k_ref, **ROPE_TOL[dtype])
+    flashkv.apply_rope_with_cos_sin_cache_inplace(positions, query, key, d, cache.cuda(), is_neox)
+    assert torch.equal(query, q_out) and torch.equal(key, k_out)
+
+
+def test_rope_device_error_is_reported():
+    g = gen(15)
+    q, k = rand((3, 8, 64), "float16", g), rand((3, 2, 64), "float16", g)
+    q0, k0 = q.clone(), k.clone()
+    flashkv.apply_rope_pos_ids_inplace(q, k, i32([0, -5, 2]))
+    with pytest.raises(ValueError, match=r"pos_ids\[1\] = -5 is negative"):
+        flashkv.check_device_errors()
+    flashkv.check_device_errors()  # raised once, then cleared
+    assert torch.equal(q[1], q0[1]) and torch.equal(k[1], k0[1])  # that token left as it was
+    assert not torch.equal(q[2], q0[2])
+
+
+STEP_ROPES = ["none", "llama", "llama31", "cos_sin_cache"]
+
+
+def step_cos_sin_cache(d, max_position=1 << 17):
+    freqs = 1e4 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+    ang = torch.arange(max_position, dtype=torch.float64, device="cuda")[:, None] * freqs[None]
+    return torch.cat([ang.cos(), ang.sin()], dim=1).float()
+
+
+def unfused_step(rope, q, k_new, v_new, cache, pos, append_pos, w, indices, indptr, last,
+                 layout, cos_sin):
+    """What run_step replaces: RoPE -> append_paged_kv_cache -> run."""
+    if rope == "none":
+        q_rot, k_rot = q, k_new
+    elif rope == "llama":
+        q_rot, k_rot = flashkv.apply_rope_pos_ids(q, k_new, pos)
+    elif rope == "llama31":
+        q_rot, k_rot = flashkv.apply_llama31_rope_pos_ids(q, k_new, pos)
+    else:
+        q_rot, k_rot = flashkv.apply_rope_with_cos_sin_cache(pos, q, k_new, q.shape[-1], cos_sin)
+    b = q.shape[0]
+    flashkv.append_paged_kv_cache(k_rot, v_new, torch.arange(b, dtype=torch.int32, device="cuda"),
+                                  append_pos, cache, indices, indptr, last, kv_layout=layout)
+    out, lse = w.run(q_rot, cache, return_lse=True)
+    return q_rot, out, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rope", STEP_ROPES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("explicit_pos", [False, True])
+def test_run_step_equals_unfused(dtype, rope, layout, interleaved, explicit_pos):
+    """run_step == apply_*_pos_ids -> append_paged_kv_cache -> run: outputs, LSE and cache
+    bitwise (torch.equal); the output also against SDPA over the updated cache."""
+    g = gen(16)
+    hq, hk, d, ps = 32, 8, 128, 16
+    kv_lens = [1, 17, 16, 300, 2048, 33]  # after the append: the new token is at kv_len - 1
+    cache = Paged(kv_lens, ps, hk, d, dtype, layout, g)
+    b = len(kv_lens)
+    q = rand((b, hq, d), dtype, g)
+    k_new, v_new = rand((b, hk, d), dtype, g), rand((b, hk, d), dtype, g)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace(), layout)
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           q_data_type=tdtype(dtype))
+    append_pos = i32(kv_lens) - 1
+    pos_ids = i32([5, 0, 70000, 299, 2047, 12]) if explicit_pos else None
+    cos_sin = step_cos_sin_cache(d) if rope == "cos_sin_cache" else None
+    fused, unfused = clone_cache(cache.cache(interleaved)), clone_cache(cache.cache(interleaved))
+    q_before = q.clone()
+    out, lse = w.run_step(q, k_new, v_new, fused, rope=rope, pos_ids=pos_ids,
+                          cos_sin_cache=cos_sin, return_lse=True)
+    assert torch.equal(q, q_before)  # q is read, not modified
+    q_rot, ref_out, ref_lse = unfused_step(
+        rope, q, k_new, v_new, unfused, append_pos if pos_ids is None else pos_ids, append_pos,
+        w, cache.indices, cache.indptr, cache.last_page_len, layout, cos_sin)
+    torch.cuda.synchronize()
+    flashkv.check_device_errors()
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert_caches_equal(fused, unfused)
+    cache.k, cache.v = (fused[:, 0], fused[:, 1]) if interleaved else fused
+    for i in range(b):
+        ref, ref_l = sdpa_ref(q_rot[i:i + 1], *cache.gather(i))
+        check_out(out[i], ref[0], dtype)
+        check_lse(lse[i], ref_l[0])
+
+
+def test_run_step_cuda_graph_across_replans():
+    """run_step captured once (at max_batch rows), replayed after re-plans: each replay appends
+    where its plan says (the cache equals the unfused ops' bitwise) and attends the result."""
+    g = gen(17)
+    hq, hk, d, ps, max_batch, num_pages = 32, 8, 128, 16, 4, 300
+    kv = rand((num_pages, 2, ps, hk, d), "float16", g)
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(max_batch + 1, dtype=torch.int32,
+                                                   device="cuda"),
+                paged_kv_indices_buffer=torch.zeros(num_pages, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buffer=torch.zeros(max_batch, dtype=torch.int32,
+                                                          device="cuda"))
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD", use_cuda_graph=True,
+                                                   **bufs)
+    plain = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    q_s = torch.zeros(max_batch, hq, d, dtype=torch.float16, device="cuda")
+    k_s, v_s = (torch.zeros(max_batch, hk, d, dtype=torch.float16, device="cuda")
+                for _ in range(2))
+    out_s = torch.zeros_like(q_s)
+    rng = np.random.default_rng(3)
+
+    def plan(kv_lens):
+        pages = [(n + ps - 1) // ps for n in kv_lens]
+        indptr = torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32)
+        indices = torch.tensor(rng.permutation(num_pages)[: sum(pages)], dtype=torch.int32).cuda()
+        last = torch.tensor([n - (p - 1) * ps for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+        w.plan(indptr, indices, last, hq, hk, d, ps)
+        plain.plan(indptr, indices, last, hq, hk, d, ps)
+        for x in (q_s, k_s, v_s):
+            x.copy_(rand(x.shape, "float16", g))
+        return indptr.cuda(), indices, last.cuda()
+
+    plan([5, 17, 300, 1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w.run_step(q_s, k_s, v_s, kv, rope="llama31", out=out_s)  # warm-up (compiles, appends)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run_step(q_s, k_s, v_s, kv, rope="llama31", out=out_s)
+    for lens in ([5, 17, 300, 1], [1000, 2, 64], [33, 16, 1, 700]):
+        indptr, indices, last = plan(lens)
+        b = len(lens)
+        expected = kv.clone()
+        q_rot, _, _ = unfused_step("llama31", q_s[:b], k_s[:b], v_s[:b], expected,
+                                   i32(lens) - 1, i32(lens) - 1, plain, indices, indptr, last,
+                                   "NHD", None)
+        graph.replay()
+        torch.cuda.synchronize()
+        flashkv.check_device_errors()
+        assert torch.equal(kv, expected)
+        for i in range(b):
+            ids = indices[indptr[i]: indptr[i + 1]].long()
+            k = kv[ids, 0].reshape(-1, hk, d)[: lens[i]]
+            v = kv[ids, 1].reshape(-1, hk, d)[: lens[i]]
+            ref, _ = sdpa_ref(q_rot[i:i + 1], k, v)
+            check_out(out_s[i], ref[0], "float16")
+
+
+class SharedPaged(Paged):
+    """A paged cache whose requests share prefixes: `groups` lists (prefix pages, members);
+    requests in no group have only their own pages. Page ids are scattered at random."""
+
+    def __init__(self, prefix_pages, members, suffix_lens, page_size, hk, d, dtype, layout, g):
+        self.page_size, self.layout = page_size, layout
+        rng = np.random.default_rng(len(suffix_lens))
+        prefixes, nxt = [], 0
+        for n in prefix_pages:
+            prefixes.append(list(range(nxt, nxt + n)))
+            nxt += n
+        lists, kv_lens, last = [], [], []
+        for m, n in zip(members, suffix_lens):
+            own = list(range(nxt, nxt + (n + page_size - 1) // page_size))
+            nxt += len(own)
+            pre = prefixes[m] if m is not None else []
+            lists.append(pre + own)
+            kv_lens.append(len(pre) * page_size + n)
+            last.append(n - (len(own) - 1) * page_size)
+        num_pages = nxt + 5
+        perm = rng.permutation(num_pages)
+        self.prefixes = [[int(perm[p]) for p in pre] for pre in prefixes]
+        self.own = [[int(perm[p]) for p in lst[len(lst) - (n + page_size - 1) // page_size:]]
+                    for lst, n in zip(lists, suffix_lens)]
+        self.members, self.kv_lens, self.suffix_lens = list(members), kv_lens, list(suffix_lens)
+        flat = [int(perm[p]) for lst in lists for p in lst]
+        self.indptr = i32(np.concatenate([[0], np.cumsum([len(x) for x in lists])]))
+        self.indices = i32(flat)
+        self.last_page_len = i32(last)
+        inner = (page_size, hk, d) if layout == "NHD" else (hk, page_size, d)
+        self.kv = rand((num_pages, 2) + inner, dtype, g)
+        self.k, self.v = self.kv[:, 0].contiguous(), self.kv[:, 1].contiguous()
+
+    def levels(self, qo_lens):
+        """FlashInfer's 2-level arrays (level 0: the groups' prefixes, level 1: suffixes), for
+        requests ordered by group, as they are here."""
+        rows = np.concatenate([[0], np.cumsum(qo_lens)])
+        groups = sorted(set(m for m in self.members if m is not None))
+        qo0, kv0, idx0, last0 = [0], [0], [], []
+        for gi in groups:
+            last_member = max(i for i, m in enumerate(self.members) if m == gi)
+            qo0.append(int(rows[last_member + 1]))
+            idx0 += self.prefixes[gi]
+            kv0.append(len(idx0))
+            last0.append(self.page_size)
+        if qo0[-1] != rows[-1]:  # requests in no group: an empty group
+            qo0.append(int(rows[-1]))
+            kv0.append(len(idx0))
+            last0.append(0)
+        own = [p for lst in self.own for p in lst]
+        kv1 = np.concatenate([[0], np.cumsum([len(x) for x in self.own])])
+        last1 = [n - (len(o) - 1) * self.page_size for n, o in zip(self.suffix_lens, self.own)]
+        return ([i32(qo0), i32(rows)], [i32(kv0), i32(kv1)], [i32(idx0), i32(own)],
+                [i32(last0), i32(last1)])
+
+
+def shared_batch(dtype, layout, g):
+    # Requests 0-3 share a 1024-token prefix, 4-7 a 512-token one, request 8 shares nothing.
+    return SharedPaged([64, 32], [0, 0, 0, 0, 1, 1, 1, 1, None],
+                       [1, 17, 100, 5, 33, 16, 2, 250, 40], 16, 8, 128, dtype, layout, g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("use", ["always", "auto"])
+def test_cascade_wrapper_decode_matches_plain_decode(dtype, layout, use):
+    g = gen(18)
+    hq, hk, d, ps = 32, 8, 128, 16
+    c = shared_batch(dtype, layout, g)
+    b = len(c.kv_lens)
+    q = rand((b, hq, d), dtype, g)
+    plain = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace(), layout)
+    plain.plan(c.indptr, c.indices, c.last_page_len, hq, hk, d, ps, q_data_type=tdtype(dtype))
+    ref_out, ref_lse = plain.run(q, c.kv, return_lse=True)
+    w = flashkv.MultiLevelCascadeWrapper(workspace(), layout)
+    w.plan(None, c.indptr, c.indices, c.last_page_len, hq, hk, d, ps, q_data_type=tdtype(dtype),
+           use_cascade=use)
+    if use == "always":
+        info = w.plan_info()
+        assert info["cascade"] and info["num_levels"] >= 2
+        assert info["cascade_kv_bytes"] < info["plain_kv_bytes"]
+    out, lse = w.run(q, c.kv, return_lse=True)
+    # Both within the tolerance rule of the exact result (about 2u each; the cascade rounds each
+    # level's output once more), so within 4u of each other.
+    assert rel_err(out.float(), ref_out.float()) <= 4 * UNIT_ROUNDOFF[dtype]
+    for i in range(b):
+        ref, ref_l = sdpa_ref(q[i:i + 1], *c.gather(i))
+        check_out(out[i], ref[0], dtype)
+        check_lse(lse[i], ref_l[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cascade_wrapper_causal_append(dtype):
+    g = gen(19)
+    hq, hk, d, ps = 32, 8, 128, 16
+    c = shared_batch(dtype, "NHD", g)
+    qo_lens = [1, 4, 7, 2, 3, 1, 2, 9, 5]
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
+    q = rand((sum(qo_lens), hq, d), dtype, g)
+    w = flashkv.MultiLevelCascadeWrapper(workspace())
+    w.plan(qo_indptr, c.indptr, c.indices, c.last_page_len, hq, hk, d, ps, causal=True,
+           q_data_type=tdtype(dtype), use_cascade="always")
+    assert w.plan_info()["cascade"]
+    out, lse = w.run(q, (c.k, c.v), return_lse=True)
+    for i in range(len(qo_lens)):
+        rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
+        ref, ref_l = sdpa_ref(q[rows], *c.gather(i), causal=True)
+        check_out(out[rows], ref, dtype)
+        check_lse(lse[rows], ref_l)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flashinfer_cascade_wrapper_matches_plain_decode(dtype):
+    """FlashInfer's explicit 2-level arrays (shared prefixes, then suffixes) on the GPU."""
+    g = gen(20)
+    hq, hk, d, ps = 32, 8, 128, 16
+    c = shared_batch(dtype, "NHD", g)
+    b = len(c.kv_lens)
+    q = rand((b, hq, d), dtype, g)
+    w = flashkv.MultiLevelCascadeAttentionWrapper(2, workspace(), "NHD")
+    w.plan(*c.levels([1] * b), hq, hk, d, ps, q_data_type=tdtype(dtype))
+    out, lse = w.run(q, c.kv, return_lse=True)
+    plain = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    plain.plan(c.indptr, c.indices, c.last_page_len, hq, hk, d, ps, q_data_type=tdtype(dtype))
+    ref_out = plain.run(q, c.kv)
+    assert rel_err(out.float(), ref_out.float()) <= 4 * UNIT_ROUNDOFF[dtype]  # as above
+    for i in range(b):
+        ref, ref_l = sdpa_ref(q[i:i + 1], *c.gather(i))
+        check_out(out[i], ref[0], dtype)
+        check_lse(lse[i], ref_l[0])

@@ -29,7 +29,7 @@ class FakeOp:
     made = []
 
     def __init__(self, workspace, device, **cfg):
-        self.cfg, self.plans, self.runs = cfg, [], []
+        self.workspace, self.cfg, self.plans, self.runs = workspace, cfg, [], []
         FakeOp.made.append(self)
 
     @staticmethod
@@ -46,8 +46,24 @@ class FakeOp:
         if lse is not None:
             lse[...] = 1.0  # natural log, as the C++ objects write it
 
+    def run_step(self, *args):
+        self.runs.append(args)
+        args[9][...] = 0.25  # out
+
     def plan_info(self):
         return {"tile_rows": 32}
+
+
+class FakeCascade(FakeOp):
+    """Stands in for _C.MultiLevelCascade."""
+
+    @staticmethod
+    def workspace_bytes(device, max_batch, max_qo_tokens, max_pages, num_qo_heads, head_dim,
+                        max_levels):
+        return 1000 * max_batch + 10 * max_qo_tokens + max_pages + num_qo_heads * head_dim
+
+    def plan_info(self):
+        return {"cascade": True}
 
 
 @pytest.fixture
@@ -55,6 +71,7 @@ def fake(monkeypatch):
     FakeOp.made = []
     syncs = []
     monkeypatch.setattr(_C, "BatchDecode", FakeOp)
+    monkeypatch.setattr(_C, "MultiLevelCascade", FakeCascade)
     monkeypatch.setattr(_C, "device_synchronize", syncs.append)
     monkeypatch.setattr(prefill.BatchPrefillWithPagedKVCacheWrapper, "_op_class", FakeOp)
     monkeypatch.setattr(prefill.BatchPrefillWithRaggedKVCacheWrapper, "_op_class", FakeOp)
@@ -164,3 +181,91 @@ def test_ragged_prefill_plan_arguments(fake):
     k = cuda(np.zeros((4, 9, 128), np.float16))  # HND [H, L, D]
     w.run(q, k, k, out=out)
     assert op.runs[-1][1].shape == (9, 4, 128)  # passed on as an NHD view
+
+
+def test_run_step_arguments(fake):
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
+    decode_plan(w, 2)
+    op = FakeOp.made[-1]
+    q, out = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8, 64), np.float16))
+    kn = cuda(np.zeros((2, 2, 64), np.float16))
+    kv = cuda(np.zeros((4, 2, 16, 2, 64), np.float16))
+    pos = cuda([5, 6], np.int32)
+    assert w.run_step(q, kn, kn, kv, rope="llama31", pos_ids=pos, out=out) is out
+    assert (out == 0.25).all()
+    args = op.runs[-1]
+    assert args[5] == "NHD" and args[3].shape == (4, 16, 2, 64)
+    assert args[11:] == ("llama31", 0, False, 8.0, 5e5, 1.0, 4.0, 8192.0, None, True, pos, 0)
+    w.run_step(q, kn, kn, kv, rope="llama", rotary_dim=32, interleave=True, out=out)
+    assert op.runs[-1][11:17] == ("llama", 32, True, 1.0, 1e4, 1.0)
+    assert op.runs[-1][-2] is None  # pos_ids: kv_len - 1, from the plan
+    cs = cuda(np.zeros((8, 64), np.float32))
+    w.run_step(q, kn, kn, kv, rope="cos_sin_cache", cos_sin_cache=cs, is_neox=False, out=out)
+    assert op.runs[-1][11] == "cos_sin_cache" and op.runs[-1][19] is cs
+    assert op.runs[-1][20] is False
+    lse = cuda(np.zeros((2, 8), np.float32))
+    w.run_step(q, kn, kn, kv, out=out, lse=lse, return_lse=True)
+    np.testing.assert_allclose(lse, 0.0)  # FakeOp.run_step writes no lse: base 2 of 0 is 0
+
+
+def cascade_plan(w, batch, pages_per_request=2, qo=None, **kw):
+    indptr = np.arange(batch + 1, dtype=np.int32) * pages_per_request
+    qo_indptr = None if qo is None else np.arange(batch + 1, dtype=np.int32) * qo
+    w.plan(qo_indptr, indptr, cuda(np.arange(batch * pages_per_request), np.int32),
+           np.full(batch, 16, np.int32), 8, 2, 64, 16, **kw)
+
+
+def test_cascade_wrapper_sizes_by_mode(fake):
+    w = flashkv.MultiLevelCascadeWrapper(cuda(np.zeros(100_000, np.uint8)), "HND", max_levels=2)
+    cascade_plan(w, 3)  # decode: max_qo_tokens 0, exactly
+    op = FakeCascade.made[-1]
+    assert op.cfg == dict(max_batch=4, max_qo_tokens=0, max_pages=8, num_qo_heads=8, head_dim=64,
+                          max_levels=2)
+    qo, kvp, idx, last, ps, hq, hk, d, dt, causal, scale, use, mgs, graph, stream = op.plans[-1]
+    assert qo is None and kvp.tolist() == [0, 2, 4, 6] and idx.tolist() == list(range(6))
+    assert (ps, dt, causal, use, mgs, graph) == (16, "f16", False, "auto", 2, False)
+    cascade_plan(w, 4)
+    assert len(FakeCascade.made) == 1  # fits
+    cascade_plan(w, 3, qo=5, causal=True, use_cascade="always", q_data_type="bfloat16")
+    op = FakeCascade.made[-1]  # prefill rows: a new object, rows rounded up
+    assert len(FakeCascade.made) == 2 and op.cfg["max_qo_tokens"] == 16
+    assert op.plans[-1][0].tolist() == [0, 5, 10, 15] and op.plans[-1][8:12] == (
+        "bf16", True, 0.0, "always")
+    cascade_plan(w, 2, qo=1)
+    assert len(FakeCascade.made) == 2  # prefill fits prefill
+    cascade_plan(w, 2)
+    assert len(FakeCascade.made) == 3 and FakeCascade.made[-1].cfg["max_qo_tokens"] == 0
+    q, out = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8, 64), np.float16))
+    lse = cuda(np.zeros((2, 8), np.float32))
+    kv = cuda(np.zeros((4, 2, 2, 16, 64), np.float16))
+    w.run(q, kv, out=out, lse=lse, return_lse=True)
+    args = FakeCascade.made[-1].runs[-1]
+    assert args[3] == "HND" and args[1].shape == (4, 2, 16, 64) and args[4] is out
+    np.testing.assert_allclose(lse, LOG2E, rtol=1e-6)
+    assert w.plan_info() == {"cascade": True}
+
+
+def test_cascade_wrapper_cuda_graph_is_sized_once(fake):
+    w = flashkv.MultiLevelCascadeWrapper(cuda(np.zeros(100_000, np.uint8)), use_cuda_graph=True)
+    cascade_plan(w, 3)
+    assert FakeCascade.made[-1].cfg["max_batch"] == 3 and FakeCascade.made[-1].plans[-1][13]
+    with pytest.raises(ValueError, match="max_batch 4 > 3, max_pages 8 > 6: in CUDA graph mode"):
+        cascade_plan(w, 4)
+    with pytest.raises(ValueError, match="keeps the mode of its first plan"):
+        cascade_plan(w, 3, qo=2)
+
+
+def test_explicit_cascade_splits_the_workspace(fake):
+    ws = cuda(np.zeros(100_000, np.uint8))
+    w = flashkv.MultiLevelCascadeAttentionWrapper(3, ws)
+    qo = [np.array([0, 2]), np.array([0, 1, 2]), np.array([0, 1, 2])]
+    kvp = [np.array([0, 1]), np.array([0, 1, 1]), np.array([0, 1, 2])]
+    idx = [cuda([0], np.int32), cuda([1], np.int32), cuda([2, 3], np.int32)]
+    last = [np.array([16]), np.array([16, 0]), np.array([3, 5])]
+    w.plan(qo, kvp, idx, last, 8, 2, 64, 16, causal=True)
+    ops = FakeOp.made[-3:]
+    starts = [op.workspace.__array_interface__["data"][0] for op in ops]
+    base = ws.__array_interface__["data"][0]
+    assert [s - base for s in starts] == [0, 33280, 66560]  # disjoint, 256-byte multiples
+    assert all(op.workspace.nbytes == 33280 for op in ops)
+    assert [op.plans[-1][10] for op in ops] == [False, False, True]  # causal: the last level
