@@ -53,6 +53,26 @@ struct DecodeTCConfig {
                 "the cross-warp merge must fit in the pipeline's shared memory");
 };
 
+// RoPE on the staged query rows (swizzled 16-bit rows in shared memory), pair by pair with the
+// cos/sin table of the item's position: the same rope_rotate and one rounding as apply_rope's
+// kernel, so the fused step stays bitwise equal to the unfused ops.
+template <class C>
+__device__ __forceinline__ void decode_tc_rotate_q(const RopeSpec& spec, unsigned char* q_smem,
+                                                   const float2* table) {
+  typedef typename C::q_t q_t;
+  const int half = spec.rotary_dim / 2;
+  for (int idx = threadIdx.x; idx < C::kGroup * half; idx += C::kThreads) {
+    const int row = idx / half, i = idx % half;
+    const int e1 = rope_first(spec, i), e2 = rope_second(spec, i);
+    q_t* a = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kChunks>(row, e1 / 8)) + e1 % 8;
+    q_t* b = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kChunks>(row, e2 / 8)) + e2 % 8;
+    float y1, y2;
+    rope_rotate(to_float(*a), to_float(*b), table[i].x, table[i].y, y1, y2);
+    *a = from_float<q_t>(y1);
+    *b = from_float<q_t>(y2);
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                     unsigned char* smem) {
@@ -109,14 +129,30 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     cp_async_commit();
   }
   if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
+  // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
+  // (not loaded before the main loop's first issue, which the barrier below precedes).
+  float2* rope_table = reinterpret_cast<float2*>(v_smem + (C::kStages - 1) * C::kStageElems * 2);
+  if (step_pos >= 0) {
+    for (int i = threadIdx.x; i < p.step.spec.rotary_dim / 2; i += C::kThreads) {
+      rope_cos_sin(p.step.spec, step_pos, i, rope_table[i].x, rope_table[i].y);
+    }
+  }
   // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >= kGroup are zero and never written out).
   for (int ci = threadIdx.x; ci < R * 16 * C::kChunks; ci += C::kThreads) {
     const int row = ci / C::kChunks, chunk = ci % C::kChunks;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < C::kGroup) {
-      val = decode_step_load_q8<typename C::q_t>(p, w, w.kv_head * C::kGroup + row, chunk * 8, step_pos);
+      const int qo_head = w.kv_head * C::kGroup + row;
+      val = *reinterpret_cast<const uint4*>(static_cast<const typename C::q_t*>(p.q) +
+                                            (long long)w.request * p.q_stride_n +
+                                            (long long)qo_head * p.q_stride_h + chunk * 8);
     }
     *reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, chunk)) = val;
+  }
+  if (step_pos >= 0) {  // rotate the staged rows in place: one thread per (row, pair)
+    __syncthreads();
+    decode_tc_rotate_q<C>(p.step.spec, q_smem, rope_table);
+    __syncthreads();
   }
 
   const u32 q_base = smem_addr(q_smem);
