@@ -20,6 +20,8 @@ struct DecodeBenchOptions {
   int reps = 30;
   int ctas_per_sm = 2;           // BatchDecodeConfig.ctas_per_sm
   std::string backend = "auto";  // auto, cuda, tc
+  std::vector<double> alphas = {0.0};      // DecodePlanOptions.work_item_cost_tokens (0: default)
+  std::vector<int> min_chunks = {0};       // DecodePlanOptions.min_chunk_tokens (0: default)
   std::string workloads_file;
 };
 

@@ -167,6 +167,12 @@ void add_bench_command(CLI::App& app) {
                   "auto, cuda (CUDA cores) or tc (tensor cores)")
       ->check(CLI::IsMember({"auto", "cuda", "tc"}))
       ->capture_default_str();
+  cmd->add_option("--decode-alphas", a->decode.alphas,
+                  "decode scheduler sweep: work-item cost in KV tokens (0: default)")
+      ->capture_default_str();
+  cmd->add_option("--decode-min-chunks", a->decode.min_chunks,
+                  "decode scheduler sweep: shortest split chunk in tokens (0: default)")
+      ->capture_default_str();
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->capture_default_str();
   cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();

@@ -99,6 +99,9 @@ class MultiLevelCascade {
            Stream stream = nullptr);
 
   CascadePlanInfo plan_info() const;
+  // A captured graph holds q/out/lse and the levels' kernels fixed: plan() refuses more query rows
+  // than it captured. Call this after destroying every graph that captured run().
+  void forget_captured_graphs();
 
  private:
   struct Impl;

@@ -43,6 +43,10 @@ struct DecodePlanOptions {
   int fixed_split_size = 0;  // > 0: split each request's KV in chunks of this many tokens,
                              // independent of the rest of the batch (batch-invariant output)
   bool disable_split_kv = false;
+  // Scheduler tuning (0: the defaults of scheduler/decode_scheduler.h): the fixed cost of a work
+  // item in KV-token units (the cost model's alpha) and the shortest chunk dynamic splitting makes.
+  double work_item_cost_tokens = 0.0;
+  int min_chunk_tokens = 0;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
@@ -65,8 +69,8 @@ struct DecodeStepOptions {
   bool is_neox = true;         // Rope::kCosSinCache: half-split pairs (false: interleaved)
   // Optional i32 [batch] on the device: the RoPE position of each request's new token. Default:
   // kv_len - 1, the position the token is appended at. A position < 0 (or >= max_position with a
-  // cos_sin_cache) leaves that request's q and key unrotated and is reported through
-  // check_device_errors() (device_errors.h).
+  // cos_sin_cache) is reported through check_device_errors() (device_errors.h); that request's
+  // new token is not written to the cache and its q is not rotated (its output is meaningless).
   TensorView pos_ids;
 };
 

@@ -87,8 +87,11 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   // Fused step: the new token's k/v go into the cache before the load of its tile is issued.
   const long long step_pos = decode_step_position(p, w);
-  const int append_tile = decode_step_append_tile<C>(p, w);
+  const int append_tile = decode_step_append_tile<C>(p, w, step_pos);
 
+  // Fused step with RoPE: cos/sin of this thread's columns, once for all its heads.
+  StepRot8 rot{};
+  if (step_pos >= 0 && tx * V < p.step.spec.rotary_dim) rot = decode_step_rot8(p.step.spec, tx * V, step_pos);
   // Query heads of this thread, pre-scaled so logits come out in base 2.
   float q[H][V];
   bool head_ok[H];
@@ -97,7 +100,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     const int g = ty + h * C::kBdy;
     head_ok[h] = g < C::kGroup;
     const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
-    Vec16<typename C::q_t>::to_floats(decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos), q[h]);
+    Vec16<typename C::q_t>::to_floats(decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos, rot), q[h]);
 #pragma unroll
     for (int i = 0; i < V; ++i) q[h][i] *= p.sm_scale_log2;
   }
@@ -230,7 +233,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
   typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;

@@ -28,8 +28,12 @@ __device__ __forceinline__ bool decode_step_active(const DecodeParams& p) {
   return p.step.new_k != nullptr;
 }
 
+// decode_step_position's value for a RoPE position out of range: the request's q and key are not
+// rotated and its new token is not appended (device_errors.h: nothing is written for bad input).
+constexpr long long kStepBadPosition = -2;
+
 // The RoPE position of request w.request's new token; -1 when nothing rotates (no fused step, no
-// RoPE) or the position is out of range (reported once per request).
+// RoPE), kStepBadPosition when the position is out of range (reported once per request).
 __device__ __forceinline__ long long decode_step_position(const DecodeParams& p,
                                                           const DecodeWorkItem& w) {
   if (!decode_step_active(p) || !p.step.rope) return -1;
@@ -41,23 +45,42 @@ __device__ __forceinline__ long long decode_step_position(const DecodeParams& p,
                           p.step.spec.cos_sin_cache != nullptr ? p.step.spec.max_position : -1, -1,
                           w.request);
     }
-    return -1;
+    return kStepBadPosition;
   }
   return pos;
 }
 
-// Element e of a head row `row` (of T), rotated when e < rotary_dim: reads its pair partner
-// from the same row. Returns the value rounded to T and back, as the unfused RoPE writes it.
+// cos/sin of the pairs of 8 consecutive elements [col, col + 8) at one position: a thread that
+// rotates the same columns of several heads computes them once.
+struct StepRot8 {
+  float c[8], s[8];
+};
+__device__ __forceinline__ int rope_pair_of(const RopeSpec& r, int e) {
+  const int half = r.rotary_dim / 2;
+  return r.interleave ? e / 2 : (e < half ? e : e - half);
+}
+__device__ __forceinline__ StepRot8 decode_step_rot8(const RopeSpec& r, int col, long long pos) {
+  StepRot8 t;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    t.c[e] = 1.f;
+    t.s[e] = 0.f;
+    if (col + e < r.rotary_dim) rope_cos_sin(r, pos, rope_pair_of(r, col + e), t.c[e], t.s[e]);
+  }
+  return t;
+}
+
+// Element e of a head row `row` (of T), rotated by (c, s) when e < rotary_dim: reads its pair
+// partner from the same row. Returns the value rounded to T and back, as the unfused RoPE
+// writes it.
 template <class T>
 __device__ __forceinline__ float decode_step_rotated(const RopeSpec& r, const T* row, int e, float x,
-                                                     long long pos) {
+                                                     float c, float s) {
   if (e >= r.rotary_dim) return x;
-  const int half = r.rotary_dim / 2;
-  const int i = r.interleave ? e / 2 : (e < half ? e : e - half);
-  const bool first = r.interleave ? (e % 2 == 0) : e < half;
+  const int i = rope_pair_of(r, e);
+  const bool first = r.interleave ? (e % 2 == 0) : e < r.rotary_dim / 2;
   const float partner = to_float(row[first ? rope_second(r, i) : rope_first(r, i)]);
-  float c, s, y1, y2;
-  rope_cos_sin(r, pos, i, c, s);
+  float y1, y2;
   if (first) {
     rope_rotate(x, partner, c, s, y1, y2);
     return to_float(from_float<T>(y1));
@@ -67,10 +90,11 @@ __device__ __forceinline__ float decode_step_rotated(const RopeSpec& r, const T*
 }
 
 // 8 elements [col, col + 8) of query head `qo_head` of request w.request, loaded and, in a fused
-// step with RoPE, rotated (pos < 0: left as they are; the error is reported).
+// step with RoPE (pos >= 0), rotated with the cos/sin of `rot` (decode_step_rot8 of col, pos).
 template <class T>
 __device__ __forceinline__ uint4 decode_step_load_q8(const DecodeParams& p, const DecodeWorkItem& w,
-                                                     int qo_head, int col, long long pos) {
+                                                     int qo_head, int col, long long pos,
+                                                     const StepRot8& rot) {
   const T* row = static_cast<const T*>(p.q) + (long long)w.request * p.q_stride_n +
                  (long long)qo_head * p.q_stride_h;
   const uint4 raw = *reinterpret_cast<const uint4*>(row + col);
@@ -78,15 +102,19 @@ __device__ __forceinline__ uint4 decode_step_load_q8(const DecodeParams& p, cons
   float x[8];
   Vec16<T>::to_floats(raw, x);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = decode_step_rotated<T>(p.step.spec, row, col + e, x[e], pos);
+  for (int e = 0; e < 8; ++e) x[e] = decode_step_rotated<T>(p.step.spec, row, col + e, x[e], rot.c[e], rot.s[e]);
   return Vec16<T>::from_floats(x);
 }
 
 // The KV tile of work item w (tiles of C::kTile tokens from kv_start) that holds the new token,
-// when this item appends it (its chunk ends at kv_len); -1 otherwise. Uniform across the CTA.
+// when this item appends it (its chunk ends at kv_len and its RoPE position is valid); -1
+// otherwise. Uniform across the CTA.
 template <class C>
-__device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p, const DecodeWorkItem& w) {
-  if (!decode_step_active(p) || w.kv_end != w.kv_len || w.kv_end == w.kv_start) return -1;
+__device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p, const DecodeWorkItem& w,
+                                                       long long step_pos) {
+  if (!decode_step_active(p) || step_pos == kStepBadPosition || w.kv_end != w.kv_len ||
+      w.kv_end == w.kv_start)
+    return -1;
   return (w.kv_end - w.kv_start - 1) / C::kTile;
 }
 
@@ -116,7 +144,11 @@ __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const 
         float x[8];
         Vec16<kv_t>::to_floats(kv, x);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = decode_step_rotated<kv_t>(p.step.spec, ks, c * 8 + e, x[e], pos);
+        for (int e = 0; e < 8; ++e) {
+          float cs, sn;
+          rope_cos_sin(p.step.spec, pos, rope_pair_of(p.step.spec, c * 8 + e), cs, sn);
+          x[e] = decode_step_rotated<kv_t>(p.step.spec, ks, c * 8 + e, x[e], cs, sn);
+        }
         kv = Vec16<kv_t>::from_floats(x);
       }
       *reinterpret_cast<uint4*>(kd + c * 8) = kv;

@@ -103,7 +103,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 
   // Fused step: the new token's k/v go into the cache before the load of its tile is issued.
   const long long step_pos = decode_step_position(p, w);
-  const int append_tile = decode_step_append_tile<C>(p, w);
+  const int append_tile = decode_step_append_tile<C>(p, w, step_pos);
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
@@ -131,6 +131,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
   // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
   // (not loaded before the main loop's first issue, which the barrier below precedes).
+  // The main loop fills stage kStages - 1 first, after the barrier that ends the rotation below.
+  static_assert(kRopeMaxPairs * sizeof(float2) <= C::kStageElems * 2, "cos/sin table fits a stage");
   float2* rope_table = reinterpret_cast<float2*>(v_smem + (C::kStages - 1) * C::kStageElems * 2);
   if (step_pos >= 0) {
     for (int i = threadIdx.x; i < p.step.spec.rotary_dim / 2; i += C::kThreads) {
@@ -301,7 +303,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 2) batch_decode_tc_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(C::kThreads, 2) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];

@@ -22,6 +22,11 @@ Arrays cross into C++ through DLPack without copies: PyTorch, CuPy, NumPy (and a
 ``__dlpack__``). CUDA arrays run flashkv's GPU kernels on the caller's current stream; host arrays
 (NumPy, CPU tensors) run the CPU reference backend, so everything here also works without a GPU.
 
+With PyTorch (>= 2.4), the GPU functions are also torch custom ops (``torch.ops.flashkv.*``,
+:mod:`flashkv._torch_ops`): the wrappers' run(), the merges, the KV append and the pos_ids RoPE
+call them on torch CUDA tensors, so ``torch.compile(fullgraph=True)`` captures them (plan() stays
+outside the graph). ``python -m flashkv.bench`` runs the standard benchmark through this API.
+
 LSE: like FlashInfer, every function here returns and takes **base-2** log-sum-exp. (The C++ API
 and ``flashkv._C`` use natural logs; the wrappers convert.) Arguments flashkv does not implement
 yet (RoPE inside attention, sliding windows, logit soft-capping, custom masks, FP8 scales, custom
@@ -69,6 +74,13 @@ from .rope import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+
+# torch custom ops (flashkv._torch_ops): registered now when torch is already loaded, else at the
+# first call that sees a torch tensor. flashkv never imports torch itself.
+if "torch" in __import__("sys").modules:
+    from . import _arrays as _A  # noqa: E402
+
+    _A._TORCH_OPS[:] = [_A.load_torch_ops()]
 
 
 def cuda_available() -> bool:

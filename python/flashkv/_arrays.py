@@ -29,6 +29,38 @@ def framework(x) -> str:
     return root if root in ("torch", "numpy", "cupy") else "other"
 
 
+_TORCH_OPS = []  # empty until the first try; then [flashkv._torch_ops] or [None]
+
+
+def torch_ops(x):
+    """flashkv._torch_ops when x is a tensor its torch custom ops take (a torch CUDA tensor), else
+    None. The ops are registered on the first call with a torch tensor (or when flashkv is
+    imported after torch); None where torch lacks torch.library.custom_op. Traceable by
+    torch.compile: the wrappers route through here so that their run() becomes one custom op."""
+    if framework(x) != "torch":
+        return None
+    if not _TORCH_OPS:
+        _TORCH_OPS.append(load_torch_ops())
+    ops = _TORCH_OPS[0]
+    return ops if ops is not None and ops.wants(x) else None
+
+
+def load_torch_ops():
+    """flashkv._torch_ops (registering the ops), or None without a torch that has custom ops; a
+    registration that fails otherwise warns and leaves flashkv on its eager paths."""
+    try:
+        from . import _torch_ops
+    except ImportError:
+        return None
+    except Exception as e:  # noqa: BLE001  (flashkv must import whatever torch does)
+        import warnings
+
+        warnings.warn(f"flashkv: torch custom ops not registered ({type(e).__name__}: {e}); "
+                      f"torch tensors take the eager path", RuntimeWarning, stacklevel=2)
+        return None
+    return _torch_ops
+
+
 def is_cuda(x) -> bool:
     fw = framework(x)
     if fw == "numpy":

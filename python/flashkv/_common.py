@@ -1,6 +1,9 @@
 """Argument handling the FlashInfer-shaped wrappers share: the arguments flashkv does not
 implement yet, paged-cache unpacking, plan/run consistency checks on the CPU path, outputs."""
 
+import itertools
+import weakref
+
 from . import _arrays as A
 
 _BACKENDS = ("auto", "fa2")  # flashkv's kernels are FA2-style (mma.sync); "auto" picks them
@@ -145,3 +148,24 @@ def finish(out, lse, return_lse):
     if lse is not None:
         A.scale_lse_to_base2(lse)
     return (out, lse) if return_lse else out
+
+
+# Wrappers by handle: the torch custom ops (flashkv._torch_ops) take an int naming the wrapper whose
+# plan they run, since a plan is not a tensor. Weak: a handle dies with its wrapper.
+_OBJECTS = weakref.WeakValueDictionary()
+_NEXT_HANDLE = itertools.count(1)
+
+
+def new_handle(obj) -> int:
+    """A process-unique int that object_of() maps back to obj while obj lives."""
+    handle = next(_NEXT_HANDLE)
+    _OBJECTS[handle] = obj
+    return handle
+
+
+def object_of(handle: int):
+    try:
+        return _OBJECTS[int(handle)]
+    except KeyError:
+        raise ValueError(f"flashkv: no live wrapper has handle {handle} (a torch custom op was "
+                         f"called with the handle of a wrapper that no longer exists)") from None

@@ -25,7 +25,15 @@ def _natural(s):
 
 def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
     """(v, s) = (v_a, s_a) ⊕ (v_b, s_b). v ``[seq_len, num_heads, head_dim]`` (float16, bfloat16
-    or float32), s ``float32 [seq_len, num_heads]`` base 2. Returns new (V, S)."""
+    or float32), s ``float32 [seq_len, num_heads]`` base 2. Returns new (V, S). On torch CUDA
+    tensors (without ``stream``) this is the torch custom op ``flashkv::merge_state``."""
+    ops = A.torch_ops(v_a) if stream is None else None
+    if ops is not None:
+        return ops.merge_state(v_a, s_a, v_b, s_b)
+    return _merge_state(v_a, s_a, v_b, s_b, stream)
+
+
+def _merge_state(v_a, s_a, v_b, s_b, stream=None):
     v_out = A.empty(v_a, v_a.shape)
     s_out = A.empty(s_a, s_a.shape, dtype="f32")
     A.call(_C.merge_state, v_a, _natural(s_a), v_b, _natural(s_b), v_out, s_out,
@@ -35,9 +43,17 @@ def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
     """(v, s) = (v, s) ⊕ (v_other, s_other), written into v and s (base-2 s). ``mask`` (merge
-    only some rows) raises NotImplementedError."""
+    only some rows) raises NotImplementedError. On torch CUDA tensors (without ``stream``) this is
+    the torch custom op ``flashkv::merge_state_in_place``."""
     if mask is not None:
         raise NotImplementedError("mask: not supported by flashkv yet (expected None)")
+    ops = A.torch_ops(v) if stream is None else None
+    if ops is not None:
+        return ops.merge_state_in_place(v, s, v_other, s_other)
+    _merge_state_in_place(v, s, v_other, s_other, stream)
+
+
+def _merge_state_in_place(v, s, v_other, s_other, stream=None):
     s_nat = _natural(s)
     A.call(_C.merge_state_in_place, v, s_nat, v_other, _natural(s_other),
            A.cuda_stream(v, stream))
@@ -47,7 +63,15 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
 def merge_states(v, s, *, stream=None):
     """⊕ over the states of each row: v ``[seq_len, num_states, num_heads, head_dim]``, s
     ``float32 [seq_len, num_states, num_heads]`` base 2. Returns (V ``[seq_len, num_heads,
-    head_dim]``, S ``[seq_len, num_heads]``)."""
+    head_dim]``, S ``[seq_len, num_heads]``). On torch CUDA tensors (without ``stream``) this is
+    the torch custom op ``flashkv::merge_states``."""
+    ops = A.torch_ops(v) if stream is None else None
+    if ops is not None:
+        return ops.merge_states(v, s)
+    return _merge_states(v, s, stream)
+
+
+def _merge_states(v, s, stream=None):
     if len(v.shape) != 4:
         raise ValueError(f"v: expected shape [seq_len, num_states, num_heads, head_dim], got "
                          f"{tuple(v.shape)}")

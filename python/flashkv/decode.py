@@ -94,6 +94,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._slot = (OpSlot(_C.BatchDecode, float_workspace_buffer, self._device,
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
+        self._handle = C.new_handle(self)  # names this wrapper to the torch custom ops
+        A.torch_ops(float_workspace_buffer)  # registers them before a torch.compile trace
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -187,13 +189,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
         Returns out, or (out, lse) with ``return_lse``; lse is **base 2** (FlashInfer's
         convention; flashkv's C++ API is natural-log). GPU work goes on torch's current stream
         (or CuPy's); allocates nothing else and never synchronizes, so it can be captured in a
-        CUDA graph in CUDA graph mode. ``enable_pdl`` is accepted and ignored.
+        CUDA graph in CUDA graph mode. ``enable_pdl`` is accepted and ignored. On torch CUDA
+        tensors this is the torch custom op ``flashkv::batch_decode_run`` (``..._out`` with
+        ``out``/``lse``), which torch.compile captures; plan() stays outside the graph.
         """
         C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
+        if self._plan is None:
+            raise ValueError("run: called before a successful plan()")
+        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        ops = A.torch_ops(q)
+        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_decode_run
+            return ops.wrapper_run("batch_decode_run", self, q, k, v, out, lse, return_lse)
+        return self._run(q, k, v, out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run(self, q, k, v, out, lse, return_lse):
+        """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
         if plan is None:
             raise ValueError("run: called before a successful plan()")
-        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         C.check_same_side(self._on_gpu, self._device, q, "q")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)
@@ -206,8 +221,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
             A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, plan["indptr"],
                    plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"])
         return C.finish(out, lse, return_lse)
-
-    run_return_lse = functools.partialmethod(run, return_lse=True)
 
     def run_step(self, q, k_new, v_new, paged_kv_cache, *, rope="none", pos_ids=None,
                  rotary_dim=None, interleave=False, rope_scale=None, rope_theta=None,

@@ -72,9 +72,22 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     A token whose position is outside its request's KV length (or whose batch index is out of
     range) is an error: on the host a ValueError naming it, raised before anything is written
     (two tokens writing one slot are an error too); on the GPU that token is skipped and the next
-    :func:`check_device_errors` raises. Returns None.
+    :func:`check_device_errors` raises. Returns None. On torch CUDA tensors (without ``stream``)
+    this is the torch custom op ``flashkv::append_paged_kv_cache`` (mutating the cache; pass an
+    interleaved cache as the one array, not as two views of it, under torch.compile).
     """
     C.check_layout(kv_layout)
+    ops = A.torch_ops(append_key) if stream is None else None
+    if ops is not None and ops.append_paged_kv_cache(
+            append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+            kv_indptr, kv_last_page_len, kv_layout) is not NotImplemented:
+        return
+    _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream)
+
+
+def _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
+                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream=None):
     k, v = C.unpack_paged_kv_cache(paged_kv_cache)
     A.call(_C.append_paged_kv_cache, append_key, append_value,
            A.index_i32(batch_indices, "batch_indices"), A.index_i32(positions, "positions"), k,

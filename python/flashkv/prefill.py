@@ -71,6 +71,8 @@ class _BatchPrefillBase:
         self._slot = (OpSlot(self._op_class, float_workspace_buffer, self._device,
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
+        self._handle = C.new_handle(self)  # names this wrapper to the torch custom ops
+        A.torch_ops(float_workspace_buffer)  # registers them before a torch.compile trace
         # A captured graph pins the kernel, whose query tile the heuristic picks from the average
         # query length: under CUDA graphs the first plan's tile is kept for every later plan.
         self._tile_rows = 0
@@ -230,13 +232,26 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         (layouts as the decode wrapper's). Returns out ``[nnz_qo, num_qo_heads, head_dim]``, or
         (out, lse) with ``return_lse``; lse float32 ``[nnz_qo, num_qo_heads]``, **base 2**
         (FlashInfer's convention). Outputs are allocated in q's framework unless given. GPU work
-        goes on torch's (or CuPy's) current stream and can be captured in CUDA graph mode.
+        goes on torch's (or CuPy's) current stream and can be captured in CUDA graph mode. On
+        torch CUDA tensors this is the torch custom op ``flashkv::batch_prefill_paged_run``
+        (``..._out`` with ``out``/``lse``), which torch.compile captures.
         """
         C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
+        if self._plan is None:
+            raise ValueError("run: called before a successful plan()")
+        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        ops = A.torch_ops(q)
+        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_prefill_paged_run
+            return ops.wrapper_run("batch_prefill_paged_run", self, q, k, v, out, lse, return_lse)
+        return self._run(q, k, v, out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run(self, q, k, v, out, lse, return_lse):
+        """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
         if plan is None:
             raise ValueError("run: called before a successful plan()")
-        k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
             A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
@@ -248,8 +263,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                    plan["indptr"], plan["indices"], plan["last_page_len"], out, lse,
                    plan["causal"], plan["sm_scale"])
         return C.finish(out, lse, return_lse)
-
-    run_return_lse = functools.partialmethod(run, return_lse=True)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
@@ -311,8 +324,21 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             return_lse=False, enable_pdl=None):
         """Ragged prefill for the planned batch: q ``[nnz_qo, num_qo_heads, head_dim]``; k, v
         ``[nnz_kv, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, nnz_kv, head_dim]`` (HND).
-        Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's)."""
+        Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's). On torch
+        CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``)."""
         C.check_run_extras(args, q_scale, k_scale, v_scale)
+        if self._plan is None:
+            raise ValueError("run: called before a successful plan()")
+        ops = A.torch_ops(q)
+        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_prefill_ragged_run
+            return ops.wrapper_run("batch_prefill_ragged_run", self, q, k, v, out, lse,
+                                   return_lse)
+        return self._run(q, k, v, out, lse, return_lse)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run(self, q, k, v, out, lse, return_lse):
+        """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
         if plan is None:
             raise ValueError("run: called before a successful plan()")
@@ -333,5 +359,3 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             A.call(_C.reference_batch_prefill_ragged, q, plan["qo_indptr"], k, v,
                    plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"])
         return C.finish(out, lse, return_lse)
-
-    run_return_lse = functools.partialmethod(run, return_lse=True)

@@ -56,20 +56,45 @@ def apply_rope_pos_ids(q, k, pos_ids, rotary_dim=None, interleave=False, rope_sc
                        rope_theta=1e4, *, stream=None):
     """Llama RoPE with per-token positions pos_ids ``[nnz]`` (FlashInfer's
     ``flashinfer.apply_rope_pos_ids``). Returns (q_rope, k_rope)."""
-    q_rope, k_rope = A.empty(q, q.shape), A.empty(k, k.shape)
-    A.call(_C.apply_rope_pos_ids, q, k, q_rope, k_rope, A.index_i32(pos_ids, "pos_ids"),
-           _rotary_dim(rotary_dim), bool(interleave), float(rope_scale), float(rope_theta),
-           A.cuda_stream(q, stream))
-    return q_rope, k_rope
+    return _pos_ids("llama", False, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
+                    1.0, 4.0, 8192.0, stream)
 
 
 def apply_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleave=False, rope_scale=1,
                                rope_theta=1e4, *, stream=None):
     """:func:`apply_rope_pos_ids` written into q and k (FlashInfer's
     ``apply_rope_pos_ids_inplace``)."""
-    A.call(_C.apply_rope_pos_ids, q, k, q, k, A.index_i32(pos_ids, "pos_ids"),
-           _rotary_dim(rotary_dim), bool(interleave), float(rope_scale), float(rope_theta),
-           A.cuda_stream(q, stream))
+    _pos_ids("llama", True, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, 1.0,
+             4.0, 8192.0, stream)
+
+
+def _pos_ids(kind, inplace, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
+             low_freq_factor, high_freq_factor, old_context_len, stream):
+    """The four pos_ids forms. kind: "llama" or "llama31" (the last three arguments are read for
+    "llama31" only). On torch CUDA tensors (without ``stream``): the torch custom ops
+    ``flashkv::rope_pos_ids`` / ``flashkv::rope_pos_ids_``."""
+    args = (kind, _rotary_dim(rotary_dim), bool(interleave), float(rope_scale), float(rope_theta),
+            *_llama31_args(low_freq_factor, high_freq_factor, old_context_len))
+    ops = A.torch_ops(q) if stream is None else None
+    if ops is not None:
+        result = ops.rope_pos_ids(inplace, q, k, pos_ids, *args)
+        if result is not NotImplemented:
+            return result
+    q_rope, k_rope = (q, k) if inplace else (A.empty(q, q.shape), A.empty(k, k.shape))
+    _rope_pos_ids(q, k, q_rope, k_rope, pos_ids, *args, stream)
+    return None if inplace else (q_rope, k_rope)
+
+
+def _rope_pos_ids(q, k, q_rope, k_rope, pos_ids, kind, rotary_dim, interleave, rope_scale,
+                  rope_theta, low_freq_factor, high_freq_factor, old_context_len, stream=None):
+    pos = A.index_i32(pos_ids, "pos_ids")
+    if kind == "llama31":
+        A.call(_C.apply_llama31_rope_pos_ids, q, k, q_rope, k_rope, pos, rotary_dim, interleave,
+               rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_context_len,
+               A.cuda_stream(q, stream))
+    else:
+        A.call(_C.apply_rope_pos_ids, q, k, q_rope, k_rope, pos, rotary_dim, interleave,
+               rope_scale, rope_theta, A.cuda_stream(q, stream))
 
 
 def apply_llama31_rope(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8,
@@ -104,12 +129,8 @@ def apply_llama31_rope_pos_ids(q, k, pos_ids, rotary_dim=None, interleave=False,
                                old_context_len=8192, *, stream=None):
     """Llama 3.1 RoPE with per-token positions pos_ids ``[nnz]`` (FlashInfer's
     ``flashinfer.apply_llama31_rope_pos_ids``). Returns (q_rope, k_rope)."""
-    q_rope, k_rope = A.empty(q, q.shape), A.empty(k, k.shape)
-    A.call(_C.apply_llama31_rope_pos_ids, q, k, q_rope, k_rope, A.index_i32(pos_ids, "pos_ids"),
-           _rotary_dim(rotary_dim), bool(interleave), float(rope_scale), float(rope_theta),
-           *_llama31_args(low_freq_factor, high_freq_factor, old_context_len),
-           A.cuda_stream(q, stream))
-    return q_rope, k_rope
+    return _pos_ids("llama31", False, q, k, pos_ids, rotary_dim, interleave, rope_scale,
+                    rope_theta, low_freq_factor, high_freq_factor, old_context_len, stream)
 
 
 def apply_llama31_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleave=False,
@@ -117,10 +138,8 @@ def apply_llama31_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleav
                                        high_freq_factor=4, old_context_len=8192, *, stream=None):
     """:func:`apply_llama31_rope_pos_ids` written into q and k (FlashInfer's
     ``apply_llama31_rope_pos_ids_inplace``)."""
-    A.call(_C.apply_llama31_rope_pos_ids, q, k, q, k, A.index_i32(pos_ids, "pos_ids"),
-           _rotary_dim(rotary_dim), bool(interleave), float(rope_scale), float(rope_theta),
-           *_llama31_args(low_freq_factor, high_freq_factor, old_context_len),
-           A.cuda_stream(q, stream))
+    _pos_ids("llama31", True, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
+             low_freq_factor, high_freq_factor, old_context_len, stream)
 
 
 def _heads(x, head_size: int, name: str):

@@ -91,6 +91,7 @@ struct BatchDecode::Impl {
     int64_t q_rows = 0, out_rows = 0, lse_rows = -1, indices = 0;
     std::string kernel_id;
     float sm_scale = 0.f;
+    int64_t step_rows = -1;  // a captured run_step: rows of new_k / new_v / pos_ids (-1: none)
   } captured;
   // The plan in force.
   bool planned = false;
@@ -218,6 +219,10 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.num_kv_heads = num_kv_heads;
   so.fixed_split_size = opts.fixed_split_size;
   so.disable_split_kv = opts.disable_split_kv;
+  check(opts.work_item_cost_tokens >= 0.0 && opts.min_chunk_tokens >= 0,
+        "DecodePlanOptions: work_item_cost_tokens and min_chunk_tokens must be >= 0 (0: default)");
+  if (opts.work_item_cost_tokens > 0.0) so.cost.alpha = opts.work_item_cost_tokens;
+  if (opts.min_chunk_tokens > 0) so.min_chunk_tokens = opts.min_chunk_tokens;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
   scheduler::DecodeSchedule& s = m.schedule;
@@ -277,6 +282,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
               (c.lse_rows < 0 || batch_size <= c.lse_rows),
           "batch_size: ", batch_size, " exceeds the ", std::min(c.q_rows, c.out_rows),
           " rows of q/out a captured CUDA graph holds; capture run() with max_batch-row views");
+    check(c.step_rows < 0 || batch_size <= c.step_rows, "batch_size: ", batch_size,
+          " exceeds the ", c.step_rows, " rows of new_k / new_v / pos_ids a captured run_step ",
+          "graph holds; capture run_step with max_batch-row views");
     check(nnz <= c.indices, "kv_indptr[batch_size] = ", nnz, " exceeds the ", c.indices,
           " kv_indices entries a captured CUDA graph holds; capture with the full indices buffer");
     check(m.kernel_id == c.kernel_id && sm_scale == c.sm_scale,
@@ -347,6 +355,11 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   runtime::ensure_context(m.cfg.device);
   const DecodeStepParams sp = ops::make_decode_step_params(new_k, new_v, step, shape, m.rope_memo);
   run_impl(q, kv, out, lse, sp, stream);
+  if (runtime::stream_is_capturing(stream)) {  // run_impl recorded the rest of the capture
+    int64_t rows = std::min(new_k.size(0), new_v.size(0));
+    if (step.pos_ids.defined()) rows = std::min(rows, step.pos_ids.size(0));
+    m.captured.step_rows = rows;
+  }
   runtime::check_device_errors_if_debug(m.cfg.device, stream);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "attention/cascade_params.cuh"
 #include "flashkv/error.h"
 
 namespace flashkv::ops {
@@ -22,8 +23,9 @@ CascadeWorkspace::Sizes CascadeWorkspace::sizes(const MultiLevelCascadeConfig& c
   check(cfg.max_qo_tokens >= 0, "MultiLevelCascadeConfig.max_qo_tokens: expected >= 0, got ",
         cfg.max_qo_tokens);
   check(cfg.max_pages > 0, "MultiLevelCascadeConfig.max_pages: expected > 0, got ", cfg.max_pages);
-  check(cfg.max_levels >= 1 && cfg.max_levels <= 4,
-        "MultiLevelCascadeConfig.max_levels: expected 1..4, got ", cfg.max_levels);
+  check(cfg.max_levels >= 1 && cfg.max_levels <= kCascadeMaxLevels,
+        "MultiLevelCascadeConfig.max_levels: expected 1..", kCascadeMaxLevels, ", got ",
+        cfg.max_levels);
   check(cfg.num_qo_heads > 0 && is_supported_head_dim(cfg.head_dim),
         "MultiLevelCascadeConfig: num_qo_heads > 0 and head_dim 64/128/256 expected");
   Sizes s;

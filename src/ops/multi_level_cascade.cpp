@@ -8,6 +8,7 @@
 // rows into its own workspace buffers; the merge kernel ⊕s them and scatters to the caller's rows.
 #include "flashkv/cascade.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -89,6 +90,12 @@ struct MultiLevelCascade::Impl {
   ops::CascadeWorkspace ws;
   PinnedBuffer pinned;
   CUevent copy_done = nullptr;
+  CUevent run_done = nullptr;  // the last eager run(): plan() waits for it before rewriting indices
+  // What a CUDA graph that captured run() holds fixed: later plans must fit its buffers.
+  struct Captured {
+    bool any = false;
+    int64_t q_rows = 0, out_rows = 0, lse_rows = -1;
+  } captured;
   std::vector<std::unique_ptr<BatchPrefillPaged>> prefix;  // one per shared level
   std::unique_ptr<BatchPrefillPaged> suffix_prefill;
   std::unique_ptr<BatchDecode> suffix_decode;
@@ -121,6 +128,7 @@ MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* w
   m.pinned = PinnedBuffer(m.ws.index_bytes(), cfg.device);
   runtime::ensure_context(cfg.device);
   check_cu(driver().cuEventCreate(&m.copy_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  check_cu(driver().cuEventCreate(&m.run_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   const BatchPrefillConfig pc = m.ws.prefill_config();
   for (int l = 0; l + 1 < cfg.max_levels; ++l) {
     m.prefix.push_back(std::make_unique<BatchPrefillPaged>(pc, m.ws.level_workspace(l),
@@ -142,11 +150,19 @@ MultiLevelCascade::~MultiLevelCascade() {
     runtime::ensure_context(impl_->cfg.device);
     driver().cuEventSynchronize(impl_->copy_done);
     driver().cuEventDestroy(impl_->copy_done);
+    if (impl_->run_done) driver().cuEventDestroy(impl_->run_done);
   } catch (...) {
   }
 }
 
 CascadePlanInfo MultiLevelCascade::plan_info() const { return impl_->info; }
+
+void MultiLevelCascade::forget_captured_graphs() {
+  impl_->captured = {};
+  for (auto& p : impl_->prefix) p->forget_captured_graphs();
+  if (impl_->suffix_prefill) impl_->suffix_prefill->forget_captured_graphs();
+  if (impl_->suffix_decode) impl_->suffix_decode->forget_captured_graphs();
+}
 
 void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
                              const CascadePlanOptions& opts, Stream stream) {
@@ -179,6 +195,16 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   check(b.qo_indptr == nullptr || b.qo_indptr[0] == 0, "qo_indptr[0]: expected 0");
   const int64_t max_rows = m.ws.max_rows();
   check(qo.back() <= max_rows, "query rows: ", qo.back(), " exceed the configured ", max_rows);
+  check(shape.dtype == DType::f16 || shape.dtype == DType::bf16,
+        "CascadeShape.dtype: expected f16 or bf16, got ", dtype_name(shape.dtype));
+  check(!runtime::stream_is_capturing(stream),
+        "MultiLevelCascade::plan: the stream is being captured; plan outside the capture");
+  if (m.captured.any) {
+    const auto& c = m.captured;
+    check(qo.back() <= std::min(c.q_rows, c.out_rows) && (c.lse_rows < 0 || qo.back() <= c.lse_rows),
+          "query rows: ", qo.back(), " exceed the ", std::min(c.q_rows, c.out_rows),
+          " rows of q/out a captured CUDA graph holds; capture run() with max-row views");
+  }
 
   // Detection, cost model, decision.
   scheduler::PrefixSharingOptions po;
@@ -250,8 +276,10 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
                            shape.dtype, shape.dtype, pp, stream);
   }
 
-  // Index arrays to the device: row map, row count, each level's page ids.
+  // Index arrays to the device: row map, row count, each level's page ids — after the previous
+  // copy left the pinned buffer and the last run() (on any stream) is done reading the region.
   check_cu(driver().cuEventSynchronize(m.copy_done), "cuEventSynchronize(cascade copy)");
+  check_cu(driver().cuStreamWaitEvent(stream, m.run_done, 0), "cuStreamWaitEvent(cascade run)");
   auto* base = static_cast<std::byte*>(m.pinned.data());
   const int32_t nrows = static_cast<int32_t>(rows);
   std::memcpy(base + m.ws.rows_offset(), layout.qo_rows.data(), rows * 4);
@@ -310,9 +338,17 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
     check_device(lse, "lse", dev);
     check_dtype(lse, "lse", DType::f32);
     check_ndim(lse, "lse", 2);
-    check(lse.size(0) >= m.rows && lse.size(1) == sh.num_qo_heads && lse.stride(1) == 1,
-          "lse: expected [rows, num_qo_heads] with contiguous heads");
+    check(m.opts.enable_cuda_graph ? lse.size(0) >= m.rows : lse.size(0) == m.rows,
+          "lse: expected ", m.opts.enable_cuda_graph ? "at least " : "", m.rows, " rows, got ",
+          lse.size(0));
+    check(lse.size(1) == sh.num_qo_heads && lse.stride(1) == 1 &&
+              (lse.size(0) <= 1 || lse.stride(0) >= sh.num_qo_heads),
+          "lse: expected [rows, num_qo_heads] with contiguous heads and non-overlapping rows");
   }
+  const bool capturing = runtime::stream_is_capturing(stream);
+  check(m.opts.enable_cuda_graph || !capturing,
+        "MultiLevelCascade::run: the stream is being captured, but plan() was called without "
+        "enable_cuda_graph");
   runtime::ensure_context(m.cfg.device);
   const int64_t max_rows = m.ws.max_rows();
   const TensorView qc = m.ws.rows_view(0, sh, max_rows);  // q in cascade order
@@ -328,9 +364,20 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
   };
   const CascadeRowsParams rp{m.ws.num_rows_ptr(), m.ws.rows_ptr(), sh.num_qo_heads, sh.head_dim};
   const unsigned grid = m.ws.merge_grid();
+  auto finish = [&] {
+    if (capturing) {
+      m.captured = {true, q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1};
+    } else {
+      check_cu(driver().cuEventRecord(m.run_done, stream), "cuEventRecord(cascade run)");
+    }
+  };
   if (!m.gather && m.num_levels == 1) {  // plain attention, in the caller's order
-    if (m.decode_mode) return m.suffix_decode->run(q, level_kv(0), out, lse, stream);
-    return m.suffix_prefill->run(q, level_kv(0), out, lse, stream);
+    if (m.decode_mode) {
+      m.suffix_decode->run(q, level_kv(0), out, lse, stream);
+    } else {
+      m.suffix_prefill->run(q, level_kv(0), out, lse, stream);
+    }
+    return finish();
   }
   TensorView q_src = q;
   if (m.gather) {
@@ -367,6 +414,7 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
   mp.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
   void* args[] = {&mp};
   runtime::launch(m.merge_fn, {grid, 1, 1, 256, 1, 1, 0}, stream, args, "cascade merge");
+  finish();
 }
 
 }  // namespace flashkv

@@ -90,6 +90,10 @@ std::string rope_position_message(const DeviceErrorRecord& r) {
                               ? std::string(" is negative")
                               : detail::concat(" is out of range: expected < ", r.limit,
                                                " (cos_sin_cache.size(0), the positions it holds)");
+  if (r.op == kDeviceOpDecodeStep) {
+    return detail::concat(where, why, "; ", subject(r),
+                          " was not appended and its q not rotated (its output is not meaningful)");
+  }
   return detail::concat(where, why, "; ", subject(r), " was not rotated (nothing written for it)");
 }
 
@@ -130,7 +134,10 @@ std::string message(const DeviceErrorRecord& r) {
       }
       return detail::concat("paged_kv.indices[", r.index, "] = ", r.value,
                             " is out of range: expected 0 <= page < ", r.limit, " (num_pages) (",
-                            subject(r), " of request ", r.request, ")", skipped);
+                            r.op == kDeviceOpDecodeStep
+                                ? subject(r)
+                                : detail::concat(subject(r), " of request ", r.request),
+                            ")", skipped);
     case kDeviceErrorRopePosition:
       return rope_position_message(r);
     case kDeviceErrorIndptr: {

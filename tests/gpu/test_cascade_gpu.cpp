@@ -110,7 +110,7 @@ PagedKVCache host_cache(SharedBatch& b) {
 }
 
 struct CascadeRun {
-  HostTensor out;
+  HostTensor out, lse;
   CascadePlanInfo info;
 };
 
@@ -130,32 +130,48 @@ CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOpti
   Stream st = create_stream();
   casc.plan(cb, {s.num_qo_heads, s.num_kv_heads, s.head_dim, s.dtype}, opts, st);
   DeviceTensor dk = to_device(b.k), dv = to_device(b.v), dq = to_device(b.q);
-  CascadeRun r{b.q, casc.plan_info()};
-  DeviceTensor dout = poisoned_like(b.q);
+  CascadeRun r{b.q, HostTensor(DType::f32, {b.q.shape()[0], s.num_qo_heads}), casc.plan_info()};
+  DeviceTensor dout = poisoned_like(b.q), dlse = poisoned_like(r.lse);
   PagedKVCache kv{dk.view, dv.view, KVLayout::NHD, {}, {}, {}};
-  casc.run(dq.view, kv, dout.view, {}, st);
+  casc.run(dq.view, kv, dout.view, dlse.view, st);
   synchronize(st);
   destroy_stream(st);
   to_host(dout, r.out);
+  to_host(dlse, r.lse);
   return r;
 }
 
-// The reference: plain attention of every request over its whole page list.
-void expect_matches_plain(SharedBatch& b, const SharedBatchSpec& s, const HostTensor& out) {
+// The reference: plain attention of every request over its whole page list (and its LSE, when
+// the run returned one: natural log, -inf for a row that sees nothing).
+void expect_matches_plain(SharedBatch& b, const SharedBatchSpec& s, const HostTensor& out,
+                          const HostTensor* lse = nullptr) {
   HostTensor ref(DType::f32, {b.qo_indptr.back(), s.num_qo_heads, s.head_dim}), lowp = b.q;
+  HostTensor ref_lse(DType::f32, {b.qo_indptr.back(), s.num_qo_heads});
   const PagedKVCache c = host_cache(b);
   if (s.qo_len == 1) {
-    reference::batch_decode(b.q.view(), c, ref.view(), {}, {});
+    reference::batch_decode(b.q.view(), c, ref.view(), ref_lse.view(), {});
   } else {
     AttentionOptions ao;
     ao.causal = true;
     reference::batch_prefill_paged(
-        b.q.view(), TensorView(b.qo_indptr.data(), DType::i32, {b.batch + 1}), c, ref.view(), {},
-        ao);
+        b.q.view(), TensorView(b.qo_indptr.data(), DType::i32, {b.batch + 1}), c, ref.view(),
+        ref_lse.view(), ao);
   }
   for (int64_t i = 0; i < ref.numel(); ++i) lowp.set(i, ref.get(i));
   EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), lowp.to_doubles(), s.dtype))
       << s.str();
+  if (lse != nullptr) {
+    const auto got = lse->to_doubles();
+    EXPECT_FALSE(any_nan(got)) << s.str();
+    EXPECT_LE(rel_err(got, ref_lse.to_doubles()), 1e-4) << s.str() << ": lse";
+  }
+}
+
+// Levels detection finds: none shared (groups of one) → 1; a nested prefix counts only when at
+// least two members share it (the first half of each group, rounded up).
+int expected_levels(const SharedBatchSpec& s) {
+  if (s.group_size < 2) return 1;
+  return s.nested > 0 && (s.group_size + 1) / 2 >= 2 ? 3 : 2;
 }
 
 class CascadeGpu : public GpuTest {};
@@ -178,9 +194,9 @@ TEST_F(CascadeGpu, TwoAndThreeLevelsMatchPlainAttention) {
     SharedBatch b = make_shared_batch(s);
     const CascadeRun r = run_cascade(b, s, always);
     EXPECT_TRUE(r.info.cascade) << s.str();
-    EXPECT_EQ(r.info.num_levels, s.nested > 0 ? 3 : 2) << s.str();
+    EXPECT_EQ(r.info.num_levels, expected_levels(s)) << s.str();
     EXPECT_LT(r.info.cascade_kv_bytes, r.info.plain_kv_bytes) << s.str();
-    expect_matches_plain(b, s, r.out);
+    expect_matches_plain(b, s, r.out, &r.lse);
   }
 }
 
@@ -191,7 +207,7 @@ TEST_F(CascadeGpu, AutomaticUseFollowsTheCostModel) {
   CascadeRun r = run_cascade(b, none, {});
   EXPECT_FALSE(r.info.cascade);
   EXPECT_EQ(r.info.num_levels, 1);
-  expect_matches_plain(b, none, r.out);
+  expect_matches_plain(b, none, r.out, &r.lse);
   // 64 requests sharing 8k tokens: hundreds of microseconds of KV reads saved.
   SharedBatchSpec big{.groups = 1, .group_size = 64, .prefix = 8192, .suffix_min = 128, .suffix_max = 256};
   SharedBatch b2 = make_shared_batch(big);
@@ -243,6 +259,8 @@ TEST_F(CascadeGpu, CapturedRunReplaysAcrossDifferentSharing) {
     check_cu(d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dq.view.data()), b.q.data(), b.q.nbytes()), "q");
     casc.plan({nullptr, b.kv_indptr.data(), b.kv_indices.data(), b.last.data(), b.batch, 16},
               {32, 8, 128, DType::f16}, opts, st);
+    EXPECT_EQ(casc.plan_info().cascade, s.group_size > 1) << s.str();
+    EXPECT_EQ(casc.plan_info().num_levels, expected_levels(s)) << s.str();
     if (exec == nullptr) {
       check_cu(d.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
       casc.run(dq.view, kv, dout.view, {}, st);

@@ -427,8 +427,6 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
 }
 
 TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
-  StepCase c;
-  c.kv_lens = {4, 0, 9};
   StepInputs in = make_inputs(StepCase{.kv_lens = {4, 1, 9}});
   DeviceCache dc = to_device(in.cache);
   DeviceTensor dq = to_device(in.q), dk = to_device(in.new_k), dv = to_device(in.new_v);
@@ -465,14 +463,65 @@ TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
   EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
                 .find("cos_sin_cache"),
             std::string::npos);
-  // A device-side bad position: reported by check_device_errors, q and k left unrotated.
+  // A device-side bad position: reported by check_device_errors; that request's new token is not
+  // written (its slot keeps its old bytes), the other requests' tokens are.
   HostTensor bad_pos = make_i32({0, -5, 2});
   DeviceTensor dbad = to_device(bad_pos);
   s.rope = Rope::kLlama31;
   s.pos_ids = dbad.view;
+  HostTensor before = in.cache.k, after = in.cache.k;
+  to_host(dc.k, before);
   dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s);
   EXPECT_NE(error_of([&] { check_device_errors(0); }).find("-5"), std::string::npos);
   check_device_errors(0);  // reset: no error left
+  to_host(dc.k, after);
+  const PagedKVCache& hc = in.cache.cache;
+  auto slot_bytes = [&](const HostTensor& t, int r, int64_t pos) {
+    const int64_t page = hc.indices.data_as<const int32_t>()[hc.indptr.data_as<const int32_t>()[r] + pos / 16];
+    const auto* base = static_cast<const unsigned char*>(t.data()) +
+                       (page * hc.page_stride() + (pos % 16) * hc.token_stride()) * 2;
+    return std::vector<unsigned char>(base, base + 8 * 128 * 2);  // NHD: the token's 8 heads
+  };
+  EXPECT_TRUE(slot_bytes(before, 1, 0) == slot_bytes(after, 1, 0)) << "a bad position was appended";
+  EXPECT_FALSE(slot_bytes(before, 0, 3) == slot_bytes(after, 0, 3)) << "a good token was not appended";
+}
+
+// A CUDA graph that captured run_step holds its new_k / new_v / pos_ids pointers: a later plan
+// with more requests than those hold is refused (the replay would read past them).
+TEST_F(DecodeStepGpu, PlanRefusesWhatACapturedStepCannotRun) {
+  using runtime::check_cu;
+  const runtime::Driver& d = runtime::driver();
+  StepInputs in = make_inputs(StepCase{.kv_lens = {5, 40, 17, 300, 9, 70}});
+  DeviceCache dc = to_device(in.cache);
+  HostTensor q8(DType::f16, {8, 32, 128}), k4(DType::f16, {4, 8, 128});
+  DeviceTensor dq = to_device(q8.fill_random(1)), out = poisoned_like(q8);
+  DeviceTensor dk = to_device(k4.fill_random(2)), dv = to_device(k4.fill_random(3));
+  BatchDecodeConfig cfg;
+  cfg.max_batch = 8;
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  DecodePlanOptions opts;
+  opts.enable_cuda_graph = true;
+  const int32_t* indptr = in.cache.indptr.view().data_as<int32_t>();
+  const int32_t* last = in.cache.last_page_len.view().data_as<int32_t>();
+  Stream st = create_stream();
+  dec.plan(indptr, last, 4, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
+  DecodeStepOptions s;
+  s.rope = Rope::kLlama31;
+  CUgraph graph;
+  check_cu(d.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+  dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s, st);
+  check_cu(d.cuStreamEndCapture(st, &graph), "end capture");
+  EXPECT_NE(error_of([&] {
+              dec.plan(indptr, last, 6, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
+            }).find("new_k"),
+            std::string::npos);
+  dec.plan(indptr, last, 3, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);  // fits
+  d.cuGraphDestroy(graph);
+  dec.forget_captured_graphs();
+  dec.plan(indptr, last, 6, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
+  synchronize(st);
+  destroy_stream(st);
 }
 
 }  // namespace
