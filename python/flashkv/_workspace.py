@@ -88,3 +88,15 @@ class OpSlot:
         self.op = A.call(self.cls, self.workspace, **cfg, device=self.device)
         self.cfg = cfg
         return self.op
+
+
+def reset_workspace_buffer(wrapper, float_workspace_buffer):
+    """The body the wrappers' reset_workspace_buffer share: the new buffer must be on the same side
+    (host or CUDA); the C++ object is re-created in it and the plan dropped (call plan() again)."""
+    if A.is_cuda(float_workspace_buffer) != wrapper._on_gpu:
+        raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
+                         "(host or CUDA) as the old one")
+    wrapper._float_workspace_buffer = float_workspace_buffer
+    if wrapper._slot is not None:
+        wrapper._slot.reset(float_workspace_buffer)
+    wrapper._plan = None

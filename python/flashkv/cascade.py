@@ -15,6 +15,7 @@ Host arrays run on the CPU reference, CUDA arrays on the GPU on the caller's cur
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _workspace
 from ._workspace import OpSlot
 from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
@@ -239,13 +240,7 @@ class MultiLevelCascadeWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (same side, host or CUDA). Call plan() again."""
-        if A.is_cuda(float_workspace_buffer) != self._on_gpu:
-            raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
-                             "(host or CUDA) as the old one")
-        self._float_workspace_buffer = float_workspace_buffer
-        if self._slot is not None:
-            self._slot.reset(float_workspace_buffer)
-        self._plan = None
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim, page_size, causal=False,

@@ -10,6 +10,7 @@ import functools
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _workspace
 from ._workspace import OpSlot
 
 
@@ -84,13 +85,7 @@ class _BatchPrefillBase:
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (``int_workspace_buffer`` is accepted for FlashInfer
         compatibility and unused). Call plan() again before run()."""
-        if A.is_cuda(float_workspace_buffer) != self._on_gpu:
-            raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
-                             "(host or CUDA) as the old one")
-        self._float_workspace_buffer = float_workspace_buffer
-        if self._slot is not None:
-            self._slot.reset(float_workspace_buffer)
-        self._plan = None
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
         self._tile_rows = 0
 
     def plan_info(self) -> dict:
