@@ -16,32 +16,24 @@ struct KernelSpec {
 // merge_state / merge_states / merge_lse kernels for value type `t`.
 KernelSpec merge_kernel_spec(DType t);
 
-}  // namespace flashkv::ops
 
-namespace flashkv::ops {
 // The batch decode kernel (and its merge stage) for one configuration.
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
                               int page_size, bool tensor_cores = false);
 // Whether the tensor-core decode kernel supports this shape (its accumulators fit in registers).
 bool decode_tc_supported(int head_dim, int group_size);
-}  // namespace flashkv::ops
 
-namespace flashkv::ops {
 // The batch prefill kernel for one (dtype, head_dim, query-tile rows, KV source: 0 ragged,
 // 1 paged with a power-of-two page size, 2 any page size); see ops/prefill_kernel.h.
 KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source);
-}  // namespace flashkv::ops
 
-namespace flashkv::ops {
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);
 // The append kernel (kv/append.cuh) for element type `t`: both vector widths.
 KernelSpec kv_append_kernel_spec(DType t);
 // get_batch_indices_positions' kernel (kv/append.cuh; no element type).
 KernelSpec batch_indices_positions_kernel_spec();
-}  // namespace flashkv::ops
 
-namespace flashkv::ops {
 // The multi-level cascade's gather and merge kernels (attention/cascade_merge.cuh).
 KernelSpec cascade_kernel_spec(DType dtype);
 }  // namespace flashkv::ops

@@ -1,3 +1,5 @@
+// Host side of RoPE's kernel parameters (ops/rope_spec.h): the frequency table or the cos/sin
+// cache a launch rotates with, checked once here for both apply_rope's kernel and the fused step.
 #include "ops/rope_spec.h"
 
 #include <cmath>
