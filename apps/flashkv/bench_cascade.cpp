@@ -160,12 +160,7 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
         b.q.copy_to_host(qh.data(), row, r * row);
         out_c.copy_to_host(oh.data(), row, r * row);
         out_p.copy_to_host(ph.data(), row, r * row);
-        std::vector<int32_t> ind(np), ip{0, np}, ls{b.last[r]};
-        std::iota(ind.begin(), ind.end(), 0);
-        PagedKVCache hc{kh.view(), vh.view(), KVLayout::NHD, TensorView(ip.data(), DType::i32, {2}),
-                        TensorView(ind.data(), DType::i32, {np}), TensorView(ls.data(), DType::i32, {1})};
-        HostTensor rf(DType::f32, {1, kHq, kD});
-        reference::batch_decode(qh.view(), hc, rf.view(), {});
+        const HostTensor rf = reference_decode_request(kh, vh, b.last[r], qh);
         for (double x : oh.to_doubles()) got_c.push_back(x);
         for (double x : ph.to_doubles()) got_p.push_back(x);
         for (double x : rf.to_doubles()) ref.push_back(x);

@@ -48,19 +48,7 @@ double check_sampled(const DecodeSetup& st, float sm_scale) {
     HostTensor q(dt, {1, st.Hq, D}), out(dt, {1, st.Hq, D});
     st.q.copy_to_host(q.data(), row_bytes, r * row_bytes);
     st.out.copy_to_host(out.data(), row_bytes, r * row_bytes);
-    std::vector<int32_t> ind(np > 0 ? np : 1);
-    std::iota(ind.begin(), ind.end(), 0);
-    std::vector<int32_t> iptr = {0, np}, lst = {kv.last[r]};
-    PagedKVCache c;
-    c.k = k.view();
-    c.v = v.view();
-    c.indptr = TensorView(iptr.data(), DType::i32, {2});
-    c.indices = TensorView(ind.data(), DType::i32, {static_cast<int64_t>(ind.size())});
-    c.last_page_len = TensorView(lst.data(), DType::i32, {1});
-    HostTensor ref(DType::f32, {1, st.Hq, D});
-    AttentionOptions ao;
-    ao.sm_scale = sm_scale;
-    reference::batch_decode(q.view(), c, ref.view(), TensorView(), ao);
+    const HostTensor ref = reference_decode_request(k, v, kv.last[r], q, sm_scale);
     for (double x : out.to_doubles()) got_all.push_back(x);
     for (double x : ref.to_doubles()) ref_all.push_back(x);
   }

@@ -163,16 +163,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       kv0.pages_to_host(0, kh.data(), vh.data());
       q_rope.copy_to_host(qh.data(), qh.nbytes(), 0);
       layers[0].out_fused.copy_to_host(oh.data(), oh.nbytes(), 0);
-      std::vector<int32_t> ind(np), iptr = {0, np}, lst = {kv0.last[0]};
-      std::iota(ind.begin(), ind.end(), 0);
-      PagedKVCache hc;
-      hc.k = kh.view();
-      hc.v = vh.view();
-      hc.indptr = TensorView(iptr.data(), DType::i32, {2});
-      hc.indices = TensorView(ind.data(), DType::i32, {np});
-      hc.last_page_len = TensorView(lst.data(), DType::i32, {1});
-      HostTensor ref(DType::f32, {1, kHq, kD});
-      reference::batch_decode(qh.view(), hc, ref.view(), TensorView());
+      const HostTensor ref = reference_decode_request(kh, vh, kv0.last[0], qh);
       const RefCheck rc = check_reference(oh.to_doubles(), ref.to_doubles(), dt);
       check_device_errors(0, s);
       const bool ok = bitwise && rc.pass;

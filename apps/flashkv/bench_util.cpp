@@ -11,6 +11,7 @@
 
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
+#include "flashkv/reference.h"
 #include "ops/jit_util.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
@@ -207,6 +208,25 @@ void BenchPagedKV::pages_to_host(int r, void* k_dst, void* v_dst) const {
     k.copy_to_host(static_cast<char*>(k_dst) + p * page_bytes, page_bytes, src);
     v.copy_to_host(static_cast<char*>(v_dst) + p * page_bytes, page_bytes, src);
   }
+}
+
+HostTensor reference_decode_request(const HostTensor& k, const HostTensor& v, int last_page_len,
+                                    const HostTensor& q, float sm_scale) {
+  const int32_t np = static_cast<int32_t>(k.shape()[0]);
+  // last_page_len 0: an empty request (k then holds one unused page).
+  std::vector<int32_t> ind(np), iptr = {0, last_page_len > 0 ? np : 0}, last = {last_page_len};
+  std::iota(ind.begin(), ind.end(), 0);
+  PagedKVCache c;
+  c.k = k.view();
+  c.v = v.view();
+  c.indptr = TensorView(iptr.data(), DType::i32, {2});
+  c.indices = TensorView(ind.data(), DType::i32, {np});
+  c.last_page_len = TensorView(last.data(), DType::i32, {1});
+  HostTensor ref(DType::f32, q.shape());
+  AttentionOptions ao;
+  ao.sm_scale = sm_scale;
+  reference::batch_decode(q.view(), c, ref.view(), TensorView(), ao);
+  return ref;
 }
 
 RefCheck check_reference(const std::vector<double>& out, const std::vector<double>& ref, DType dt) {

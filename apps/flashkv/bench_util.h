@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "flashkv/dtype.h"
+#include "flashkv/host_tensor.h"
 #include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 
@@ -63,6 +64,13 @@ struct BenchPagedKV {
   // indptr[r+1] - indptr[r] pages each). NHD pages in order are the request's tokens in order.
   void pages_to_host(int r, void* k_dst, void* v_dst) const;
 };
+
+// The CPU reference of one request's decode attention: k, v hold its pages in order (NHD,
+// [pages, page_size, H_kv, D]; at least one page), the last holding last_page_len tokens (0: an
+// empty request);
+// q [1, H_qo, D]. Returns the f32 output [1, H_qo, D] (what the benchmarks check against).
+HostTensor reference_decode_request(const HostTensor& k, const HostTensor& v, int last_page_len,
+                                    const HostTensor& q, float sm_scale = 0.f);
 
 // The tolerance rule of tests/common/test_util.h (STYLE.md): `out` passes iff
 //   rel_err(out, ref) <= min(2 * rel_err(ref rounded to dt, ref) + u(dt), 1e-2),

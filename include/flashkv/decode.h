@@ -56,8 +56,6 @@ struct DecodePlanOptions {
   int64_t num_pages = 0;
 };
 
-struct DecodeStepParams;  // the kernel's step parameters (kernels/attention/decode_params.cuh)
-
 // The fused decode step (BatchDecode::run_step): how q and the new keys rotate, with rope.h's
 // conventions. Rope::kNone appends and attends without rotating (q and new_k already rotated).
 struct DecodeStepOptions {
@@ -132,8 +130,6 @@ class BatchDecode {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  void run_impl(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
-                const TensorView& lse, const DecodeStepParams& step, Stream stream);
 };
 
 // One request over contiguous KV: q[H_qo, D], k/v [kv_len, H_kv, D] (NHD) or [H_kv, kv_len, D]

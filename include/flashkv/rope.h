@@ -67,6 +67,7 @@ struct RopeOptions {
   bool interleave = false;
   double rope_scale = 1.0;
   double rope_theta = 1e4;
+  bool operator==(const RopeOptions&) const = default;
 };
 
 // Llama 3.1 RoPE (FlashInfer's apply_llama31_rope defaults: the Llama-3.1 model's values).
@@ -78,6 +79,7 @@ struct Llama31RopeOptions {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;  // must be > low_freq_factor
   double old_context_len = 8192;  // "original_max_position_embeddings"
+  bool operator==(const Llama31RopeOptions&) const = default;
 };
 
 // freq[i], i in [0, rotary_dim / 2), in radians per position (see the header comment). Throws

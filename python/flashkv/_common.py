@@ -169,3 +169,14 @@ def object_of(handle: int):
     except KeyError:
         raise ValueError(f"flashkv: no live wrapper has handle {handle} (a torch custom op was "
                          f"called with the handle of a wrapper that no longer exists)") from None
+
+
+def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
+    """The wrappers' run(): after plan(), torch CUDA tensors go through the torch custom op
+    ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``."""
+    if wrapper._plan is None:
+        raise ValueError("run: called before a successful plan()")
+    ops = A.torch_ops(q)
+    if ops is not None:
+        return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)
+    return wrapper._run(q, k, v, out, lse, return_lse)

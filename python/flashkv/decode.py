@@ -192,10 +192,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if self._plan is None:
             raise ValueError("run: called before a successful plan()")
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        ops = A.torch_ops(q)
-        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_decode_run
-            return ops.wrapper_run("batch_decode_run", self, q, k, v, out, lse, return_lse)
-        return self._run(q, k, v, out, lse, return_lse)
+        return C.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -235,10 +235,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         if self._plan is None:
             raise ValueError("run: called before a successful plan()")
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        ops = A.torch_ops(q)
-        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_prefill_paged_run
-            return ops.wrapper_run("batch_prefill_paged_run", self, q, k, v, out, lse, return_lse)
-        return self._run(q, k, v, out, lse, return_lse)
+        return C.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -322,13 +319,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's). On torch
         CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``)."""
         C.check_run_extras(args, q_scale, k_scale, v_scale)
-        if self._plan is None:
-            raise ValueError("run: called before a successful plan()")
-        ops = A.torch_ops(q)
-        if ops is not None:  # torch CUDA tensors: the custom op flashkv::batch_prefill_ragged_run
-            return ops.wrapper_run("batch_prefill_ragged_run", self, q, k, v, out, lse,
-                                   return_lse)
-        return self._run(q, k, v, out, lse, return_lse)
+        return C.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

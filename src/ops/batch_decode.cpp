@@ -110,6 +110,10 @@ struct BatchDecode::Impl {
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
   std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
+
+  // run() and run_step(): validate against the plan, launch (step.new_k == nullptr: plain decode).
+  void launch(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+              const TensorView& lse, const DecodeStepParams& step, Stream stream);
 };
 
 size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
@@ -334,7 +338,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, Stream stream) {
   check(impl_->planned, "BatchDecode::run: called before a successful plan()");
-  run_impl(q, kv, out, lse, DecodeStepParams{}, stream);
+  impl_->launch(q, kv, out, lse, DecodeStepParams{}, stream);
 }
 
 void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
@@ -354,8 +358,8 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   shape.graph = m.opts.enable_cuda_graph;
   runtime::ensure_context(m.cfg.device);
   const DecodeStepParams sp = ops::make_decode_step_params(new_k, new_v, step, shape, m.rope_memo);
-  run_impl(q, kv, out, lse, sp, stream);
-  if (runtime::stream_is_capturing(stream)) {  // run_impl recorded the rest of the capture
+  m.launch(q, kv, out, lse, sp, stream);
+  if (runtime::stream_is_capturing(stream)) {  // launch() recorded the rest of the capture
     int64_t rows = std::min(new_k.size(0), new_v.size(0));
     if (step.pos_ids.defined()) rows = std::min(rows, step.pos_ids.size(0));
     m.captured.step_rows = rows;
@@ -363,9 +367,10 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   runtime::check_device_errors_if_debug(m.cfg.device, stream);
 }
 
-void BatchDecode::run_impl(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
-                           const TensorView& lse, const DecodeStepParams& step, Stream stream) {
-  Impl& m = *impl_;
+void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
+                               const TensorView& out, const TensorView& lse,
+                               const DecodeStepParams& step, Stream stream) {
+  Impl& m = *this;
   const Device dev = Device::cuda(m.cfg.device);
   // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
   // max_batch so later, larger plans still fit); eagerly they must match the plan exactly.

@@ -11,23 +11,12 @@
 namespace flashkv::ops {
 namespace {
 
-bool same(const RopeOptions& a, const RopeOptions& b) {
-  return a.rotary_dim == b.rotary_dim && a.interleave == b.interleave &&
-         a.rope_scale == b.rope_scale && a.rope_theta == b.rope_theta;
-}
-bool same(const Llama31RopeOptions& a, const Llama31RopeOptions& b) {
-  return a.rotary_dim == b.rotary_dim && a.interleave == b.interleave &&
-         a.rope_scale == b.rope_scale && a.rope_theta == b.rope_theta &&
-         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
-         a.old_context_len == b.old_context_len;
-}
-
 // The frequency-table RopeSpec of `step` (Llama / Llama 3.1), memoized on its options.
 const RopeSpec& frequency_spec(const DecodeStepOptions& step, int head_dim, RopeSpecMemo& memo) {
   using Rope = DecodeStepOptions::Rope;
   const bool hit = memo.valid && memo.kind == step.rope && memo.head_dim == head_dim &&
-                   (step.rope == Rope::kLlama ? same(memo.llama, step.llama)
-                                              : same(memo.llama31, step.llama31));
+                   (step.rope == Rope::kLlama ? memo.llama == step.llama
+                                              : memo.llama31 == step.llama31);
   if (hit) return memo.spec;
   memo.valid = false;
   if (step.rope == Rope::kLlama) {
