@@ -21,6 +21,7 @@
 #include "flashkv/rope.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
+#include "flashkv/variant_spec.h"
 
 namespace flashkv {
 
@@ -54,6 +55,9 @@ struct DecodePlanOptions {
   // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;
+  // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
+  // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan().
+  Variant variant;
 };
 
 // The fused decode step (BatchDecode::run_step): how q and the new keys rotate, with rope.h's
@@ -95,6 +99,9 @@ class BatchDecode {
   // those given to plan()). Enqueued on `stream`.
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
+  // run() with other arguments for the plan's user variant (same VariantSpec).
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+           const TensorView& lse, const VariantArgs& variant_args, Stream stream = nullptr);
 
   // The fused decode step, one launch per layer where an engine otherwise runs three (RoPE,
   // append_paged_kv_cache, decode): every request brings one new token; its q [batch, H_qo, D]

@@ -18,6 +18,7 @@
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
+#include "variants/variant_smem.cuh"
 
 namespace flashkv {
 
@@ -74,10 +75,14 @@ struct DecodeConfig {
 };
 
 // Runs one work item: attention of the group's query heads over the item's KV range.
+// C: a DecodeWithVariant<DecodeConfig, V> (decode_common.cuh).
 template <class C>
 __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                  typename C::kv_t* k_smem, typename C::kv_t* v_smem) {
   typedef typename C::kv_t kv_t;
+  typedef typename C::Variant Var;
+  typedef typename C::Traits Tr;
+  const typename Var::Args& va = variant_args<Var>(p.variant);
   constexpr int H = C::kHeadsPerThread;
   constexpr int V = C::kVec;
   const int tx = threadIdx.x % C::kBdx;
@@ -101,13 +106,30 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     head_ok[h] = g < C::kGroup;
     const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
     Vec16<typename C::q_t>::to_floats(decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos, rot), q[h]);
+    if constexpr (Tr::kQueryTransform) {
+      // Pair i = (i, i + D/2): the partner elements sit kBdx/2 lanes away, same slot.
+      const VariantRow vr = decode_variant_row<C>(w, head_ok[h] ? g : 0);
+      const bool low = tx < C::kBdx / 2;
 #pragma unroll
-    for (int i = 0; i < V; ++i) q[h][i] *= p.sm_scale_log2;
+      for (int i = 0; i < V; ++i) {
+        const float other = __shfl_xor_sync(0xffffffffu, q[h][i], C::kBdx / 2);
+        float x1 = low ? q[h][i] : other, x2 = low ? other : q[h][i];
+        const int pair = (low ? tx : tx - C::kBdx / 2) * V + i;
+        Var::query_transform(va, vr, pair, x1, x2);
+        q[h][i] = to_float(from_float<typename C::q_t>(low ? x1 : x2));  // q stays 16-bit
+      }
+    }
+    const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+#pragma unroll
+    for (int i = 0; i < V; ++i) q[h][i] *= dot_scale;
   }
 
   SoftmaxState<V> st[H];
 #pragma unroll
-  for (int h = 0; h < H; ++h) st[h].init();
+  for (int h = 0; h < H; ++h) {
+    st[h].init();
+    if constexpr (!Tr::kUseSoftmax) st[h].m = 0.f;  // plain sums (SoftmaxState::accumulate_weight)
+  }
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
@@ -146,6 +168,14 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
+    if constexpr (Tr::kKVTransform) {
+      const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
+      variant_transform_kv_rows<Var, kv_t, C::kHeadDim, C::kThreads>(
+          va, key, w.kv_start + tile * C::kTile, min(C::kTile, len - tile * C::kTile),
+          stage_bytes(k_smem, tile % C::kStages), stage_bytes(v_smem, tile % C::kStages),
+          [](int r, int c) { return C::chunk_offset(r, c); });
+      __syncthreads();
+    }
     const kv_t* ks = k_smem + (tile % C::kStages) * C::kStageElems;
     const kv_t* vs = v_smem + (tile % C::kStages) * C::kStageElems;
 #pragma unroll
@@ -167,7 +197,9 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 #pragma unroll
           for (int off = C::kBdx / 2; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
           const int t = tile * C::kTile + (i0 + i) * C::kBdz + tz;
-          s[h][i] = t < len ? acc : neg_inf();
+          const int g = head_ok[h] ? ty + h * C::kBdy : 0;
+          const VariantPosition pos{w.request, 0, w.kv_start + t, 1, w.kv_len, w.kv_head * C::kGroup + g, w.kv_head};
+          s[h][i] = Tr::score(va, pos, acc, t < len);
         }
       }
 #pragma unroll
@@ -175,12 +207,17 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
         const int t_local = (i0 + i) * C::kBdz + tz;
         float vf[V];
         Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(vs + t_local * C::kHeadDim + tx * V), vf);
-        if (i == 0) {
+        if constexpr (Tr::kUseSoftmax) {
+          if (i == 0) {
 #pragma unroll
-          for (int h = 0; h < H; ++h) st[h].rescale_for(s[h], C::kInner);
+            for (int h = 0; h < H; ++h) st[h].rescale_for(s[h], C::kInner);
+          }
+#pragma unroll
+          for (int h = 0; h < H; ++h) st[h].accumulate(s[h][i], vf);
+        } else {
+#pragma unroll
+          for (int h = 0; h < H; ++h) st[h].accumulate_weight(s[h][i], vf);
         }
-#pragma unroll
-        for (int h = 0; h < H; ++h) st[h].accumulate(s[h][i], vf);
       }
     }
     __syncthreads();
@@ -224,6 +261,19 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       const int g = ty + h * C::kBdy;
       if (!head_ok[h]) continue;
       float o[V];
+      if constexpr (!Tr::kUseSoftmax) {  // unnormalized sums; partial states carry lse 0
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[e] = st[h].o[e];
+        decode_store_row<C>(p, w, g, tx * V, o, 0.f, tx == 0);
+        continue;
+      }
+      if constexpr (Tr::kSink) {  // the sink joins the chunk that starts at key 0, once
+        if (w.kv_start == 0) {
+          const float f = fold_sink2(Tr::sink2(va, w.kv_head * C::kGroup + g), st[h].m, st[h].d);
+#pragma unroll
+          for (int e = 0; e < V; ++e) st[h].o[e] *= f;
+        }
+      }
       st[h].normalized(o);
       const float lse2 = st[h].lse2();
       decode_store_row<C>(p, w, g, tx * V, o, lse2, tx == 0);
@@ -232,8 +282,9 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   __syncthreads();  // the shared memory is reused by the next work item
 }
 
-template <class C>
-__global__ void __launch_bounds__(C::kThreads) batch_decode_kernel(const __grid_constant__ DecodeParams p) {
+template <class Config, class Var = DefaultVariant>
+__global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __grid_constant__ DecodeParams p) {
+  typedef DecodeWithVariant<Config, Var> C;
   extern __shared__ __align__(16) unsigned char smem[];
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
   typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;

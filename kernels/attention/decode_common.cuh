@@ -7,8 +7,22 @@
 #include "attention/split_merge.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
+#include "variants/variant.cuh"
 
 namespace flashkv {
+
+// A kernel config C with the attention variant V (kernels/variants/variant.cuh) the kernel runs.
+template <class C, class V>
+struct DecodeWithVariant : C {
+  using Variant = V;
+  using Traits = VariantTraits<V>;
+};
+
+// The variant's view of query head `g` of work item w (decode: one query row per request).
+template <class C>
+__device__ __forceinline__ VariantRow decode_variant_row(const DecodeWorkItem& w, int g) {
+  return VariantRow{w.request, w.request, 0, 1, w.kv_len, w.kv_head * C::kGroup + g, w.kv_head};
+}
 
 // Writes 8 normalized output elements [col, col + 8) of query head `g` of work item w: to the
 // output when the tile is not split, else to the item's partial-state slot (base-2 LSE).
@@ -68,8 +82,18 @@ __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const De
     const int qo_head = w.kv_head * C::kGroup + g;
     typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)w.request * p.o_stride_n +
                           (long long)qo_head * p.o_stride_h + col;
-    *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
-    if (p.lse != nullptr && write_lse) p.lse[(long long)w.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+    if constexpr (C::Traits::kOutputTransform) {
+      float t[8];
+      const VariantRow row = decode_variant_row<C>(w, g);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        t[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, o[e]);
+      *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(t);
+    } else {
+      *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
+    }
+    if (C::Traits::kUseSoftmax && p.lse != nullptr && write_lse)
+      p.lse[(long long)w.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
   } else {
     float* po = p.plan.partial_o + ((long long)w.slot * C::kGroup + g) * C::kHeadDim + col;
     *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
@@ -93,9 +117,23 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
     const int qo_head = item.kv_head * C::kGroup + g;
     typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
                           (long long)qo_head * p.o_stride_h + col;
+    // Without softmax every partial state has lse 0, so ⊕ averaged them: the sum is that times
+    // the number of states, 2^lse2.
+    if constexpr (!C::Traits::kUseSoftmax) {
+      const float n = lse2 == neg_inf() ? 0.f : exp2f(lse2);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= n;
+    }
+    if constexpr (C::Traits::kOutputTransform) {
+      const VariantRow row{item.request, item.request, 0, 1, item.kv_len, qo_head, item.kv_head};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, acc[e]);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
-    if (p.lse != nullptr && col == 0) p.lse[(long long)item.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+    if (C::Traits::kUseSoftmax && p.lse != nullptr && col == 0)
+      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
   }
 }
 

@@ -5,6 +5,7 @@
 #include "attention/decode_plan.cuh"
 #include "common/device_error.cuh"
 #include "kv/rope_math.cuh"
+#include "variants/variant_args.cuh"
 
 namespace flashkv {
 
@@ -35,6 +36,7 @@ struct DecodeParams {
   float sm_scale_log2;      // sm_scale * log2(e): logits are kept in base 2
   DecodePlanPtrs plan;
   DecodeStepParams step;
+  VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place
 };
 
 }  // namespace flashkv

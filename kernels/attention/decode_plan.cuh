@@ -26,6 +26,7 @@ struct DecodeMergeItem {
   int kv_head;
   int slot_begin;
   int slot_end;
+  int kv_len;  // the request's KV length (filled by the op; the variant's output_transform sees it)
 };
 
 // The plan region starts with this header. Only the used bytes of the region are copied to the

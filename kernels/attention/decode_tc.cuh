@@ -16,6 +16,7 @@
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
+#include "variants/variant_smem.cuh"
 
 namespace flashkv {
 
@@ -73,10 +74,15 @@ __device__ __forceinline__ void decode_tc_rotate_q(const RopeSpec& spec, unsigne
   }
 }
 
+// C: a DecodeWithVariant<DecodeTCConfig, V> (decode_common.cuh).
 template <class C>
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                     unsigned char* smem) {
   typedef typename C::kv_t kv_t;
+  typedef typename C::Variant V;
+  typedef typename C::Traits Tr;
+  const typename V::Args& va = variant_args<V>(p.variant);
+  const auto stage_offset = [](int row, int chunk) { return swizzled_offset<C::kChunks>(row, chunk); };
   constexpr int R = C::kRowTiles;
   constexpr int DT = C::kDTiles;
   const int lane = threadIdx.x % 32;
@@ -156,6 +162,13 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     decode_tc_rotate_q<C>(p.step.spec, q_smem, rope_table);
     __syncthreads();
   }
+  if constexpr (Tr::kQueryTransform) {
+    __syncthreads();
+    variant_transform_q_rows<V, typename C::q_t, C::kHeadDim, C::kThreads>(
+        va, q_smem, stage_offset, C::kGroup, [&](int r) { return decode_variant_row<C>(w, r); });
+    __syncthreads();
+  }
+  const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
 
   const u32 q_base = smem_addr(q_smem);
 
@@ -170,6 +183,13 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const int st = tile % C::kStages;
+    if constexpr (Tr::kKVTransform) {
+      const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
+      variant_transform_kv_rows<V, kv_t, C::kHeadDim, C::kThreads>(
+          va, key, w.kv_start + tile * C::kTile, min(C::kTile, len - tile * C::kTile),
+          k_smem + st * C::kStageElems * 2, v_smem + st * C::kStageElems * 2, stage_offset);
+      __syncthreads();
+    }
     const u32 k_base = smem_addr(k_smem + st * C::kStageElems * 2);
     const u32 v_base = smem_addr(v_smem + st * C::kStageElems * 2);
 
@@ -205,13 +225,21 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
         float x[4];
+        // Padding rows (>= kGroup) score as head kGroup - 1; they are never written out.
+        const int qo_head = w.kv_head * C::kGroup + min(r * 16 + lane / 4 + 8 * h, C::kGroup - 1);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int t = t0 + nt * 8 + e;
-            x[nt * 2 + e] = t < len ? s[r][nt][h * 2 + e] * p.sm_scale_log2 : neg_inf();
+            const VariantPosition pos{w.request, 0, w.kv_start + t, 1, w.kv_len, qo_head, w.kv_head};
+            x[nt * 2 + e] = Tr::score(va, pos, s[r][nt][h * 2 + e] * dot_scale, t < len);
           }
+        if constexpr (!Tr::kUseSoftmax) {  // x are the weights: no running max, no rescale
+          pa[r][h] = pack2<kv_t>(x[0], x[1]);
+          pa[r][h + 2] = pack2<kv_t>(x[2], x[3]);
+          continue;
+        }
         float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -282,6 +310,16 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     for (int wv = 0; wv < C::kWarps; ++wv) mm = fmaxf(mm, md_sm[(wv * R * 16 + row) * 2]);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     float dd = 0.f;
+    if constexpr (!Tr::kUseSoftmax) {  // unnormalized sums; partial states carry lse 0
+#pragma unroll
+      for (int wv = 0; wv < C::kWarps; ++wv) {
+        const float* src = o_sm + (wv * R * 16 + row) * C::kHeadDim + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += src[e];
+      }
+      decode_store_row<C>(p, w, row, col, acc, 0.f, col == 0);
+      continue;
+    }
     if (mm != neg_inf()) {
 #pragma unroll
       for (int wv = 0; wv < C::kWarps; ++wv) {
@@ -293,6 +331,13 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
       }
     }
+    if constexpr (Tr::kSink) {  // the sink joins the chunk that starts at key 0, once
+      if (w.kv_start == 0) {
+        const float f = fold_sink2(Tr::sink2(va, w.kv_head * C::kGroup + row), mm, dd);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] *= f;
+      }
+    }
     const float inv = dd > 0.f ? 1.f / dd : 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
@@ -302,8 +347,9 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   __syncthreads();  // the shared memory is reused by the next work item
 }
 
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, 2) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
+template <class Config, class V = DefaultVariant>
+__global__ void __launch_bounds__(Config::kThreads, 2) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
+  typedef DecodeWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];

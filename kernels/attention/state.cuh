@@ -45,6 +45,13 @@ struct SoftmaxState {
     for (int i = 0; i < N; ++i) o[i] = fmaf(p, v[i], o[i]);
   }
 
+  // Adds one key with weight w (attention without softmax: m stays 0, o and d are plain sums).
+  __device__ __forceinline__ void accumulate_weight(float w, const float* v) {
+    d += w;
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = fmaf(w, v[i], o[i]);
+  }
+
   // this = this ⊕ other (both unnormalized).
   __device__ __forceinline__ void merge(const SoftmaxState& other) {
     const float m_new = fmaxf(m, other.m);

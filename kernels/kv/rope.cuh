@@ -59,7 +59,7 @@ __device__ __forceinline__ void rope_copy(const T* src, T* dst) {
 // The position of token t, or -1 when it is invalid; `reporter` (one thread per token) records
 // why. With indptr: the request is the last i with indptr[i] <= t, and t must lie in
 // [indptr[i], indptr[i+1]) (this also catches a decreasing or short indptr, for this token).
-__device__ __forceinline__ long long rope_token_position(const RopeParams& p, i64 t,
+__device__ __forceinline__ long long rope_token_position(const RopeKernelParams& p, i64 t,
                                                          bool reporter) {
   long long pos;
   long long request = -1, row = -1;
@@ -99,7 +99,7 @@ __device__ __forceinline__ long long rope_token_position(const RopeParams& p, i6
 // Grid: ceil(nnz / tokens_per_cta) CTAs of tokens_per_cta * threads_per_token threads; dynamic
 // shared memory: tokens_per_cta * rotary_dim / 2 float2 (the cos/sin of each token's pairs).
 template <class T, int V, bool kInterleave>
-__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const __grid_constant__ RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const __grid_constant__ RopeKernelParams p) {
   extern __shared__ float2 rope_cs[];  // [tokens_per_cta][rotary_dim / 2] (cos, sin)
   const int tpt = p.threads_per_token;
   const int slot = threadIdx.x / tpt, local = threadIdx.x % tpt;

@@ -10,7 +10,7 @@ namespace flashkv {
 
 constexpr int kRopeThreads = 128;  // per CTA; the host packs tokens_per_cta tokens into it
 
-struct RopeParams {
+struct RopeKernelParams {
   const void* q;  // [nnz, H_qo, D]   (row stride q_stride_n, head stride q_stride_h; elements)
   const void* k;  // [nnz, H_kv, D]
   void* q_out;    // [nnz, H_qo, D]   q itself when in place

@@ -12,6 +12,7 @@
 #include "ops/decode_workspace.h"
 #include "ops/jit_util.h"
 #include "ops/kernel_specs.h"
+#include "ops/variant_jit.h"
 #include "runtime/device_errors.h"
 #include "runtime/driver.h"
 #include "runtime/launch.h"
@@ -54,16 +55,24 @@ bool decode_tc_supported(int head_dim, int group) {
   return (group + 15) / 16 * (head_dim / 8) * 4 <= 64;
 }
 
+std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group,
+                               int page_size, bool tc, const VariantJit& variant) {
+  return (tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") +
+         decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc) + ", " +
+         variant.type + ">";
+}
+
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size,
-                              bool tc) {
-  const std::string cfg = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+                              bool tc, const VariantJit& variant) {
   const std::string id = std::string(tc ? "decode_tc<" : "decode<") + dtype_name(q_dtype) + "," +
                          dtype_name(kv_dtype) + ",d" + std::to_string(head_dim) + ",g" +
-                         std::to_string(group) + ",p" + std::to_string(page_size) + ">";
+                         std::to_string(group) + ",p" + std::to_string(page_size) +
+                         (variant.id.empty() ? "" : "," + variant.id) + ">";
   const std::string header = tc ? "attention/decode_tc.cuh" : "attention/decode.cuh";
   const std::string kernel =
-      tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<";
-  return {id, [id, cfg, header, kernel] { return make_request(id, header, {kernel + cfg + ">"}); }};
+      decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, variant);
+  const std::string extra = variant.source;
+  return {id, [id, header, kernel, extra] { return make_request(id, header, {kernel}, extra); }};
 }
 }  // namespace ops
 
@@ -73,6 +82,7 @@ struct KernelKey {
   DType q{}, kv{};
   int head_dim = 0, group = 0, page_size = 0;
   bool tensor_cores = false;
+  std::string variant;  // VariantJit::id
   bool operator==(const KernelKey&) const = default;
 };
 }  // namespace
@@ -108,12 +118,14 @@ struct BatchDecode::Impl {
   std::vector<int64_t> kv_lens;
   int64_t min_kv_len = 0, max_kv_len = 0;
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
+  ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
   std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 
   // run() and run_step(): validate against the plan, launch (step.new_k == nullptr: plain decode).
   void launch(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
-              const TensorView& lse, const DecodeStepParams& step, Stream stream);
+              const TensorView& lse, const DecodeStepParams& step, const Variant& variant,
+              Stream stream);
 };
 
 size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
@@ -237,6 +249,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   for (size_t mi = 0; mi < s.merge.size(); ++mi) {
     for (int slot = s.merge[mi].slot_begin; slot < s.merge[mi].slot_end; ++slot)
       m.slot_merge[slot] = static_cast<int>(mi);
+    s.merge[mi].kv_len = static_cast<int>(m.kv_lens[s.merge[mi].request]);
   }
   for (DecodeWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
@@ -261,15 +274,17 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
                   (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
   // Same kernel as the last plan (the common case, every generation step): skip building its
   // id and the cache lookup.
-  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc};
+  // The variant (plain attention unless opts.variant says otherwise): a built-in's flags or a
+  // user's source enter the kernel's id.
+  ops::VariantJit vj = ops::variant_jit(opts.variant);
+  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, vj.id};
   if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
     const ops::KernelSpec spec =
-        ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc);
+        ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc, vj);
     const runtime::LoadedModule& mod =
         runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
-    const std::string ct = decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc);
     m.decode_fn = mod.function(
-        (tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") + ct + ">");
+        ops::decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, vj));
     m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
     m.kernel_id = spec.id;
     m.kernel_key = key;
@@ -279,7 +294,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   // A captured graph keeps its q/out/lse/indices pointers, kernel and sm_scale: refuse a plan it
   // cannot run (before anything in the workspace changes).
   const int64_t nnz = batch_size > 0 ? kv_indptr[batch_size] : 0;
-  const float sm_scale = resolve_sm_scale(opts.sm_scale, head_dim);
+  // A built-in description's sm_scale applies when the options set none.
+  const float sm_scale =
+      resolve_sm_scale(opts.sm_scale > 0.f ? opts.sm_scale : vj.sm_scale, head_dim);
   if (m.captured.any) {
     const auto& c = m.captured;
     check(batch_size <= c.q_rows && batch_size <= c.out_rows &&
@@ -324,6 +341,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.kv_dtype = kv_dtype;
   m.o_dtype = o_dtype;
   m.opts = opts;
+  m.variant_jit = std::move(vj);
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
   m.info.num_ctas = s.num_ctas;
@@ -338,7 +356,16 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, Stream stream) {
   check(impl_->planned, "BatchDecode::run: called before a successful plan()");
-  impl_->launch(q, kv, out, lse, DecodeStepParams{}, stream);
+  impl_->launch(q, kv, out, lse, DecodeStepParams{}, impl_->opts.variant, stream);
+}
+
+void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                      const TensorView& lse, const VariantArgs& variant_args, Stream stream) {
+  check(impl_->planned, "BatchDecode::run: called before a successful plan()");
+  check(impl_->opts.variant.is_user(),
+        "BatchDecode::run: variant_args given, but the plan's variant is not a user variant");
+  impl_->launch(q, kv, out, lse, DecodeStepParams{}, impl_->opts.variant.with_args(variant_args),
+                stream);
 }
 
 void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
@@ -357,8 +384,11 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   shape.max_kv_len = m.max_kv_len;
   shape.graph = m.opts.enable_cuda_graph;
   runtime::ensure_context(m.cfg.device);
+  check(!m.variant_jit.transforms_qk,
+        "BatchDecode::run_step: the plan's variant rotates q and k itself (variant.rope); the "
+        "fused step rotates them too. Use DecodeStepOptions.rope, or run() with the variant.");
   const DecodeStepParams sp = ops::make_decode_step_params(new_k, new_v, step, shape, m.rope_memo);
-  m.launch(q, kv, out, lse, sp, stream);
+  m.launch(q, kv, out, lse, sp, m.opts.variant, stream);
   if (runtime::stream_is_capturing(stream)) {  // launch() recorded the rest of the capture
     int64_t rows = std::min(new_k.size(0), new_v.size(0));
     if (step.pos_ids.defined()) rows = std::min(rows, step.pos_ids.size(0));
@@ -369,7 +399,8 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
 
 void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
                                const TensorView& out, const TensorView& lse,
-                               const DecodeStepParams& step, Stream stream) {
+                               const DecodeStepParams& step, const Variant& variant,
+                               Stream stream) {
   Impl& m = *this;
   const Device dev = Device::cuda(m.cfg.device);
   // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
@@ -395,6 +426,8 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   check_shape(out, "out", {-1, m.num_qo_heads, m.head_dim});
   check_last_dim_contiguous(out, "out");
   check_aligned(out, "out", 16);
+  check(m.variant_jit.use_softmax || !lse.defined(),
+        "lse: the plan's variant has no softmax (sigmoid attention); pass an undefined lse");
   if (lse.defined()) {
     check_device(lse, "lse", dev);
     check_dtype(lse, "lse", DType::f32);
@@ -465,6 +498,8 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
   p.step = step;
+  p.variant = ops::pack_variant_args(
+      variant, {"BatchDecode::run", dev, m.batch, m.batch, m.num_qo_heads, m.head_dim});
   void* args[] = {&p};
   if (m.grid > 0) {
     runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream,

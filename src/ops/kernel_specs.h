@@ -4,6 +4,7 @@
 #include <string>
 
 #include "flashkv/dtype.h"
+#include "ops/variant_jit.h"
 #include "runtime/kernel_cache.h"
 
 namespace flashkv::ops {
@@ -19,7 +20,11 @@ KernelSpec merge_kernel_spec(DType t);
 
 // The batch decode kernel (and its merge stage) for one configuration.
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
-                              int page_size, bool tensor_cores = false);
+                              int page_size, bool tensor_cores = false,
+                              const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+// The name expression of that kernel (its function in the compiled module).
+std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
+                               int page_size, bool tensor_cores, const VariantJit& variant);
 // Whether the tensor-core decode kernel supports this shape (its accumulators fit in registers).
 bool decode_tc_supported(int head_dim, int group_size);
 

@@ -59,7 +59,7 @@ void gpu_rope(const char* op_name, int op, const TensorView& q, const TensorView
               const RopeSpec& spec, Stream stream) {
   ops::require_cuda(op_name, q.device());
   const detail::RopeShape s = detail::check_rope_tensors(q, k, q_rope, k_rope);
-  RopeParams p{};
+  RopeKernelParams p{};
   if (src.pos_ids != nullptr) {
     detail::check_i32_vector(*src.pos_ids, src.pos_name, s.nnz);
     ops::check_gpu_index(*src.pos_ids, src.pos_name);

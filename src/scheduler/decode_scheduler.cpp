@@ -555,7 +555,7 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
     if (run.slot_base < 0 || run.first_chunk != 0) continue;
     for (int h = 0; h < heads; ++h) {
       const int begin = run.slot_base + h * run.tile_chunks;
-      s.merge.push_back({run.request, h, begin, begin + run.tile_chunks});
+      s.merge.push_back({run.request, h, begin, begin + run.tile_chunks, 0});
     }
   }
 }

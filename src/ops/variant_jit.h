@@ -1,0 +1,43 @@
+// How an op turns a Variant (flashkv/variant_spec.h) into JIT source and kernel arguments: the
+// variant's C++ type for the kernel template, the source that defines it, a short id for the
+// kernel cache key, and the packed parameter block (kernels/variants/variant_args.cuh).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "flashkv/variant_spec.h"
+#include "variants/variant_args.cuh"
+
+namespace flashkv::ops {
+
+struct VariantJit {
+  std::string id;      // "" (plain), "b<flags>" (built-in), "u<hash>" (user): part of kernel ids
+  std::string type;    // the kernel template argument, e.g. "flashkv::BuiltinVariant<10>"
+  std::string source;  // appended after the kernel header: defines `type` (user variants)
+  bool use_softmax = true;
+  bool transforms_qk = false;  // a built-in RoPE (user variants: unknown, false)
+  bool causal = false;         // the built-in description's causal flag
+  float sm_scale = 0.f;        // the built-in description's sm_scale (0: the op's)
+  bool operator==(const VariantJit& o) const { return id == o.id; }
+};
+
+// The kernel side of `v` for head_dim `head_dim` (plan time; checks the user spec's shape: names,
+// identifiers, parameter kinds).
+VariantJit variant_jit(const Variant& v);
+
+// What the variant's tensors are checked against when a kernel is launched.
+struct VariantCallShape {
+  const char* op;       // for messages
+  Device device;        // every variant tensor must be here
+  int64_t batch;        // requests
+  int64_t q_rows;       // rows of q in the call (decode: batch)
+  int num_qo_heads;
+  int head_dim;
+};
+
+// The parameter block of `v` for one launch (run time): validates every argument against the
+// call and packs it. Throws flashkv::Error naming the argument.
+VariantArgsBlock pack_variant_args(const Variant& v, const VariantCallShape& call);
+
+}  // namespace flashkv::ops
