@@ -4,7 +4,7 @@
 # (flashkv._C, -DFLASHKV_PYTHON=ON, against a venv at $BUILD/pyenv with nanobind, numpy and
 # pytest from PyPI) and its pytest suite runs (its GPU tests skip without torch and a GPU);
 # FLASHKV_PYTHON_TESTS=0 skips that part. Then checks that an installed flashkv works from a
-# consumer project through find_package(flashkv).
+# consumer project through find_package(flashkv), and builds and runs examples/user_variant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -30,4 +30,9 @@ cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 cmake -S examples/consumer -B "$BUILD/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
 cmake --build "$BUILD/consumer" >/dev/null
 "$BUILD/consumer/consumer"
-echo "install check: find_package(flashkv) consumer built and ran"
+# The user-variant example (examples/user_variant): without a GPU it only says so and exits 0.
+cmake -S examples/user_variant -B "$BUILD/user_variant" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" \
+  >/dev/null
+cmake --build "$BUILD/user_variant" >/dev/null
+"$BUILD/user_variant/user_variant"
+echo "install check: find_package(flashkv) consumer and user_variant built and ran"

@@ -10,9 +10,11 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "array_view.h"
 #include "flashkv/flashkv.h"
+#include "variant.h"
 
 namespace flashkv::python {
 namespace {
@@ -151,7 +153,8 @@ class PyBatchDecode {
   void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads, int num_kv_heads,
             int head_dim, int page_size, const std::string& q_dtype, const std::string& kv_dtype,
             const std::string& o_dtype, float sm_scale, bool enable_cuda_graph,
-            int fixed_split_size, bool disable_split_kv, uintptr_t stream) {
+            int fixed_split_size, bool disable_split_kv, const PyVariant* variant,
+            uintptr_t stream) {
     const int batch = batch_of(indptr, "indptr");
     const int32_t* ip = host_i32(indptr, "indptr", batch + 1);
     const int32_t* lp = host_i32(last_page_len, "last_page_len", batch);
@@ -160,11 +163,14 @@ class PyBatchDecode {
     o.enable_cuda_graph = enable_cuda_graph;
     o.fixed_split_size = fixed_split_size;
     o.disable_split_kv = disable_split_kv;
+    if (variant != nullptr) o.variant = variant->variant;
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan(ip, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
                 stream_of(stream));
     });
+    // The plan holds the variant's device pointers: keep their arrays for as long as it runs.
+    variant_keep_ = variant != nullptr ? variant->keep : std::vector<InArray>{};
   }
 
   void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
@@ -219,6 +225,7 @@ class PyBatchDecode {
  private:
   Workspace ws_;  // declared first: destroyed after the op that uses it
   std::unique_ptr<BatchDecode> op_;
+  std::vector<InArray> variant_keep_;  // arrays behind the plan's variant (PyVariant::keep)
 };
 
 BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
@@ -431,6 +438,7 @@ void bind_prefill_common(nb::class_<T>& c) {
 void bind_module(nb::module_& m) {
   register_error_translator();
 
+  bind_variants(m);
   m.def("cuda_available", &cuda_available);
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason);
   m.def("cuda_device_count", &cuda_device_count);
@@ -662,7 +670,7 @@ void bind_module(nb::module_& m) {
       .def("plan", &PyBatchDecode::plan, arg("indptr"), arg("last_page_len"), arg("num_qo_heads"),
            arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
            arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
-           arg("disable_split_kv"), arg("stream"))
+           arg("disable_split_kv"), arg("variant").none(), arg("stream"))
       .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
            arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("stream"))
       .def("run_step", &PyBatchDecode::run_step, arg("q"), arg("k_new"), arg("v_new"), arg("k"),

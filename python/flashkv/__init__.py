@@ -28,9 +28,12 @@ call them on torch CUDA tensors, so ``torch.compile(fullgraph=True)`` captures t
 outside the graph). ``python -m flashkv.bench`` runs the standard benchmark through this API.
 
 LSE: like FlashInfer, every function here returns and takes **base-2** log-sum-exp. (The C++ API
-and ``flashkv._C`` use natural logs; the wrappers convert.) Arguments flashkv does not implement
-yet (RoPE inside attention, sliding windows, logit soft-capping, custom masks, FP8 scales, custom
-variants) raise ``NotImplementedError`` naming the argument. Bad inputs raise ``ValueError``
+and ``flashkv._C`` use natural logs; the wrappers convert.) Attention variants: the decode
+functions take FlashInfer's ``pos_encoding_mode`` / ``window_left`` / ``logits_soft_cap`` /
+``rope_scale`` / ``rope_theta``, flashkv's ``sinks`` / ``alibi_slopes`` / ``sigmoid``, and user
+variants (:class:`Variant`, device C++ compiled into the kernels; GPU only). Arguments flashkv
+does not implement yet (variants in prefill and cascades, custom masks, FP8 scales) raise
+``NotImplementedError`` naming the argument. Bad inputs raise ``ValueError``
 (``TypeError`` for an unsupported dtype or device) with the C++ library's message; failures of
 CUDA or NVRTC raise ``RuntimeError``.
 """
@@ -72,6 +75,7 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
+from .variants import Variant  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -94,6 +98,7 @@ __all__ = [
     "BatchPrefillWithRaggedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "MultiLevelCascadeWrapper",
+    "Variant",
     "append_paged_kv_cache",
     "apply_llama31_rope",
     "apply_llama31_rope_inplace",

@@ -8,6 +8,7 @@ from . import _C
 from . import _arrays as A
 from . import _common as C
 from . import _workspace
+from . import variants as V
 from ._workspace import OpSlot
 
 
@@ -15,16 +16,23 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
                                 use_tensor_cores=False, q_scale=None, k_scale=None, v_scale=None,
                                 window_left=-1, logits_soft_cap=None, sm_scale=None,
                                 rope_scale=None, rope_theta=None, return_lse=False, *, out=None,
-                                lse=None, stream=None):
+                                lse=None, stream=None, sinks=None, alibi_slopes=None,
+                                sigmoid=False, sigmoid_bias=0.0, low_freq_factor=1.0,
+                                high_freq_factor=4.0, old_context_len=8192, variant=None,
+                                variant_args=None):
     """Decode attention of one request over contiguous KV.
 
     Parameters follow ``flashinfer.single_decode_with_kv_cache``:
     q ``[num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
     ``[num_kv_heads, kv_len, head_dim]`` (HND); ``num_qo_heads`` a multiple of ``num_kv_heads``
     (GQA). ``sm_scale`` defaults to ``1/sqrt(head_dim)``. ``use_tensor_cores`` is accepted and
-    ignored (flashkv picks its kernel itself); ``rope_scale``/``rope_theta`` only matter with RoPE,
-    which raises NotImplementedError, as do ``window_left >= 0``, ``logits_soft_cap > 0`` and
-    FP8 scales.
+    ignored (flashkv picks its kernel itself). FP8 scales raise NotImplementedError.
+
+    Variants (as :meth:`BatchDecodeWithPagedKVCacheWrapper.plan`): ``pos_encoding_mode``
+    (``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"``; flashkv also takes ``"ROPE_LLAMA31"``) with
+    ``rope_scale`` / ``rope_theta``, ``window_left``, ``logits_soft_cap``, and the keyword-only
+    flashkv extras ``sinks``, ``alibi_slopes``, ``sigmoid``, ``sigmoid_bias``, the Llama 3.1
+    factors, and ``variant`` / ``variant_args`` (a :class:`flashkv.Variant`, GPU only).
 
     flashkv extensions (keyword-only): ``out`` ``[num_qo_heads, head_dim]`` and ``lse``
     ``float32 [num_qo_heads]`` to write into; ``stream``: a CUDA stream handle for callers without
@@ -35,13 +43,72 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     output is zero and lse -inf. Host arrays run on the CPU reference; CUDA arrays on the GPU, on
     the caller's current stream (a library-owned workspace: not for CUDA-graph capture).
     """
-    C.check_variant(pos_encoding_mode, window_left, logits_soft_cap)
     C.check_run_extras((), q_scale, k_scale, v_scale)
     C.check_layout(kv_layout)
+    on_gpu = A.is_cuda(q)
+    scale = C.sm_scale_arg(sm_scale)
+    cvar = V.decode_variant(
+        on_gpu=on_gpu, like=q, num_qo_heads=int(q.shape[0]), sm_scale=scale,
+        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+        low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+        old_context_len=old_context_len, sinks=sinks, alibi_slopes=alibi_slopes,
+        sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, variant=variant, variant_args=variant_args)
+    _check_lse_wanted(cvar, return_lse or lse is not None)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
-    A.call(_C.single_decode, q, k, v, out, lse, kv_layout, C.sm_scale_arg(sm_scale),
-           A.cuda_stream(q, stream))
+    if cvar is None:
+        A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream))
+    elif not on_gpu:
+        A.call(_C.reference_single_decode_variant, q, k, v, out, lse, kv_layout, cvar)
+    else:
+        _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, scale, cvar,
+                                   A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
+
+
+def _check_lse_wanted(cvar, wanted):
+    if wanted and cvar is not None and not cvar.use_softmax:
+        raise ValueError("return_lse / lse: the variant has no softmax (sigmoid attention), so "
+                         "there is no lse")
+
+
+# single_decode_with_kv_cache with a variant on the GPU: flashkv's C++ single_decode takes no
+# variant, so this runs a BatchDecode (one per device, in a workspace of its own) over the
+# contiguous KV viewed as pages of one token, as the C++ single_decode does internally.
+_SINGLE_SLOTS = {}
+
+
+def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, stream):
+    dev = A.device_index(q)
+    hq, d = int(q.shape[0]), int(q.shape[1])
+    nhd = kv_layout == "NHD"
+    if len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k, v: expected two 3-D arrays of one shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    kv_len, hk = (int(k.shape[0]), int(k.shape[1])) if nhd else (int(k.shape[1]), int(k.shape[0]))
+    slot = _SINGLE_SLOTS.get(dev)
+    cfg = dict(max_batch=1, num_qo_heads=hq, head_dim=d)
+    if slot is not None and slot.cfg is not None:
+        cfg = {key: max(val, slot.cfg[key]) for key, val in cfg.items()}
+    need = _C.BatchDecode.workspace_bytes(**cfg, device=dev)
+    if slot is None or slot.nbytes < need:
+        if slot is not None:
+            slot.release()
+        slot = OpSlot(_C.BatchDecode, A.empty(q, ((need + 3) // 4,), "f32"), dev, frozen=False)
+        _SINGLE_SLOTS[dev] = slot
+    op = slot.acquire(dict(max_batch=1, num_qo_heads=hq, head_dim=d),
+                      f"num_qo_heads {hq}, head_dim {d}")
+    indptr = np.array([0, kv_len], np.int32)
+    last = np.array([1], np.int32)
+    # Kept until the next call: the kernel reads them asynchronously (maybe on another stream).
+    slot.indices = A.to_device_like(np.arange(max(kv_len, 1), dtype=np.int32), q)
+    # Token t is page t: NHD [L, H, D] -> [L, 1, H, D]; HND [H, L, D] -> [L, H, 1, D].
+    kp, vp = ((k[:, None], v[:, None]) if nhd else
+              (A.swap01(k)[:, :, None], A.swap01(v)[:, :, None]))
+    A.call(op.plan, indptr, last, hq, hk, d, 1, A.array_dtype(q), A.array_dtype(k),
+           A.array_dtype(out), sm_scale, False, 0, False, cvar, stream)
+    A.call(op.run, q[None], kp, vp, kv_layout, indptr, slot.indices, last, out[None],
+           None if lse is None else lse[None], stream)
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
@@ -95,6 +162,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._slot = (OpSlot(_C.BatchDecode, float_workspace_buffer, self._device,
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
+        self._graph_keep = {}  # CUDA graph mode: the variant arrays of every plan (see plan())
         self._handle = C.new_handle(self)  # names this wrapper to the torch custom ops
         A.torch_ops(float_workspace_buffer)  # registers them before a torch.compile trace
 
@@ -112,19 +180,37 @@ class BatchDecodeWithPagedKVCacheWrapper:
              q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None,
              sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True,
              block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False,
-             q_len_per_req=1):
+             q_len_per_req=1, sinks=None, alibi_slopes=None, sigmoid=False, sigmoid_bias=0.0,
+             low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192, variant=None,
+             variant_args=None):
         """Plan decode for one step's page table (FlashInfer's arguments).
 
         indptr ``[batch + 1]``, indices ``[indptr[-1]]``, last_page_len ``[batch]``: int32, on the
         host or the device (host copies of indptr and last_page_len are taken here, as FlashInfer
         does). ``fixed_split_size`` is in pages, as FlashInfer's (batch-invariant output);
-        ``disable_split_kv`` as FlashInfer's. Unsupported variants (``pos_encoding_mode``,
-        ``window_left``, ``logits_soft_cap``, ``block_tables``, ``seq_lens``,
-        ``q_len_per_req > 1``) raise NotImplementedError. Must not be called while a CUDA graph
+        ``disable_split_kv`` as FlashInfer's. ``block_tables``, ``seq_lens`` and
+        ``q_len_per_req > 1`` raise NotImplementedError. Must not be called while a CUDA graph
         is being captured.
+
+        Attention variants (compiled into the kernel here; run() takes no variant arguments):
+        FlashInfer's ``pos_encoding_mode`` (``"NONE"``; ``"ROPE_LLAMA"``: q rotated at position
+        ``kv_len - 1`` and key j at j inside the kernel, rotate-half layout, ``rope_scale``
+        default 1, ``rope_theta`` 1e4; ``"ALIBI"``: FlashInfer's slopes; flashkv extension
+        ``"ROPE_LLAMA31"``: Llama 3.1 scaling, defaults 8 and 5e5 with ``low_freq_factor``,
+        ``high_freq_factor``, ``old_context_len``), ``window_left`` (keys
+        ``kv_len - 1 - window_left ..`` only; -1: all), ``logits_soft_cap``
+        (``cap * tanh(s / cap)``). flashkv extensions: ``sinks`` float32 ``[num_qo_heads]``
+        (gpt-oss attention sinks: a per-head logit in the softmax denominator), ``alibi_slopes``
+        float32 ``[num_qo_heads]``, ``sigmoid`` / ``sigmoid_bias`` (sigmoid attention: no lse),
+        and ``variant`` (a :class:`flashkv.Variant`: your own device C++ hooks) with
+        ``variant_args`` (``{param: value}``; arrays on the wrapper's device, or host arrays,
+        copied there except in CUDA graph mode). The kernel reads these arrays when run() runs;
+        a CUDA graph replays with the arrays of the plan its capture ran, so in graph mode the
+        wrapper keeps every variant array it was given. The math is in
+        include/flashkv/variants.h. Host wrappers run the built-ins on the CPU reference; a user
+        variant there raises NotImplementedError.
         """
-        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap,
-                        block_tables=block_tables, seq_lens=seq_lens)
+        C.check_variant(block_tables=block_tables, seq_lens=seq_lens)
         if q_len_per_req != 1:
             C.not_implemented("q_len_per_req", q_len_per_req,
                               "1 (use BatchPrefillWithPagedKVCacheWrapper for several tokens)")
@@ -137,8 +223,25 @@ class BatchDecodeWithPagedKVCacheWrapper:
         plan = dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
                     num_kv_heads=int(num_kv_heads), head_dim=int(head_dim),
                     page_size=int(page_size), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
-                    indptr=indptr_h, last_page_len=last_h)
+                    indptr=indptr_h, last_page_len=last_h,
+                    window_left=-1 if window_left is None else int(window_left),
+                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"))
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
+        keep = []
+        plan["variant"] = V.decode_variant(
+            on_gpu=self._on_gpu, like=self._float_workspace_buffer,
+            num_qo_heads=int(num_qo_heads), sm_scale=plan["sm_scale"],
+            pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+            low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+            old_context_len=old_context_len, sinks=sinks, alibi_slopes=alibi_slopes,
+            sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, variant=variant,
+            variant_args=variant_args, device_only=self._use_cuda_graph, keep=keep)
+        if self._use_cuda_graph:
+            # A captured run() replays with the variant arrays of its capture's plan: keep every
+            # array a plan pointed at while this wrapper lives (device arrays of the caller, so
+            # this grows only with the distinct arrays given).
+            self._graph_keep.update((id(x), x) for x in keep)
         if not self._on_gpu:
             plan["indices"] = A.host_i32(indices, "indices")
             self._plan = plan
@@ -167,7 +270,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             plan["run_indptr"], plan["run_last_page_len"] = indptr_h, last_h
         op.plan(indptr_h, last_h, int(num_qo_heads), int(num_kv_heads), int(head_dim),
                 int(page_size), q_dt, kv_dt, o_dt, plan["sm_scale"], self._use_cuda_graph,
-                split, bool(disable_split_kv), stream)
+                split, bool(disable_split_kv), plan["variant"], stream)
         self._plan = plan
 
     begin_forward = plan
@@ -188,9 +291,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         tensors this is the torch custom op ``flashkv::batch_decode_run`` (``..._out`` with
         ``out``/``lse``), which torch.compile captures; plan() stays outside the graph.
         """
-        C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
         if self._plan is None:
             raise ValueError("run: called before a successful plan()")
+        if window_left is not None and window_left != self._plan["window_left"]:
+            raise ValueError(f"window_left: {window_left} differs from the plan's "
+                             f"{self._plan['window_left']}; flashkv compiles the window into the "
+                             f"plan, so pass it to plan()")
+        C.check_run_extras(args, q_scale, k_scale, v_scale)
+        _check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         return C.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
 
@@ -210,9 +318,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             C.check_planned(q, k, plan)
             C.check_planned_paged(k, plan, self._kv_layout)
-            A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, plan["indptr"],
-                   plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"])
+            self._reference_decode(q, k, v, plan["indptr"], plan["indices"],
+                                   plan["last_page_len"], out, lse)
         return C.finish(out, lse, return_lse)
+
+    def _reference_decode(self, q, k, v, indptr, indices, last_page_len, out, lse):
+        """The CPU reference of the plan (its built-in variant, if any)."""
+        plan = self._plan
+        if plan["variant"] is None:
+            A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, indptr, indices,
+                   last_page_len, out, lse, plan["sm_scale"])
+        else:
+            A.call(_C.reference_batch_decode_variant, q, k, v, self._kv_layout, indptr, indices,
+                   last_page_len, out, lse, plan["variant"])
 
     def run_step(self, q, k_new, v_new, paged_kv_cache, *, rope="none", pos_ids=None,
                  rotary_dim=None, interleave=False, rope_scale=None, rope_theta=None,
@@ -254,6 +372,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         plan = self._plan
         if plan is None:
             raise ValueError("run_step: called before a successful plan()")
+        if plan["rope"]:
+            raise ValueError("run_step: the plan's pos_encoding_mode rotates q and k inside "
+                             "attention; the fused step rotates them too. Use run_step's rope= "
+                             "with pos_encoding_mode='NONE', or run()")
+        _check_lse_wanted(plan["variant"], return_lse or lse is not None)
         rope = "none" if rope is None else rope
         if rope not in ("none", "llama", "llama31", "cos_sin_cache"):
             raise ValueError(f"rope: expected 'none', 'llama', 'llama31' or 'cos_sin_cache', got "
@@ -309,8 +432,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                        scale, theta, 0)
         A.call(_C.append_paged_kv_cache, k_rot, v_new, np.arange(plan["batch"], dtype=np.int32),
                positions, k, v, self._kv_layout, indptr, plan["indices"], last, 0)
-        A.call(_C.reference_batch_decode, q_rot, k, v, self._kv_layout, indptr, plan["indices"],
-               last, out, lse, plan["sm_scale"])
+        self._reference_decode(q_rot, k, v, indptr, plan["indices"], last, out, lse)
         return C.finish(out, lse, return_lse)
 
     def plan_info(self) -> dict:

@@ -115,10 +115,7 @@ def test_prefill_errors():
         w.run(q, k, k)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(pos_encoding_mode="ROPE_LLAMA"), "pos_encoding_mode"),
-    (dict(window_left=128), "window_left"),
-    (dict(logits_soft_cap=30.0), "logits_soft_cap"),
+@pytest.mark.parametrize("kwargs, name", [  # decode variants: test_variants.py
     (dict(q_len_per_req=2), "q_len_per_req"),
     (dict(block_tables=np.zeros((2, 4), np.int32)), "block_tables"),
 ])
@@ -145,8 +142,6 @@ def test_prefill_plan_not_implemented(kwargs, name):
 
 def test_other_not_implemented():
     q = np.zeros((4, 64), np.float16)
-    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
-        flashkv.single_decode_with_kv_cache(q, q[None], q[None], logits_soft_cap=50.0)
     with pytest.raises(NotImplementedError, match="k_scale"):
         flashkv.single_decode_with_kv_cache(q, q[None], q[None], k_scale=0.5)
     with pytest.raises(NotImplementedError, match="custom_mask"):

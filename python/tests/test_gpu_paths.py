@@ -103,9 +103,10 @@ def test_decode_plan_and_run_arguments(fake):
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)), "HND")
     decode_plan(w, 2, fixed_split_size=3, q_data_type="bfloat16")
     op = FakeOp.made[-1]
-    (indptr, last, hq, hk, d, ps, qt, kt, ot, scale, graph, split, no_split, stream) = op.plans[-1]
-    assert (qt, kt, ot, scale, graph, split, no_split) == ("bf16", "bf16", "bf16", 0.0, False,
-                                                           48, False)  # 3 pages of 16 tokens
+    (indptr, last, hq, hk, d, ps, qt, kt, ot, scale, graph, split, no_split, variant,
+     stream) = op.plans[-1]
+    assert (qt, kt, ot, scale, graph, split, no_split, variant) == (
+        "bf16", "bf16", "bf16", 0.0, False, 48, False, None)  # 3 pages of 16 tokens
     assert indptr.tolist() == [0, 1, 2] and last.tolist() == [1, 1]
     q = cuda(np.zeros((2, 8, 64), np.float16))
     kv = cuda(np.zeros((4, 2, 2, 16, 64), np.float16))
