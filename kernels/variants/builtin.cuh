@@ -65,7 +65,7 @@ struct BuiltinVariant;
 // Only the hooks whose flags are on exist (the kernels detect hooks by presence), via partial
 // bases: the logits transform, the mask, RoPE and sinks each come from their own base.
 namespace builtin_detail {
-constexpr bool on(int flags, int f) { return (flags & f) != 0; }
+__host__ __device__ constexpr bool on(int flags, int f) { return (flags & f) != 0; }
 
 template <int FLAGS, bool kAny = on(FLAGS, kVariantSoftCap | kVariantAlibi | kVariantSigmoid)>
 struct LogitsPart {};
