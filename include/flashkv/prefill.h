@@ -35,6 +35,7 @@
 #include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
+#include "flashkv/variant_spec.h"
 
 namespace flashkv {
 
@@ -66,6 +67,11 @@ struct PrefillPlanOptions {
   // reads outside the cache: out-of-range ids read as zeros.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;
+  // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
+  // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan(), its
+  // arguments packed at each run(). A built-in's causal / sm_scale apply when causal is false /
+  // sm_scale is 0 here. Without softmax (sigmoid) run() takes no lse.
+  Variant variant;
 };
 
 // Statistics of the last plan (benchmarks and tests).

@@ -11,6 +11,10 @@
 // decode_tc.cuh). Causal masking costs nothing on tiles entirely below the diagonal (no mask
 // arithmetic) and a warp whose rows see none of a tile skips it; tiles beyond every row's
 // diagonal are never scheduled (prefill_scheduler.h).
+//
+// Attention variants (prefill_variant.cuh): the query transform runs on the staged Q tile, the
+// key/value transforms on each KV tile as it lands, logits hooks in the softmax step, the sink
+// and output transform in the epilogue. Causal masking stays the kernel's own (tile skipping).
 #pragma once
 
 #include "attention/prefill_epilogue.cuh"
@@ -18,6 +22,7 @@
 #include "attention/prefill_mainloop.cuh"
 #include "attention/prefill_params.cuh"
 #include "attention/prefill_shape.cuh"
+#include "attention/prefill_variant.cuh"
 
 namespace flashkv {
 
@@ -56,9 +61,13 @@ struct PrefillConfig {
   static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
 };
 
+// C: a PrefillWithVariant<PrefillConfig, V> (prefill_variant.cuh).
 template <class C>
 __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const PrefillWorkItem& w,
                                                   unsigned char* smem) {
+  typedef typename C::Variant Var;
+  typedef typename C::Traits Tr;
+  const auto stage_offset = [](int row, int chunk) { return swizzled_offset<C::kChunks>(row, chunk); };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wq = warp / C::kWarpsKV, wk = warp % C::kWarpsKV;
   const u32 q_smem = smem_addr(smem);
@@ -90,11 +99,34 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
     warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, off));
   }
+  // The per-logit hooks' view of this thread's rows. Padding rows (>= valid_rows) score as the
+  // last real row, so no hook ever sees a query outside the request; they are never written.
+  PrefillRowPos<C> rp;
+  if constexpr (Tr::kPerLogit) {
+#pragma unroll
+    for (int r = 0; r < C::kRowTiles; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = min(wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h, max(valid_rows - 1, 0));
+        const VariantRow vr = prefill_variant_row(p, w, row);
+        rp.qo_idx[r][h] = vr.qo_idx;
+        rp.qo_head[r][h] = vr.qo_head;
+      }
+  }
 
   PrefillWarpState<C> st;
   st.init();
   PrefillTilePages<C> pages;
   prefill_load_q<C>(p, w, valid_rows, q_smem);  // joins the first stage's commit group
+  if constexpr (Tr::kQueryTransform) {  // Q alone first: transformed in place before any use
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    variant_transform_q_rows<Var, typename C::q_t, C::kHeadDim, C::kThreads>(
+        variant_args<Var>(p.variant), smem, stage_offset, valid_rows,
+        [&](int r) { return prefill_variant_row(p, w, r); });
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
@@ -117,13 +149,27 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
     const int st_idx = tile % C::kStages;
+    if constexpr (Tr::kKVTransform) {  // the landed tile's real rows, once, before any warp reads
+      unsigned char* k_stage = smem + C::kQBytes + st_idx * C::kStageBytes;
+      variant_transform_kv_rows<Var, typename C::kv_t, C::kHeadDim, C::kThreads>(
+          variant_args<Var>(p.variant), VariantKey{w.request, 0, w.kv_len, w.kv_head},
+          w.kv_start + tile * C::kTile, min(C::kTile, len - tile * C::kTile), k_stage,
+          k_stage + C::kStages * C::kStageBytes, stage_offset);
+      __syncthreads();
+    }
     const int first = w.kv_start + tile * C::kTile + wk * C::kWarpTokens;  // warp's first position
     if (first <= warp_max) {  // else no row of this warp sees any of the slice: skip it
       float s[C::kRowTiles][C::kNT][4];
       prefill_qk<C>(q_base, k_smem + st_idx * C::kStageBytes, wq, wk, s);
       u32 pa[C::kRowTiles][C::kNT / 2][4];
       const int pos0 = first + 2 * (lane % 4);
-      if (first + C::kWarpTokens - 1 <= warp_min) {
+      if constexpr (Tr::kPerLogit) {
+        if (first + C::kWarpTokens - 1 <= warp_min) {
+          prefill_softmax_variant<C, false>(p, w, st, s, pos0, lim, rp, pa);
+        } else {
+          prefill_softmax_variant<C, true>(p, w, st, s, pos0, lim, rp, pa);
+        }
+      } else if (first + C::kWarpTokens - 1 <= warp_min) {
         prefill_softmax<C, false>(st, s, pos0, lim, p.sm_scale_log2, pa);
       } else {
         prefill_softmax<C, true>(st, s, pos0, lim, p.sm_scale_log2, pa);
@@ -143,8 +189,9 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   }
 }
 
-template <class C>
-__global__ void __launch_bounds__(C::kThreads) batch_prefill_kernel(const PrefillParams p) {
+template <class Config, class V = DefaultVariant>
+__global__ void __launch_bounds__(Config::kThreads) batch_prefill_kernel(const __grid_constant__ PrefillParams p) {
+  typedef PrefillWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];

@@ -2,10 +2,17 @@
 // split) or to the work item's partial-state slot; merge the warps of a CTA that split a KV tile
 // between them; and the fused ⊕ merge of split tiles, run by the CTA that writes a tile's last
 // partial state (no CTA ever waits for another, counters self-reset so graph replays work).
+// The variant's sink, output transform and no-softmax sums (prefill_variant.cuh) act here. C is a
+// PrefillWithVariant config.
+//
+// Without softmax (sigmoid) rows are plain sums: outputs are written unnormalized and a partial
+// state carries lse 0, so ⊕ of a tile's n partial states averages them and the merge multiplies
+// by n = 2^lse2 to recover the sum (as decode_merge_tile does).
 #pragma once
 
 #include "attention/prefill_mainloop.cuh"
 #include "attention/prefill_params.cuh"
+#include "attention/prefill_variant.cuh"
 #include "attention/split_merge.cuh"
 
 namespace flashkv {
@@ -55,7 +62,7 @@ __device__ __forceinline__ void prefill_store(const PrefillRowDst<C>& d, int col
     } else {
       *reinterpret_cast<u32*>(d.out + col) = packed[0];
     }
-    if (d.lse != nullptr && write_lse) *d.lse = lse2 * kLn2;
+    if (C::Traits::kUseSoftmax && d.lse != nullptr && write_lse) *d.lse = lse2 * kLn2;
   } else {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i)
@@ -78,13 +85,20 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
       d += __shfl_xor_sync(0xffffffffu, d, 2);
       const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
       if (row >= valid_rows) continue;
-      const float inv = d > 0.f ? 1.f / d : 0.f;
-      const float lse2 = d > 0.f ? st.m[r][h] + log2f(d) : neg_inf();
+      float inv = 1.f, lse2 = 0.f;  // no softmax: unnormalized sums, partial lse 0
+      if constexpr (C::Traits::kUseSoftmax) {
+        float m = st.m[r][h];
+        const float f = prefill_fold_sink<C>(p, w, row, m, d);
+        inv = d > 0.f ? f / d : 0.f;
+        lse2 = d > 0.f ? m + log2f(d) : neg_inf();
+      }
       const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
 #pragma unroll
       for (int n = 0; n < C::kDTiles; ++n) {
-        const float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
-        prefill_store<C, 2>(dst, n * 8 + 2 * (lane % 4), v, lse2, n == 0 && lane % 4 == 0);
+        const int col = n * 8 + 2 * (lane % 4);
+        float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
+        prefill_output_transform<C, 2>(p, w, row, col, dst.out != nullptr, v);
+        prefill_store<C, 2>(dst, col, v, lse2, n == 0 && lane % 4 == 0);
       }
     }
 }
@@ -125,6 +139,18 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
     for (int wk = 0; wk < C::kWarpsKV; ++wk) mm = fmaxf(mm, md_sm[((wq * C::kWarpsKV + wk) * 16 + r) * 2]);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     float dd = 0.f;
+    const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
+    if constexpr (!C::Traits::kUseSoftmax) {  // plain sums over the warps; partial lse 0
+#pragma unroll
+      for (int wk = 0; wk < C::kWarpsKV; ++wk) {
+        const float* src = o_sm + ((wq * C::kWarpsKV + wk) * 16 + r) * C::kHeadDim + col;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += src[e];
+      }
+      prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);
+      prefill_store<C, 8>(dst, col, acc, 0.f, col == 0);
+      continue;
+    }
     if (mm != neg_inf()) {
 #pragma unroll
       for (int wk = 0; wk < C::kWarpsKV; ++wk) {
@@ -137,11 +163,12 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
         for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
       }
     }
-    const float inv = dd > 0.f ? 1.f / dd : 0.f;
+    const float f = prefill_fold_sink<C>(p, w, row, mm, dd);  // once, after the warps' ⊕
+    const float inv = dd > 0.f ? f / dd : 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
-    prefill_store<C, 8>(prefill_row_dst<C>(p, w, row), col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(),
-                        col == 0);
+    prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);
+    prefill_store<C, 8>(dst, col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(), col == 0);
   }
 }
 
@@ -152,9 +179,12 @@ __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const
   const int rows = (item.q_end - item.q_start) * p.group;
   // Written as an unsplit item of the same tile would be.
   PrefillWorkItem out_item{};
+  out_item.request = item.request;
   out_item.kv_head = item.kv_head;
   out_item.q_start = item.q_start;
   out_item.q_base = item.q_base;
+  out_item.qo_len = item.qo_len;
+  out_item.kv_len = item.kv_len;
   out_item.slot = -1;
   for (int v = threadIdx.x; v < rows * kRowVecs; v += C::kThreads) {
     const int row = v / kRowVecs, col = (v % kRowVecs) * 4;
@@ -162,6 +192,12 @@ __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const
     const float lse2 = merge_split_slots4(p.plan.partial_o + (long long)row * C::kHeadDim + col,
                                           (long long)C::kRows * C::kHeadDim, p.plan.partial_lse + row,
                                           C::kRows, item.slot_begin, item.slot_end, acc);
+    if constexpr (!C::Traits::kUseSoftmax) {  // ⊕ averaged the sums (all lse 0): times 2^lse2 = n
+      const float n = lse2 == neg_inf() ? 0.f : exp2f(lse2);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= n;
+    }
+    prefill_output_transform<C, 4>(p, out_item, row, col, true, acc);
     prefill_store<C, 4>(prefill_row_dst<C>(p, out_item, row), col, acc, lse2, col == 0);
   }
 }

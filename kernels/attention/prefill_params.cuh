@@ -1,8 +1,11 @@
 // The prefill kernel's runtime parameters: one flat struct of pointers and element strides,
-// passed by value. Shared with the host (src/ops/batch_prefill.cpp); includes only the plan layout.
+// passed by value (the kernel takes it __grid_constant__: the variant block is read in place).
+// Shared with the host (src/ops/prefill_core.cpp); includes only the plan layout and the variant
+// argument block.
 #pragma once
 
 #include "attention/prefill_plan.cuh"
+#include "variants/variant_args.cuh"
 
 namespace flashkv {
 
@@ -33,6 +36,7 @@ struct PrefillParams {
   int causal;             // 1: query token i sees KV positions <= work.diag + i
   float sm_scale_log2;    // sm_scale * log2(e): logits are kept in base 2
   PrefillPlanPtrs plan;
+  VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place
 };
 
 }  // namespace flashkv

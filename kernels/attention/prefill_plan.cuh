@@ -25,6 +25,8 @@ struct PrefillWorkItem {
   int q_base;     // qo_indptr[request] (filled by the op): the request's first query row
   int diag;       // kv_len - qo_len of the request (filled by the op): with a causal mask query
                   // token i sees KV positions <= diag + i
+  int qo_len;     // the request's query and KV lengths (filled by the op): the positions the
+  int kv_len;     // attention variant's hooks see (kernels/variants/variant.cuh)
 };
 
 // One split query tile: its partial states live in slots [slot_begin, slot_end), in KV order
@@ -37,6 +39,8 @@ struct PrefillMergeItem {
   int slot_begin;
   int slot_end;
   int q_base;  // qo_indptr[request] (filled by the op)
+  int qo_len;  // the request's lengths (filled by the op; the variant's output_transform sees them)
+  int kv_len;
 };
 
 // The plan region starts with this header. Only the used bytes of the region are copied to the

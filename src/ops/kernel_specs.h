@@ -30,7 +30,9 @@ bool decode_tc_supported(int head_dim, int group_size);
 
 // The batch prefill kernel for one (dtype, head_dim, query-tile rows, KV source: 0 ragged,
 // 1 paged with a power-of-two page size, 2 any page size); see ops/prefill_kernel.h.
-KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source);
+// With a variant (ops/variant_jit.h) its id joins the kernel id and its source the module.
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source,
+                               const VariantJit& variant = {"", "flashkv::DefaultVariant"});
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);

@@ -7,6 +7,7 @@
 
 #include "flashkv/error.h"
 #include "ops/jit_util.h"
+#include "ops/variant_jit.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
@@ -24,20 +25,26 @@ std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV k
          std::to_string(static_cast<int>(kv)) + ">";
 }
 
-std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv) {
-  return "flashkv::batch_prefill_kernel<" + prefill_config_type(dtype, head_dim, rows, kv) + ">";
+std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
+                                const VariantJit& variant) {
+  return "flashkv::batch_prefill_kernel<" + prefill_config_type(dtype, head_dim, rows, kv) + ", " +
+         variant.type + ">";
 }
 
-KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source) {
+KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source,
+                               const VariantJit& variant) {
   check(kv_source >= 0 && kv_source <= 2, "prefill_kernel_spec: kv_source 0, 1 or 2, got ",
         kv_source);
   static const char* kNames[] = {"ragged", "paged", "paged_any"};
   const auto kv = static_cast<PrefillKV>(kv_source);
   const std::string id = std::string("prefill<") + dtype_name(dtype) + ",d" +
                          std::to_string(head_dim) + ",r" + std::to_string(rows) + "," +
-                         kNames[kv_source] + ">";
-  const std::string kernel = prefill_kernel_name(dtype, head_dim, rows, kv);
-  return {id, [id, kernel] { return make_request(id, "attention/prefill.cuh", {kernel}); }};
+                         kNames[kv_source] + (variant.id.empty() ? "" : "," + variant.id) + ">";
+  const std::string kernel = prefill_kernel_name(dtype, head_dim, rows, kv, variant);
+  const std::string extra = variant.source;
+  return {id, [id, kernel, extra] {
+            return make_request(id, "attention/prefill.cuh", {kernel}, extra);
+          }};
 }
 }  // namespace ops
 
@@ -64,15 +71,17 @@ PrefillCore::~PrefillCore() {
   }
 }
 
-void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv) {
+void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
+                              const ops::VariantJit& variant) {
   if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd &&
-      kernel.rows == rows && kernel.kv == kv)
+      kernel.rows == rows && kernel.kv == kv && kernel.variant == variant.id)
     return;
-  const ops::KernelSpec spec = ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv));
+  const ops::KernelSpec spec =
+      ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv), variant);
   const runtime::LoadedModule& mod =
       runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
   Kernel k;
-  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows, kv));
+  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
   k.geometry = ops::prefill_geometry(hd, rows);
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
@@ -84,6 +93,7 @@ void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv) 
   k.head_dim = hd;
   k.rows = rows;
   k.kv = kv;
+  k.variant = variant.id;
   k.id = spec.id;
   kernel = std::move(k);
 }
@@ -163,12 +173,17 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
     }
   }
 
-  // The query tile (the paper's heuristic unless the caller fixes it) selects the kernel.
+  // The query tile (the paper's heuristic unless the caller fixes it) and the variant (plain
+  // attention unless opts.variant says otherwise) select the kernel, JIT-compiled here (first
+  // use only) so run() never compiles.
+  ops::VariantJit vj = ops::variant_jit(o.variant);
   const int rows = o.tile_rows > 0 ? o.tile_rows : ops::default_prefill_tile_rows(qo_lens, group);
-  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz));  // JIT (first use only) at plan time, so run() never compiles
+  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj);
   const int num_ctas = ws.max_ctas() / cfg.ctas_per_sm * kernel.ctas_per_sm;
 
-  const float scale = resolve_sm_scale(o.sm_scale, hd);
+  // A built-in description's causal flag and sm_scale apply where the options set none.
+  const bool causal = o.causal || vj.causal;
+  const float scale = resolve_sm_scale(o.sm_scale > 0.f ? o.sm_scale : vj.sm_scale, hd);
   if (captured.any) {  // refuse a plan the captured graph cannot run, before anything changes
     const auto& c = captured;
     check(qo_total <= c.q_rows && qo_total <= c.out_rows && (c.lse_rows < 0 || qo_total <= c.lse_rows),
@@ -177,12 +192,12 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
     check(kv_total <= c.kv_capacity, "kv_indptr[batch_size] = ", kv_total, " exceeds the ",
           c.kv_capacity, paged ? " kv_indices entries" : " KV rows",
           " a captured CUDA graph holds; capture with the full buffers");
-    check(kernel.id == c.kernel_id && scale == c.sm_scale && o.causal == c.causal &&
+    check(kernel.id == c.kernel_id && scale == c.sm_scale && causal == c.causal &&
               n_qo_heads == c.num_qo_heads && n_kv_heads == c.num_kv_heads &&
               page_sz == c.page_size,
           "plan: a captured CUDA graph runs kernel ", c.kernel_id, " (sm_scale ", c.sm_scale,
           ", causal ", c.causal, ", heads ", c.num_qo_heads, "/", c.num_kv_heads, ", page_size ",
-          c.page_size, "); this plan needs ", kernel.id, " (sm_scale ", scale, ", causal ", o.causal,
+          c.page_size, "); this plan needs ", kernel.id, " (sm_scale ", scale, ", causal ", causal,
           ", heads ", n_qo_heads, "/", n_kv_heads, ", page_size ", page_sz,
           "). Fix PrefillPlanOptions.tile_rows for graphs, or capture a new graph.");
   }
@@ -192,7 +207,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   so.num_kv_heads = n_kv_heads;
   so.group = group;
   so.tile_rows = rows;
-  so.causal = o.causal;
+  so.causal = causal;
   so.fixed_split_size = o.fixed_split_size;
   so.disable_split_kv = o.disable_split_kv;
   so.max_slots = ws.max_slots();
@@ -201,11 +216,18 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   scheduler::plan_prefill(qo_lens, kv_lens, so, &s);
   // The op's part of each item: where its queries and pages start and its causal diagonal (the
   // scheduler already set which merge item a split item's partial state belongs to).
-  for (PrefillMergeItem& m : s.merge) m.q_base = qo_indptr[m.request];
+  // The lengths are what the variant's hooks see (positions, the custom mask's row stride).
+  for (PrefillMergeItem& m : s.merge) {
+    m.q_base = qo_indptr[m.request];
+    m.qo_len = static_cast<int>(qo_lens[m.request]);
+    m.kv_len = static_cast<int>(kv_lens[m.request]);
+  }
   for (PrefillWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
     w.q_base = qo_indptr[w.request];
     w.diag = static_cast<int>(kv_lens[w.request] - qo_lens[w.request]);
+    w.qo_len = static_cast<int>(qo_lens[w.request]);
+    w.kv_len = static_cast<int>(kv_lens[w.request]);
   }
   int used_ctas = 0;
   for (int c = 0; c < s.num_ctas; ++c)
@@ -239,6 +261,8 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   o_dtype = ot;
   opts = o;
   opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
+  opts.causal = causal;
+  variant_jit = std::move(vj);
   sm_scale = scale;
   nnz_qo = qo_total;
   nnz_kv = kv_total;
@@ -278,6 +302,8 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
   }
   check((nnz_qo <= 1 || out.stride(0) != 0) && (num_qo_heads <= 1 || out.stride(1) != 0),
         "out: rows must not overlap (zero stride)");
+  check(variant_jit.use_softmax || !lse.defined(),
+        "lse: the plan's variant has no softmax (sigmoid attention); pass an undefined lse");
   if (lse.defined()) {
     check_device(lse, "lse", dev);
     check_dtype(lse, "lse", DType::f32);
@@ -296,6 +322,8 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
   p.o_stride_n = out.stride(0);
   p.o_stride_h = out.stride(1);
   p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
+  p.variant = ops::pack_variant_args(opts.variant,
+                                     {name, dev, batch, nnz_qo, num_qo_heads, head_dim});
 }
 
 void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView& out,

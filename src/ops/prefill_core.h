@@ -45,7 +45,8 @@ struct PrefillCore {
   bool planned = false;
   int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, page_size = 0;
   DType q_dtype{}, kv_dtype{}, o_dtype{};
-  PrefillPlanOptions opts;
+  PrefillPlanOptions opts;  // opts.causal: the effective mask (the variant's causal included)
+  ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
   float sm_scale = 0.f;
   int64_t nnz_qo = 0;
   int64_t nnz_kv = 0;  // paged: kv_indptr[batch] page ids; ragged: KV rows
@@ -57,6 +58,7 @@ struct PrefillCore {
     DType dtype{};
     int head_dim = 0, rows = 0;
     ops::PrefillKV kv = ops::PrefillKV::kRagged;
+    std::string variant;  // VariantJit::id
     CUfunction fn = nullptr;
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
@@ -77,7 +79,8 @@ struct PrefillCore {
   scheduler::PrefillSchedule schedule;  // reused across plans
 
  private:
-  void load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv);
+  void load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv,
+                   const ops::VariantJit& variant);
 };
 
 }  // namespace flashkv::detail

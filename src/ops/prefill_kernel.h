@@ -36,7 +36,8 @@ inline PrefillKV prefill_kv_source(bool paged, int page_size) {
 
 // "flashkv::PrefillConfig<flashkv::half_t, 128, 64, 1>"
 std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV kv);
-// The kernel's name expression: flashkv::batch_prefill_kernel<config>.
-std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv);
+// The kernel's name expression: flashkv::batch_prefill_kernel<config, variant type>.
+std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
+                                const VariantJit& variant = {"", "flashkv::DefaultVariant"});
 
 }  // namespace flashkv::ops

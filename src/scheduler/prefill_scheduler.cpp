@@ -317,8 +317,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   for (uint32_t p : order) {
     const Piece& piece = pieces[p];
     for (int h = 0; h < heads; ++h) {
-      // Every field is written, so a reused schedule keeps nothing stale; page_base, q_base and
-      // diag are the op's.
+      // Every field is written, so a reused schedule keeps nothing stale; page_base, q_base,
+      // diag and the lengths are the op's.
       PrefillWorkItem item{};
       item.request = piece.request;
       item.kv_head = h;
@@ -332,6 +332,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
       item.page_base = 0;
       item.q_base = 0;
       item.diag = 0;
+      item.qo_len = 0;
+      item.kv_len = 0;
       s.work[next[cta_of[i++]]++] = item;
     }
   }
@@ -344,7 +346,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     for (int h = 0; h < heads; ++h) {
       const int begin = piece.first_slot + h * piece.tile_chunks;
       s.merge.push_back(
-          {piece.request, h, piece.q_start, piece.q_end, begin, begin + piece.tile_chunks, 0});
+          {piece.request, h, piece.q_start, piece.q_end, begin, begin + piece.tile_chunks, 0, 0, 0});
     }
   }
   s.num_ctas = ctas;
