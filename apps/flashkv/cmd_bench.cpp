@@ -10,6 +10,7 @@
 #include "bench_prefill.h"
 #include "bench_step.h"
 #include "bench_util.h"
+#include "bench_variants.h"
 #include "commands.h"
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
@@ -32,6 +33,9 @@ struct BenchArgs {
   PrefillBenchOptions prefill;
   StepBenchOptions step;
   CascadeBenchOptions cascade;
+  VariantsBenchOptions variants;
+  // bench variants runs f16 and GQA 32/8 alone unless --dtypes / --shapes were given.
+  bool dtypes_given = false, shapes_given = false;
   bool plan_time = true;
   bool has(const char* kind) const {
     return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
@@ -53,6 +57,13 @@ struct BenchArgs {
     cascade.dtype = step.dtype;
     cascade.reps = reps;
     cascade.page_size = page_size;
+    variants.workloads = workloads;
+    if (shapes_given) variants.shapes = shapes;
+    if (dtypes_given) variants.dtypes = dts;
+    variants.workloads_file = workloads_file;
+    variants.reps = reps;
+    variants.page_size = page_size;
+    variants.ctas_per_sm = ctas_per_sm;
   }
 };
 
@@ -122,6 +133,8 @@ nlohmann::json bench_decode_cpu_reference() {
 
 void bench_cpu_only(const BenchArgs& a) {
   std::printf("No CUDA GPU: %s\n", cuda_unavailable_reason().c_str());
+  if (a.has("variants"))
+    std::printf("bench variants times GPU kernels only: skipped (no CPU form of it).\n");
   nlohmann::json rows = nlohmann::json::array();
   if (a.has("decode") || !a.has("prefill")) rows = bench_decode_cpu_reference();
   if (a.has("prefill")) {
@@ -145,16 +158,19 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("kinds", a->kinds,
                   "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal), step "
                   "(32-layer decode step, RoPE + append + attention, fused vs unfused), cascade (shared "
-                  "prompt: MultiLevelCascade vs plain decode)")
-      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill", "step", "cascade"}))
+                  "prompt: MultiLevelCascade vs plain decode), variants "
+                  "(built-in variants and fused vs unfused RoPE on D1-D6, their JIT cost; f16 "
+                  "GQA 32/8 unless --dtypes/--shapes)")
+      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill", "step", "cascade",
+                             "variants"}))
       ->capture_default_str();
   cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file");
   cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file");
   cmd->add_option("--workloads", a->workloads, "workload ids (default: all of the kind)");
   cmd->add_option("--workloads-file", a->workloads_file,
                   "workloads from peers_torch.py --emit-workloads");
-  cmd->add_option("--shapes", a->shapes, "gqa-32-8, mha-32-32 (default: both)");
-  cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
+  auto* shapes_opt = cmd->add_option("--shapes", a->shapes, "gqa-32-8, mha-32-32 (default: both)");
+  auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
   cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")->capture_default_str();
   cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
   cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM (decode and prefill)")
@@ -177,8 +193,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
-  cmd->callback([a] {
+  cmd->callback([a, shapes_opt, dtypes_opt] {
     if (!cuda_available()) return bench_cpu_only(*a);
+    a->shapes_given = shapes_opt->count() > 0;
+    a->dtypes_given = dtypes_opt->count() > 0;
     a->resolve();
     const DeviceInfo info = device_info(0);
     std::printf("GPU: %s (%s, %d SMs)\n", info.name.c_str(), info.arch.c_str(), info.sm_count);
@@ -197,6 +215,11 @@ void add_bench_command(CLI::App& app) {
     }
     if (a->has("step")) j["step"] = bench_step(a->step, ceil, s);
     if (a->has("cascade")) j["cascade"] = bench_cascade(a->cascade, ceil, s);
+    int variants_failed = 0;
+    if (a->has("variants")) {
+      j["variants"] = bench_variants(a->variants, ceil, s);
+      variants_failed = count_variant_failures(j["variants"]);
+    }
     int prefill_failed = 0;
     if (a->has("prefill")) {
       nlohmann::json failures = nlohmann::json::array();
@@ -219,6 +242,8 @@ void add_bench_command(CLI::App& app) {
     // After the results are written: a wrong answer fails the command, as verify does.
     check(prefill_failed == 0, prefill_failed,
           " prefill configurations failed the reference check or did not run (see above)");
+    check(variants_failed == 0, variants_failed,
+          " variant configurations failed the reference check or did not run (ERROR above)");
   });
 }
 

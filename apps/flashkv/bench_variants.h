@@ -1,0 +1,41 @@
+// flashkv bench variants: the built-in attention variants (variants.h) on the decode workloads
+// D1-D6, each timed next to plain decode of the same run and checked against the CPU reference;
+// fused RoPE against apply-RoPE-then-decode; and what a variant costs the JIT (cold NVRTC compile,
+// warm cache lookup).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "flashkv/dtype.h"
+#include "flashkv/runtime.h"
+
+namespace flashkv::cli {
+
+struct VariantsBenchOptions {
+  std::vector<std::string> workloads;              // decode workload ids; empty: all of them
+  std::vector<std::string> shapes = {"gqa-32-8"};  // head shapes (workloads.h)
+  std::vector<DType> dtypes = {DType::f16};
+  int head_dim = 128;
+  int page_size = 16;
+  int reps = 30;
+  int ctas_per_sm = 2;
+  std::string workloads_file;
+};
+
+// Prints one line per (workload, shape, dtype, variant) and one per JIT measurement; returns the
+// rows (BENCHMARKS.md schema plus "variant", "ratio_to_plain", "check"; JIT rows carry
+// "jit_cold_ms" and "jit_warm_us"). A configuration that failed its reference check, or that the
+// library refused, is a row with "check": "FAILED" (and "ERROR" on its printed line).
+nlohmann::json bench_variants(const VariantsBenchOptions& opts, const Ceilings& ceil, Stream s);
+
+// The JIT rows (bench_variants_jit.cpp): {"variant", "jit_cold_ms", "jit_warm_us", ...} for
+// soft-cap, window+soft-cap+sinks and a user variant, decode kernel of GQA 32/8.
+nlohmann::json bench_variants_jit(const VariantsBenchOptions& opts);
+
+// Rows of bench_variants with "check": "FAILED".
+int count_variant_failures(const nlohmann::json& rows);
+
+}  // namespace flashkv::cli
