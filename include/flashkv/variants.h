@@ -66,7 +66,8 @@
 // Split-KV and ⊕ (DESIGN.md idea 2): a state over a KV chunk is computed with every mask and
 // position of the WHOLE request (a chunk is keys [begin, end) at their own kv_pos). The sink is
 // itself a state, (o = 0, lse = sinks[h]); it must enter a row's merge exactly once: either
-// one chunk carries it (flashkv's convention: the chunk that starts at key 0) or the merge adds
+// one chunk carries it (flashkv's kernels: decode the request's last chunk, which also lets a
+// sliding window skip the keys it hides; prefill the chunk at key 0) or the merge adds
 // (0, sinks[h]) as one more state. Merging the chunks then equals the whole, sink included.
 // Sigmoid partial states have no lse: they merge by summing outputs.
 #pragma once

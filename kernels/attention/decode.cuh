@@ -267,8 +267,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
         decode_store_row<C>(p, w, g, tx * V, o, 0.f, tx == 0);
         continue;
       }
-      if constexpr (Tr::kSink) {  // the sink joins the chunk that starts at key 0, once
-        if (w.kv_start == 0) {
+      if constexpr (Tr::kSink) {  // the sink joins the request's last chunk, once
+        if (w.kv_end == w.kv_len) {
           const float f = fold_sink2(Tr::sink2(va, w.kv_head * C::kGroup + g), st[h].m, st[h].d);
 #pragma unroll
           for (int e = 0; e < V; ++e) st[h].o[e] *= f;

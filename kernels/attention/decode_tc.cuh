@@ -331,8 +331,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
       }
     }
-    if constexpr (Tr::kSink) {  // the sink joins the chunk that starts at key 0, once
-      if (w.kv_start == 0) {
+    if constexpr (Tr::kSink) {  // the sink joins the request's last chunk, once
+      if (w.kv_end == w.kv_len) {
         const float f = fold_sink2(Tr::sink2(va, w.kv_head * C::kGroup + row), mm, dd);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] *= f;

@@ -25,7 +25,8 @@
 // Positions: a query row i of a request with qo_len queries and kv_len keys sits at
 // q_pos = kv_len - qo_len + i (the causal diagonal, attention.h); key j at j. Decode has qo_len 1.
 // Split-KV: hooks see whole-request positions, so chunks of a split request compute the same
-// logits as the whole; the sink enters only the chunk that starts at key 0.
+// logits as the whole; the sink enters exactly one chunk of a row (decode: the request's last,
+// prefill: the one that starts at key 0).
 #pragma once
 
 #include "primitives/types.cuh"
@@ -164,7 +165,9 @@ struct VariantTraits {
     if constexpr (kLogitsMask) keep = keep && V::logits_mask(a, pos);
     float x = scaled_dot;
     if constexpr (kLogitsTransform) {
-      x = V::logits_transform(a, pos, scaled_dot);
+      // Only for kept keys: a variant may index per-key arrays by pos.kv_idx, and the kernels'
+      // tiles run past a chunk's last key.
+      x = keep ? V::logits_transform(a, pos, scaled_dot) : 0.f;
       if constexpr (kUseSoftmax) x *= kLog2e;
     }
     if constexpr (kUseSoftmax) return keep ? x : neg_inf();

@@ -116,6 +116,7 @@ struct BatchDecode::Impl {
   KernelKey kernel_key;
   PlanInfo info;
   std::vector<int64_t> kv_lens;
+  std::vector<int64_t> window_lens;  // with a sliding window: the keys each request's row sees
   int64_t min_kv_len = 0, max_kv_len = 0;
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
   ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
@@ -242,7 +243,18 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
   scheduler::DecodeSchedule& s = m.schedule;
-  scheduler::plan_decode(m.kv_lens, so, &s);
+  // A sliding window (built-in window_left) hides every key before kv_len - 1 - window_left from
+  // the one query row: schedule only the keys it can see, so a long context costs its window.
+  const int window_left =
+      opts.variant.is_builtin() ? opts.variant.builtin_description().window_left : -1;
+  const std::vector<int64_t>* sched_lens = &m.kv_lens;
+  if (window_left >= 0) {
+    m.window_lens.resize(batch_size);
+    for (int i = 0; i < batch_size; ++i)
+      m.window_lens[i] = std::min<int64_t>(m.kv_lens[i], int64_t{window_left} + 1);
+    sched_lens = &m.window_lens;
+  }
+  scheduler::plan_decode(*sched_lens, so, &s);
   // The op's part of each work item: where its pages start, and which merge item its partial
   // state belongs to (the CTA that writes a tile's last partial state merges the tile).
   m.slot_merge.assign(s.num_slots, -1);
@@ -252,6 +264,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     s.merge[mi].kv_len = static_cast<int>(m.kv_lens[s.merge[mi].request]);
   }
   for (DecodeWorkItem& w : s.work) {
+    if (window_left >= 0) {  // from window positions to request positions
+      const int skip = static_cast<int>(m.kv_lens[w.request] - m.window_lens[w.request]);
+      w.kv_start += skip;
+      w.kv_end += skip;
+    }
     w.page_base = kv_indptr[w.request];
     w.merge = w.slot >= 0 ? m.slot_merge[w.slot] : -1;
     w.kv_len = static_cast<int>(m.kv_lens[w.request]);
