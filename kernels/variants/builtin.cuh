@@ -74,7 +74,10 @@ struct LogitsPart<FLAGS, true> {
   __device__ __forceinline__ static float logits_transform(const BuiltinVariantArgs& a,
                                                            const VariantPosition& pos, float s) {
     if constexpr (on(FLAGS, kVariantAlibi)) s += a.alibi_slopes[pos.qo_head] * (float)(pos.kv_idx - pos.q_pos());
-    if constexpr (on(FLAGS, kVariantSoftCap)) s = a.soft_cap * tanhf(s * a.inv_soft_cap);
+    // tanh(x) = 1 - 2 / (e^2x + 1): ~1e-7 absolute error (what the softmax sees of a logit), a
+    // few instructions where tanhf costs ~20; saturates correctly (e^2x -> inf or 0).
+    if constexpr (on(FLAGS, kVariantSoftCap))
+      s = a.soft_cap * (1.f - __fdividef(2.f, __expf(2.f * s * a.inv_soft_cap) + 1.f));
     if constexpr (on(FLAGS, kVariantSigmoid)) s = 1.f / (1.f + __expf(-(s + a.sigmoid_bias)));
     return s;
   }
@@ -109,10 +112,10 @@ struct RopePart<FLAGS, true> {
     const long long pos = a.q_rope_offset ? a.q_rope_offset[row.q_row] : row.q_pos();
     rotate(a.rope_freq[i], pos, x1, x2);
   }
-  __device__ __forceinline__ static void key_transform(const BuiltinVariantArgs& a, const VariantKey& key,
-                                                       int i, float& x1, float& x2) {
-    const long long pos = (a.k_rope_offset ? a.k_rope_offset[key.batch] : 0) + key.kv_idx;
-    rotate(a.rope_freq[i], pos, x1, x2);
+  // Keys: the kernels' fast RoPE form (variant.cuh), positions k_rope_offset[b] + kv_idx.
+  __device__ __forceinline__ static double rope_freq(const BuiltinVariantArgs& a, int i) { return a.rope_freq[i]; }
+  __device__ __forceinline__ static long long key_rope_pos(const BuiltinVariantArgs& a, const VariantKey& key) {
+    return (a.k_rope_offset ? a.k_rope_offset[key.batch] : 0) + key.kv_idx;
   }
 };
 

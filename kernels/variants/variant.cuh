@@ -16,6 +16,12 @@
 //       layout of RoPE (an element-wise transform is the special case that ignores the partner).
 //       The result is rounded to the input dtype (the kernels keep q and k in 16 bits).
 //   float value_transform(const Args&, const VariantKey&, int dim, float v)    (rounded as k)
+//   double rope_freq(const Args&, int i)  and  long long key_rope_pos(const Args&, const VariantKey&)
+//       RoPE on the keys, the form kernels run fast: pair i of a key at position p turns by
+//       p * rope_freq(i) radians (rotate-half pairs). key_rope_pos must be kv_idx plus a
+//       per-request offset: the kernels rotate consecutive keys by a step rotation instead of a
+//       sin/cos per element (one precise sin/cos per thread and tile). Used instead of
+//       key_transform when both are defined.
 //   float sink(const Args&, int qo_head)
 //       a logit (natural-log units) that joins each softmax denominator of that head once, with
 //       a zero value (gpt-oss attention sinks): out = Σ e^s v / (Σ e^s + e^sink).
@@ -103,6 +109,14 @@ struct has_key_transform<V, void_t<decltype(V::key_transform(
   static constexpr bool value = true;
 };
 template <class V, class = void>
+struct has_key_rope { static constexpr bool value = false; };
+template <class V>
+struct has_key_rope<V, void_t<decltype(V::rope_freq(fake<const typename V::Args&>(), 0)),
+                              decltype(V::key_rope_pos(fake<const typename V::Args&>(),
+                                                       fake<const VariantKey&>()))>> {
+  static constexpr bool value = true;
+};
+template <class V, class = void>
 struct has_value_transform { static constexpr bool value = false; };
 template <class V>
 struct has_value_transform<V, void_t<decltype(V::value_transform(
@@ -138,9 +152,10 @@ struct VariantTraits {
   static constexpr bool kLogitsTransform = variant_detail::has_logits_transform<V>::value;
   static constexpr bool kLogitsMask = variant_detail::has_logits_mask<V>::value;
   static constexpr bool kQueryTransform = variant_detail::has_query_transform<V>::value;
-  static constexpr bool kKeyTransform = variant_detail::has_key_transform<V>::value;
+  static constexpr bool kKeyRope = variant_detail::has_key_rope<V>::value;
+  static constexpr bool kKeyTransform = variant_detail::has_key_transform<V>::value && !kKeyRope;
   static constexpr bool kValueTransform = variant_detail::has_value_transform<V>::value;
-  static constexpr bool kKVTransform = kKeyTransform || kValueTransform;
+  static constexpr bool kKVTransform = kKeyRope || kKeyTransform || kValueTransform;
   static constexpr bool kSink = variant_detail::has_sink<V>::value;
   static constexpr bool kOutputTransform = variant_detail::has_output_transform<V>::value;
   // Whether the kernel needs the positions of each logit at all.

@@ -31,6 +31,45 @@ __device__ __forceinline__ void variant_transform_q_rows(const typename V::Args&
   }
 }
 
+// cos and sin of pos * freq: the angle reduced modulo 2π in double (positions reach 10^5 and more,
+// where a float product is off by ~0.01 rad), then sin/cos in float.
+__device__ __forceinline__ void variant_rope_cos_sin(double freq, long long pos, float& c, float& s) {
+  double a = (double)pos * freq;
+  a -= 6.283185307179586476925 * rint(a * 0.15915494309189533577);
+  sincosf((float)a, &s, &c);
+}
+
+// RoPE (rope_freq / key_rope_pos) on the staged key rows [0, rows): thread t owns pair
+// i = t % (D/2) of rows t / (D/2), + kStep, + 2 kStep, ... Their positions advance by kStep, so
+// one precise sin/cos per thread and tile plus a step rotation (4 FMAs) per row replace a sin/cos
+// per element; the step recurrence adds ~1e-7 relative per row (<= 64 rows), far below the
+// 16-bit rounding of the result.
+template <class V, class T, int HEAD_DIM, int THREADS, class Offset>
+__device__ __forceinline__ void variant_rope_k_rows(const typename V::Args& a, VariantKey key, int first_kv_idx,
+                                                    int rows, unsigned char* k_base, const Offset& offset) {
+  constexpr int kHalf = HEAD_DIM / 2;
+  static_assert(THREADS % kHalf == 0, "whole rows of pairs per thread group");
+  constexpr int kStep = THREADS / kHalf;
+  const int i = threadIdx.x % kHalf;
+  const int r0 = threadIdx.x / kHalf;
+  if (r0 >= rows) return;
+  key.kv_idx = first_kv_idx + r0;
+  const double freq = V::rope_freq(a, i);
+  float c, s, cs, ss;
+  variant_rope_cos_sin(freq, V::key_rope_pos(a, key), c, s);
+  variant_rope_cos_sin(freq, kStep, cs, ss);
+  for (int r = r0; r < rows; r += kStep) {
+    T* p1 = variant_elem<T>(k_base, offset, r, i);
+    T* p2 = variant_elem<T>(k_base, offset, r, i + kHalf);
+    const float x1 = to_float(*p1), x2 = to_float(*p2);
+    *p1 = from_float<T>(x1 * c - x2 * s);
+    *p2 = from_float<T>(x2 * c + x1 * s);
+    const float cn = c * cs - s * ss;
+    s = s * cs + c * ss;
+    c = cn;
+  }
+}
+
 // key_transform / value_transform on the staged K and V rows [0, rows) of a KV tile whose row 0
 // is key `first_kv_idx` of the request (`key` carries batch, kv_len, kv_head).
 template <class V, class T, int HEAD_DIM, int THREADS, class Offset>
@@ -38,6 +77,7 @@ __device__ __forceinline__ void variant_transform_kv_rows(const typename V::Args
                                                           int first_kv_idx, int rows, unsigned char* k_base,
                                                           unsigned char* v_base, const Offset& offset) {
   typedef VariantTraits<V> Tr;
+  if constexpr (Tr::kKeyRope) variant_rope_k_rows<V, T, HEAD_DIM, THREADS>(a, key, first_kv_idx, rows, k_base, offset);
   if constexpr (Tr::kKeyTransform) {
     constexpr int kHalf = HEAD_DIM / 2;
     for (int idx = threadIdx.x; idx < rows * kHalf; idx += THREADS) {

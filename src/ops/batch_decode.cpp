@@ -293,7 +293,16 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   // id and the cache lookup.
   // The variant (plain attention unless opts.variant says otherwise): a built-in's flags or a
   // user's source enter the kernel's id.
-  ops::VariantJit vj = ops::variant_jit(opts.variant);
+  // A built-in window needs no mask in decode: the schedule holds only the window's keys (above),
+  // and no key of a request lies right of its one row. So the kernel is compiled without it.
+  Variant kernel_variant = opts.variant;
+  if (window_left >= 0 || (opts.variant.is_builtin() &&
+                           opts.variant.builtin_description().window_right >= 0)) {
+    AttentionVariant v = opts.variant.builtin_description();
+    v.window_left = v.window_right = -1;
+    kernel_variant = Variant::builtin(v);
+  }
+  ops::VariantJit vj = ops::variant_jit(kernel_variant);
   const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, vj.id};
   if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
     const ops::KernelSpec spec =

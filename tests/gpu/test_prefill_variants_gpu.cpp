@@ -215,7 +215,9 @@ void run_case(const VCase& c) {
                      dv = to_device(cache.v_ragged);
   PrefillPlanOptions opts;
   opts.causal = c.causal && !c.causal_in_variant;
-  opts.fixed_split_size = 64;
+  // Small query tiles make many tiles: chunks of 64 would exceed the workspace's work-item bound
+  // (prefill.h: fixed_split_size), 128 still splits the long requests.
+  opts.fixed_split_size = c.tile_rows == 16 || c.tile_rows == 32 ? 128 : 64;
   opts.tile_rows = c.tile_rows;
   opts.variant = Variant::builtin(vd.device);
   const BatchPrefillConfig cfg = prefill_config(B, nnz, c.hqo, c.d);
