@@ -299,6 +299,7 @@ nlohmann::json bench_variants(const VariantsBenchOptions& o, const Ceilings& cei
     }
   }
   synchronize(s);
+  for (const auto& r : bench_variants_prefill(o, ceil, s)) rows.push_back(r);
   for (const auto& r : bench_variants_jit(o)) rows.push_back(r);
   return rows;
 }

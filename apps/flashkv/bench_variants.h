@@ -1,7 +1,7 @@
 // flashkv bench variants: the built-in attention variants (variants.h) on the decode workloads
-// D1-D6, each timed next to plain decode of the same run and checked against the CPU reference;
-// fused RoPE against apply-RoPE-then-decode; and what a variant costs the JIT (cold NVRTC compile,
-// warm cache lookup).
+// D1-D6 and on a prefill workload (PV), each timed next to plain attention of the same run and
+// checked against the CPU reference; fused RoPE against apply-RoPE-then-decode; and what a
+// variant costs the JIT (cold NVRTC compile, warm cache lookup).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -34,6 +34,16 @@ nlohmann::json bench_variants(const VariantsBenchOptions& opts, const Ceilings& 
 // The JIT rows (bench_variants_jit.cpp): {"variant", "jit_cold_ms", "jit_warm_us", ...} for
 // soft-cap, window+soft-cap+sinks and a user variant, decode kernel of GQA 32/8.
 nlohmann::json bench_variants_jit(const VariantsBenchOptions& opts);
+
+// The prefill rows (bench_variants_prefill.cpp), "kind": "prefill": workload PV (4 requests,
+// qo_len = kv_len = 2048, ragged KV through BatchPrefillRagged), causal, per shape and dtype:
+// plain, soft-cap, window, sinks, alibi, window+soft-cap+sinks, rope-fused, then plain-noncausal
+// and custom-mask (a random mask with causal off, compared with plain-noncausal). Each row has
+// "tflops", "pct_gemm_f16", "ratio_to_plain" and "check" (reference on the last 16 rows of two
+// requests); failures are "check": "FAILED" rows as in bench_variants. bench_variants calls it;
+// --workloads without PV skips it.
+nlohmann::json bench_variants_prefill(const VariantsBenchOptions& opts, const Ceilings& ceil,
+                                      Stream s);
 
 // Rows of bench_variants with "check": "FAILED".
 int count_variant_failures(const nlohmann::json& rows);

@@ -159,7 +159,8 @@ void add_bench_command(CLI::App& app) {
                   "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal), step "
                   "(32-layer decode step, RoPE + append + attention, fused vs unfused), cascade (shared "
                   "prompt: MultiLevelCascade vs plain decode), variants "
-                  "(built-in variants and fused vs unfused RoPE on D1-D6, their JIT cost; f16 "
+                  "(built-in variants and fused vs unfused RoPE on D1-D6, variants on a 4 x 2048 "
+                  "prefill (PV), their JIT cost; f16 "
                   "GQA 32/8 unless --dtypes/--shapes)")
       ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill", "step", "cascade",
                              "variants"}))
