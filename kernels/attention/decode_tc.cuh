@@ -224,6 +224,11 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     for (int r = 0; r < R; ++r) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+        if (r * 16 + 8 * h >= C::kGroup) {  // 8 padding rows (compile time): P = 0, no softmax work
+          pa[r][h] = 0u;
+          pa[r][h + 2] = 0u;
+          continue;
+        }
         float x[4];
         // Padding rows (>= kGroup) score as head kGroup - 1; they are never written out.
         const int qo_head = w.kv_head * C::kGroup + min(r * 16 + lane / 4 + 8 * h, C::kGroup - 1);
