@@ -114,6 +114,23 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
       }
   }
 
+  // With a window-like bound (first_visible_key), the first key any of this warp's real rows may
+  // see: slices entirely left of it are skipped like those right of the causal diagonal.
+  int warp_lo = 0;
+  if constexpr (Tr::kFirstVisibleKey) {
+    warp_lo = 0x7fffffff;
+#pragma unroll
+    for (int r = 0; r < C::kRowTiles; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
+        if (row < valid_rows)
+          warp_lo = min(warp_lo, Var::first_visible_key(variant_args<Var>(p.variant), prefill_variant_row(p, w, row)));
+      }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) warp_lo = min(warp_lo, __shfl_xor_sync(0xffffffffu, warp_lo, off));
+  }
+
   PrefillWarpState<C> st;
   st.init();
   PrefillTilePages<C> pages;
@@ -158,7 +175,8 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
       __syncthreads();
     }
     const int first = w.kv_start + tile * C::kTile + wk * C::kWarpTokens;  // warp's first position
-    if (first <= warp_max) {  // else no row of this warp sees any of the slice: skip it
+    // Else no row of this warp sees any of the slice: skip it.
+    if (first <= warp_max && first + C::kWarpTokens - 1 >= warp_lo) {
       float s[C::kRowTiles][C::kNT][4];
       prefill_qk<C>(q_base, k_smem + st_idx * C::kStageBytes, wq, wk, s);
       u32 pa[C::kRowTiles][C::kNT / 2][4];

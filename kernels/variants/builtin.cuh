@@ -101,6 +101,11 @@ struct MaskPart<FLAGS, true> {
     }
     return keep;
   }
+  // The window's left edge: the prefill kernel skips KV slices left of every row's.
+  __device__ __forceinline__ static int first_visible_key(const BuiltinVariantArgs& a, const VariantRow& row) {
+    if constexpr (on(FLAGS, kVariantWindow)) return a.window_left >= 0 ? row.q_pos() - a.window_left : 0;
+    return 0;
+  }
 };
 
 template <int FLAGS, bool kOn = on(FLAGS, kVariantRope)>

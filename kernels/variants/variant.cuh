@@ -10,6 +10,9 @@
 //       s = sm_scale * q·k (natural-log units). Returns the logit (softmax) or the weight
 //       (kUseSoftmax false). Default: s (softmax) / s (as a weight: define it for non-softmax).
 //   bool logits_mask(const Args&, const VariantPosition&)      false drops the key. Default: keep.
+//   int first_visible_key(const Args&, const VariantRow&)
+//       a bound the mask guarantees: no key before it is kept for this row (a sliding window's
+//       left edge). Lets the prefill kernel skip whole KV slices; the mask still decides.
 //   void query_transform(const Args&, const VariantRow&, int i, float& x1, float& x2)
 //   void key_transform(const Args&, const VariantKey&, int i, float& x1, float& x2)
 //       dimension pair i < D/2 of a query row / key: elements (i, i + D/2), the rotate-half
@@ -95,6 +98,13 @@ struct has_logits_mask<V, void_t<decltype(V::logits_mask(fake<const typename V::
   static constexpr bool value = true;
 };
 template <class V, class = void>
+struct has_first_visible_key { static constexpr bool value = false; };
+template <class V>
+struct has_first_visible_key<V, void_t<decltype(V::first_visible_key(fake<const typename V::Args&>(),
+                                                                     fake<const VariantRow&>()))>> {
+  static constexpr bool value = true;
+};
+template <class V, class = void>
 struct has_query_transform { static constexpr bool value = false; };
 template <class V>
 struct has_query_transform<V, void_t<decltype(V::query_transform(
@@ -151,6 +161,7 @@ struct VariantTraits {
   static constexpr bool kUseSoftmax = variant_detail::use_softmax<V>::value;
   static constexpr bool kLogitsTransform = variant_detail::has_logits_transform<V>::value;
   static constexpr bool kLogitsMask = variant_detail::has_logits_mask<V>::value;
+  static constexpr bool kFirstVisibleKey = variant_detail::has_first_visible_key<V>::value;
   static constexpr bool kQueryTransform = variant_detail::has_query_transform<V>::value;
   static constexpr bool kKeyRope = variant_detail::has_key_rope<V>::value;
   static constexpr bool kKeyTransform = variant_detail::has_key_transform<V>::value && !kKeyRope;
