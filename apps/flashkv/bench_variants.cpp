@@ -17,6 +17,7 @@ namespace flashkv::cli {
 namespace {
 
 constexpr double kMaxRelErr = 1e-2;  // the cap of check_reference's tolerance rule (bench_util.h)
+constexpr int kWindowLeft = 1024;     // the window configurations' window_left
 const Device kGpu = Device::cuda(0);
 
 // What every variant of one (workload, shape, dtype) shares: the paged cache and q in rotated
@@ -29,10 +30,7 @@ struct Setup {
   BenchPagedKV kv;
   DeviceBuffer q, out, q_rot, k_rot, slot_pos, q_pos, none;
   size_t bytes = 0;  // plain decode's bytes (BENCHMARKS.md): every variant is charged the same
-  HostTensor sinks, alibi;
-  std::vector<uint8_t> mask;
-  std::vector<int32_t> mask_indptr;
-  DeviceBuffer d_sinks, d_alibi, d_mask, d_mask_indptr;
+  BenchVariantInputs vin;
 
   size_t q_bytes() const { return size_t(B) * Hq * D * dtype_size(dt); }
   int64_t slots() const { return kv.pages_per_copy * kv.page_size; }  // of one copy
@@ -60,6 +58,50 @@ DeviceBuffer to_device(const T* p, size_t n) {
   return b;
 }
 
+}  // namespace
+
+void BenchVariantInputs::build(int num_qo_heads, const std::vector<bool>& bits,
+                               const std::vector<int64_t>& qo_lens,
+                               const std::vector<int64_t>& kv_lens, std::mt19937& rng) {
+  Hq = num_qo_heads;
+  B = static_cast<int>(kv_lens.size());
+  std::uniform_real_distribution<double> u(-2.0, 2.0);
+  sinks = HostTensor(DType::f32, {Hq});
+  alibi = HostTensor(DType::f32, {Hq});
+  for (int h = 0; h < Hq; ++h) {
+    sinks.set(h, u(rng));
+    alibi.set(h, std::exp2(-8.0 * (h + 1) / Hq));  // the ALiBi paper's slopes
+  }
+  d_sinks = to_device(static_cast<const float*>(sinks.data()), Hq);
+  d_alibi = to_device(static_cast<const float*>(alibi.data()), Hq);
+  mask = pack_custom_mask(bits, qo_lens, kv_lens, mask_indptr);
+  d_mask = to_device(mask.data(), mask.size());
+  d_mask_indptr = to_device(mask_indptr.data(), mask_indptr.size());
+}
+
+AttentionVariant BenchVariantInputs::describe(const std::string& name, int window_left,
+                                              bool dev) const {
+  AttentionVariant v;
+  const bool combo = name == "window+soft-cap+sinks";
+  if (name == "soft-cap" || combo) v.logits_soft_cap = 30.f;
+  if (name == "window" || combo) v.window_left = window_left;
+  if (name == "sinks" || combo)
+    v.sinks = dev ? TensorView(d_sinks.data(), DType::f32, {Hq}, kGpu) : sinks.view();
+  if (name == "alibi")
+    v.alibi_slopes = dev ? TensorView(d_alibi.data(), DType::f32, {Hq}, kGpu) : alibi.view();
+  if (name == "custom-mask")
+    v.custom_mask = {dev ? static_cast<const uint8_t*>(d_mask.data()) : mask.data(),
+                     static_cast<int64_t>(mask.size()),
+                     dev ? TensorView(d_mask_indptr.data(), DType::i32, {B + 1}, kGpu) : TensorView()};
+  if (name == "rope-fused") {
+    v.rope.mode = RopeMode::llama;
+    v.rope.rope_theta = 1e4f;
+  }
+  return v;
+}
+
+namespace {
+
 void build(Setup& st, const Workload& w, const HeadShape& sh, const VariantsBenchOptions& o,
            DType dt, uint64_t seed, Stream s) {
   st.B = static_cast<int>(w.lens.size());
@@ -79,21 +121,10 @@ void build(Setup& st, const Workload& w, const HeadShape& sh, const VariantsBenc
   st.none = DeviceBuffer(16);
   st.bytes = 2 * st.q_bytes() + st.kv.kv_bytes();
   std::mt19937 rng(static_cast<uint32_t>(seed * 7 + 3));
-  std::uniform_real_distribution<double> u(-2.0, 2.0);
-  st.sinks = HostTensor(DType::f32, {st.Hq});
-  st.alibi = HostTensor(DType::f32, {st.Hq});
-  for (int h = 0; h < st.Hq; ++h) {
-    st.sinks.set(h, u(rng));
-    st.alibi.set(h, std::exp2(-8.0 * (h + 1) / st.Hq));  // the ALiBi paper's slopes
-  }
-  st.d_sinks = to_device(static_cast<const float*>(st.sinks.data()), st.Hq);
-  st.d_alibi = to_device(static_cast<const float*>(st.alibi.data()), st.Hq);
   std::vector<bool> bits;  // one query row per request; ~70% of its keys attended
   for (int64_t len : st.kv.lens)
     for (int64_t j = 0; j < len; ++j) bits.push_back(rng() % 10 < 7);
-  st.mask = pack_custom_mask(bits, std::vector<int64_t>(st.B, 1), st.kv.lens, st.mask_indptr);
-  st.d_mask = to_device(st.mask.data(), st.mask.size());
-  st.d_mask_indptr = to_device(st.mask_indptr.data(), st.mask_indptr.size());
+  st.vin.build(st.Hq, bits, std::vector<int64_t>(st.B, 1), st.kv.lens, rng);
   // Slot positions per copy (page ids differ between copies): slot t of a request's j-th page
   // is token j * page_size + t. Padding slots of last pages get positions too (never attended).
   const int64_t P = st.kv.page_size;
@@ -114,30 +145,6 @@ const char* const kVariants[] = {
     "plain",     "soft-cap", "window", "sinks", "alibi", "custom-mask", "window+soft-cap+sinks",
     "rope-fused"};
 
-// Variant `name` with its tensors on the device (for the kernel) or on the host (for the
-// reference, whose custom mask check_sampled narrows to one request's bytes).
-AttentionVariant describe(const Setup& st, const std::string& name, bool dev) {
-  AttentionVariant v;
-  const bool combo = name == "window+soft-cap+sinks";
-  if (name == "soft-cap" || combo) v.logits_soft_cap = 30.f;
-  if (name == "window" || combo) v.window_left = 1024;
-  if (name == "sinks" || combo)
-    v.sinks = dev ? TensorView(st.d_sinks.data(), DType::f32, {st.Hq}, kGpu) : st.sinks.view();
-  if (name == "alibi")
-    v.alibi_slopes =
-        dev ? TensorView(st.d_alibi.data(), DType::f32, {st.Hq}, kGpu) : st.alibi.view();
-  if (name == "custom-mask")
-    v.custom_mask = {
-        dev ? static_cast<const uint8_t*>(st.d_mask.data()) : st.mask.data(),
-        static_cast<int64_t>(st.mask.size()),
-        dev ? TensorView(st.d_mask_indptr.data(), DType::i32, {st.B + 1}, kGpu) : TensorView()};
-  if (name == "rope-fused") {
-    v.rope.mode = RopeMode::llama;
-    v.rope.rope_theta = 1e4f;
-  }
-  return v;
-}
-
 // Relative error of up to 3 sampled requests of copy 0 (st.out) against the CPU reference of
 // `variant` (host tensors; a custom mask is given as the request's own bytes, no mask_indptr).
 double check_sampled(const Setup& st, const AttentionVariant& variant) {
@@ -155,8 +162,8 @@ double check_sampled(const Setup& st, const AttentionVariant& variant) {
     st.out.copy_to_host(out.data(), row_bytes, r * row_bytes);
     AttentionVariant hv = variant;
     if (hv.custom_mask.defined())
-      hv.custom_mask = {st.mask.data() + st.mask_indptr[r],
-                        st.mask_indptr[r + 1] - st.mask_indptr[r], TensorView()};
+      hv.custom_mask = {st.vin.mask.data() + st.vin.mask_indptr[r],
+                        st.vin.mask_indptr[r + 1] - st.vin.mask_indptr[r], TensorView()};
     reference::single_decode_variant(q.view(), k.view().slice0(0, kv.lens[r]),
                                      v.view().slice0(0, kv.lens[r]), ref.view(), TensorView(),
                                      KVLayout::NHD, hv);
@@ -255,12 +262,12 @@ nlohmann::json bench_variants(const VariantsBenchOptions& o, const Ceilings& cei
         for (const std::string name : kVariants) {
           nlohmann::json row = base;
           row["variant"] = name;
-          const AttentionVariant dv = describe(st, name, true);
+          const AttentionVariant dv = st.vin.describe(name, kWindowLeft, true);
           row = measure(
               st, ceil, o.reps, row,
               [&] { plan(name == "plain" ? Variant() : Variant::builtin(dv)); },
               [&](int k) { dec.run(st.qview(k), caches[k], st.out_view(), TensorView(), s); },
-              describe(st, name, false), t_plain, s);
+              st.vin.describe(name, kWindowLeft, false), t_plain, s);
           if (row["time_us"].is_number())
             row["kernel"] = dec.plan_info().tensor_cores ? "tensor-cores" : "cuda-cores";
           if (name == "plain") t_plain = time_of(row);
@@ -286,7 +293,7 @@ nlohmann::json bench_variants(const VariantsBenchOptions& o, const Ceilings& cei
                                  TensorView(st.q_pos.data(), DType::i32, {st.B}, kGpu), ro, s);
               dec.run(q_rot, rotated[k], st.out_view(), TensorView(), s);
             },
-            describe(st, "rope-fused", false), t_plain, s);
+            st.vin.describe("rope-fused", kWindowLeft, false), t_plain, s);
         if (t_fused > 0 && row["time_us"].is_number()) {
           const double speedup = time_of(row) / t_fused;
           row["launches"] = 3;

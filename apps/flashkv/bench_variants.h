@@ -8,9 +8,14 @@
 #include <string>
 #include <vector>
 
+#include <cstdint>
+#include <random>
+
 #include "bench_util.h"
 #include "flashkv/dtype.h"
+#include "flashkv/host_tensor.h"
 #include "flashkv/runtime.h"
+#include "flashkv/variants.h"
 
 namespace flashkv::cli {
 
@@ -44,6 +49,24 @@ nlohmann::json bench_variants_jit(const VariantsBenchOptions& opts);
 // --workloads without PV skips it.
 nlohmann::json bench_variants_prefill(const VariantsBenchOptions& opts, const Ceilings& ceil,
                                       Stream s);
+
+// The variant inputs both benchmarks use, on the host (the reference) and on the device (the
+// kernels): random sinks in [-2, 2], the ALiBi paper's slopes, and a packed custom mask.
+struct BenchVariantInputs {
+  int Hq = 0, B = 0;
+  HostTensor sinks, alibi;
+  std::vector<uint8_t> mask;
+  std::vector<int32_t> mask_indptr;
+  DeviceBuffer d_sinks, d_alibi, d_mask, d_mask_indptr;
+
+  // `bits`: each request's [qo_len, kv_len] mask, row-major, requests back to back.
+  void build(int num_qo_heads, const std::vector<bool>& bits, const std::vector<int64_t>& qo_lens,
+             const std::vector<int64_t>& kv_lens, std::mt19937& rng);
+  // The built-in configuration `name` ("soft-cap", "window", "sinks", "alibi", "custom-mask",
+  // "window+soft-cap+sinks", "rope-fused"; anything else: plain) with its tensors on the device
+  // (dev) or the host.
+  AttentionVariant describe(const std::string& name, int window_left, bool dev) const;
+};
 
 // Rows of bench_variants with "check": "FAILED".
 int count_variant_failures(const nlohmann::json& rows);

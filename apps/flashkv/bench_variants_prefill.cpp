@@ -21,6 +21,7 @@ namespace {
 constexpr double kMaxRelErr = 1e-2;  // as the decode half: the cap of check_reference's rule
 constexpr int kBatch = 4;
 constexpr int64_t kLen = 2048;       // qo_len = kv_len of every request
+constexpr int kWindowLeft = 512;     // the window configurations' window_left
 constexpr int64_t kCheckRows = 16;   // the last rows of a request: they see the most keys
 const char* const kWorkload = "PV";  // the id --workloads selects this part by
 const Device kGpu = Device::cuda(0);
@@ -44,11 +45,8 @@ struct Setup {
   DType dt = DType::f16;
   std::vector<int32_t> indptr;  // qo and kv alike: request r owns rows [r * len, (r + 1) * len)
   DeviceBuffer q, k, v, out;
-  HostTensor sinks, alibi;
   std::vector<bool> bits;  // request r's [len, len] row-major mask, requests back to back
-  std::vector<uint8_t> mask;
-  std::vector<int32_t> mask_indptr;
-  DeviceBuffer d_sinks, d_alibi, d_mask, d_mask_indptr;
+  BenchVariantInputs vin;
 
   int64_t rows() const { return int64_t(B) * len; }
   size_t row_bytes(int heads) const { return size_t(heads) * D * dtype_size(dt); }
@@ -58,13 +56,6 @@ struct Setup {
                       {rows(), heads, D}, kGpu);
   }
 };
-
-template <class T>
-DeviceBuffer to_device(const T* p, size_t n) {
-  DeviceBuffer b(std::max<size_t>(n * sizeof(T), 16));
-  if (n) b.copy_from_host(p, n * sizeof(T));
-  return b;
-}
 
 void build(Setup& st, const HeadShape& sh, int head_dim, DType dt, uint64_t seed, Stream s) {
   st.Hq = sh.num_qo_heads;
@@ -82,45 +73,16 @@ void build(Setup& st, const HeadShape& sh, int head_dim, DType dt, uint64_t seed
   device_fill_uniform(st.k.data(), dt, kvb / dtype_size(dt) * st.copies, seed + 1, -1, 1, s);
   device_fill_uniform(st.v.data(), dt, kvb / dtype_size(dt) * st.copies, seed + 2, -1, 1, s);
   std::mt19937 rng(static_cast<uint32_t>(seed * 7 + 3));
-  std::uniform_real_distribution<double> u(-2.0, 2.0);
-  st.sinks = HostTensor(DType::f32, {st.Hq});
-  st.alibi = HostTensor(DType::f32, {st.Hq});
-  for (int h = 0; h < st.Hq; ++h) {
-    st.sinks.set(h, u(rng));
-    st.alibi.set(h, std::exp2(-8.0 * (h + 1) / st.Hq));  // the ALiBi paper's slopes
-  }
-  st.d_sinks = to_device(static_cast<const float*>(st.sinks.data()), st.Hq);
-  st.d_alibi = to_device(static_cast<const float*>(st.alibi.data()), st.Hq);
   st.bits.resize(size_t(st.B) * st.len * st.len);
   for (size_t n = 0; n < st.bits.size(); ++n) st.bits[n] = rng() % 10 < 7;  // ~70% attended
   const std::vector<int64_t> lens(st.B, st.len);
-  st.mask = pack_custom_mask(st.bits, lens, lens, st.mask_indptr);
-  st.d_mask = to_device(st.mask.data(), st.mask.size());
-  st.d_mask_indptr = to_device(st.mask_indptr.data(), st.mask_indptr.size());
+  st.vin.build(st.Hq, st.bits, lens, lens, rng);
 }
 
-// Configuration `name` with its tensors on the device (kernel) or the host (reference; the check
-// replaces the custom mask by its sub-request's own bytes).
+// Configuration `name` (BenchVariantInputs::describe) with the causal mask where it applies.
 AttentionVariant describe(const Setup& st, const std::string& name, bool dev) {
-  AttentionVariant v;
+  AttentionVariant v = st.vin.describe(name, kWindowLeft, dev);
   v.causal = is_causal(name);
-  const bool combo = name == "window+soft-cap+sinks";
-  if (name == "soft-cap" || combo) v.logits_soft_cap = 30.f;
-  if (name == "window" || combo) v.window_left = 512;
-  if (name == "sinks" || combo)
-    v.sinks = dev ? TensorView(st.d_sinks.data(), DType::f32, {st.Hq}, kGpu) : st.sinks.view();
-  if (name == "alibi")
-    v.alibi_slopes =
-        dev ? TensorView(st.d_alibi.data(), DType::f32, {st.Hq}, kGpu) : st.alibi.view();
-  if (name == "custom-mask")
-    v.custom_mask = {
-        dev ? static_cast<const uint8_t*>(st.d_mask.data()) : st.mask.data(),
-        static_cast<int64_t>(st.mask.size()),
-        dev ? TensorView(st.d_mask_indptr.data(), DType::i32, {st.B + 1}, kGpu) : TensorView()};
-  if (name == "rope-fused") {
-    v.rope.mode = RopeMode::llama;
-    v.rope.rope_theta = 1e4f;
-  }
   return v;
 }
 

@@ -69,10 +69,56 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
   }
 }
 
+// The online-softmax update of row half (r, h) (rows lane/4 + 8h of row tile r) from this
+// thread's logits s[r][*][2h..2h+1], already masked (-inf), whose maximum is `mx` (this thread's
+// part; reduced across the quad here). Logits are in base 2 after multiplying by `scale_log2`
+// (> 0; 1 for logits already scaled). Leaves P in s. Shared by the plain and the variant softmax.
+template <class C>
+__device__ __forceinline__ void prefill_online_update(PrefillWarpState<C>& st,
+                                                      float (&s)[C::kRowTiles][C::kNT][4], int r, int h,
+                                                      float mx, float scale_log2) {
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(st.m[r][h], mx * scale_log2);
+  // Every key of this row masked so far: keep the state empty (p = 0, no rescale, no NaN).
+  const float m_use = m_new == neg_inf() ? 0.f : m_new;
+  const float rescale = fast_exp2(st.m[r][h] - m_use);
+  st.m[r][h] = m_new;
+  float sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < C::kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pr = fast_exp2(fmaf(s[r][nt][h * 2 + e], scale_log2, -m_use));
+      s[r][nt][h * 2 + e] = pr;
+      sum += pr;
+    }
+  st.d[r][h] = st.d[r][h] * rescale + sum;  // quad-partial: reduced across the quad at the end
+#pragma unroll
+  for (int n = 0; n < C::kDTiles; ++n) {
+    st.o[r][n][h * 2] *= rescale;
+    st.o[r][n][h * 2 + 1] *= rescale;
+  }
+}
+
+// P of row tile r (in s) as the A operand of P·V: the C-fragment layout of S is the A-fragment
+// layout of P (rows h, k = tokens); pa[r][j] covers tokens [16j, 16j + 16) of the slice.
+template <class C>
+__device__ __forceinline__ void prefill_pack_p(const float (&s)[C::kRowTiles][C::kNT][4], int r,
+                                               u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
+#pragma unroll
+  for (int j = 0; j < C::kNT / 2; ++j) {
+    pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);          // row g, tok 0-7
+    pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);          // row g+8, tok 0-7
+    pa[r][j][2] = pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
+    pa[r][j][3] = pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
+  }
+}
+
 // Online softmax over one tile's logits. pos0: KV position of this thread's first column
 // (token 2*(lane%4) of the warp's slice); lim[r][h]: the last KV position row (r, h) may see
 // (-1: none). With kMask false every logit is visible (the caller checked the whole slice is).
-// Writes P as the A operand of P·V: pa[r][j] covers tokens [16j, 16j + 16) of the slice.
+// Writes P as the A operand of P·V.
 template <class C, bool kMask>
 __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
                                                 float (&s)[C::kRowTiles][C::kNT][4], int pos0,
@@ -91,37 +137,9 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
           if (kMask && pos0 + nt * 8 + e > lim[r][h]) s[r][nt][h * 2 + e] = neg_inf();
           mx = fmaxf(mx, s[r][nt][h * 2 + e]);
         }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(st.m[r][h], mx * scale_log2);
-      // Every key of this row masked so far: keep the state empty (p = 0, no rescale, no NaN).
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float rescale = fast_exp2(st.m[r][h] - m_use);
-      st.m[r][h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < C::kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = fast_exp2(fmaf(s[r][nt][h * 2 + e], scale_log2, -m_use));
-          s[r][nt][h * 2 + e] = pr;
-          sum += pr;
-        }
-      st.d[r][h] = st.d[r][h] * rescale + sum;  // quad-partial: reduced across the quad at the end
-#pragma unroll
-      for (int n = 0; n < C::kDTiles; ++n) {
-        st.o[r][n][h * 2] *= rescale;
-        st.o[r][n][h * 2 + 1] *= rescale;
-      }
+      prefill_online_update<C>(st, s, r, h, mx, scale_log2);
     }
-    // C-fragment layout of S is the A-fragment layout of P (rows h, k = tokens).
-#pragma unroll
-    for (int j = 0; j < C::kNT / 2; ++j) {
-      pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);          // row g, tok 0-7
-      pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);          // row g+8, tok 0-7
-      pa[r][j][2] = pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
-      pa[r][j][3] = pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
-    }
+    prefill_pack_p<C>(s, r, pa);
   }
 }
 

@@ -78,37 +78,10 @@ __device__ __forceinline__ void prefill_softmax_variant(const PrefillParams& p, 
           x = Tr::score(va, pos, x * dot_scale, !kMask || kv_idx <= lim[r][h]);
           mx = fmaxf(mx, x);
         }
-      if constexpr (!Tr::kUseSoftmax) continue;  // x are the weights (no m, no d: plain sums)
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(st.m[r][h], mx);
-      // Every key of this row dropped so far: keep the state empty (p = 0, no rescale, no NaN).
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float rescale = fast_exp2(st.m[r][h] - m_use);
-      st.m[r][h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < C::kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = fast_exp2(s[r][nt][h * 2 + e] - m_use);
-          s[r][nt][h * 2 + e] = pr;
-          sum += pr;
-        }
-      st.d[r][h] = st.d[r][h] * rescale + sum;  // quad-partial, as in prefill_softmax
-#pragma unroll
-      for (int n = 0; n < C::kDTiles; ++n) {
-        st.o[r][n][h * 2] *= rescale;
-        st.o[r][n][h * 2 + 1] *= rescale;
-      }
+      if constexpr (Tr::kUseSoftmax) prefill_online_update<C>(st, s, r, h, mx, 1.f);  // scores: base 2
+      // Without softmax the scores are the weights: no m, no d, plain sums.
     }
-#pragma unroll
-    for (int j = 0; j < C::kNT / 2; ++j) {  // the A-fragment layout, as in prefill_softmax
-      pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);
-      pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);
-      pa[r][j][2] = pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);
-      pa[r][j][3] = pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);
-    }
+    prefill_pack_p<C>(s, r, pa);
   }
 }
 
