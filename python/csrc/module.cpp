@@ -240,8 +240,10 @@ BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_
 }
 
 PrefillPlanOptions prefill_options(bool causal, float sm_scale, bool enable_cuda_graph,
-                                   int fixed_split_size, bool disable_split_kv, int tile_rows) {
+                                   int fixed_split_size, bool disable_split_kv, int tile_rows,
+                                   const PyVariant* variant) {
   PrefillPlanOptions o;
+  if (variant != nullptr) o.variant = variant->variant;
   o.tile_rows = tile_rows;
   o.causal = causal;
   o.sm_scale = sm_scale;
@@ -273,8 +275,14 @@ class PyBatchPrefill {
   nb::dict plan_info() const { return prefill_info(op_->plan_info()); }
 
  protected:
+  // The plan holds the variant's device pointers: keep their arrays for as long as it runs.
+  void keep_variant(const PyVariant* variant) {
+    variant_keep_ = variant != nullptr ? variant->keep : std::vector<InArray>{};
+  }
+
   Workspace ws_;  // declared first: destroyed after the op that uses it
   std::unique_ptr<Op> op_;
+  std::vector<InArray> variant_keep_;  // arrays behind the plan's variant (PyVariant::keep)
 };
 
 class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
@@ -285,18 +293,20 @@ class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
             int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
             const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
             bool causal, float sm_scale, bool enable_cuda_graph, int fixed_split_size,
-            bool disable_split_kv, int tile_rows, uintptr_t stream) {
+            bool disable_split_kv, int tile_rows, const PyVariant* variant, uintptr_t stream) {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "paged_kv_indptr", batch + 1);
     const int32_t* lp = host_i32(last_page_len, "paged_kv_last_page_len", batch);
     const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
-                                                 fixed_split_size, disable_split_kv, tile_rows);
+                                                 fixed_split_size, disable_split_kv, tile_rows,
+                                                 variant);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
                 stream_of(stream));
     });
+    keep_variant(variant);
   }
 
   void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
@@ -315,17 +325,20 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
   void plan(const InArray& qo_indptr, const InArray& kv_indptr, int num_qo_heads, int num_kv_heads,
             int head_dim, const std::string& q_dtype, const std::string& kv_dtype,
             const std::string& o_dtype, bool causal, float sm_scale, bool enable_cuda_graph,
-            int fixed_split_size, bool disable_split_kv, int tile_rows, uintptr_t stream) {
+            int fixed_split_size, bool disable_split_kv, int tile_rows, const PyVariant* variant,
+            uintptr_t stream) {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "kv_indptr", batch + 1);
     const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
-                                                 fixed_split_size, disable_split_kv, tile_rows);
+                                                 fixed_split_size, disable_split_kv, tile_rows,
+                                                 variant);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan(qp, kp, batch, num_qo_heads, num_kv_heads, head_dim, qt, kt, ot, o,
                 stream_of(stream));
     });
+    keep_variant(variant);
   }
 
   void run(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
@@ -689,7 +702,7 @@ void bind_module(nb::module_& m) {
            arg("last_page_len"), arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"),
            arg("page_size"), arg("q_dtype"), arg("kv_dtype"), arg("o_dtype"), arg("causal"),
            arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
-           arg("disable_split_kv"), arg("tile_rows"), arg("stream"))
+           arg("disable_split_kv"), arg("tile_rows"), arg("variant").none(), arg("stream"))
       .def("run", &PyBatchPrefillPaged::run, arg("q"), arg("k"), arg("v"), arg("layout"),
            arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
            arg("stream"));
@@ -701,7 +714,7 @@ void bind_module(nb::module_& m) {
            arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("q_dtype"),
            arg("kv_dtype"), arg("o_dtype"), arg("causal"), arg("sm_scale"),
            arg("enable_cuda_graph"), arg("fixed_split_size"), arg("disable_split_kv"),
-           arg("tile_rows"), arg("stream"))
+           arg("tile_rows"), arg("variant").none(), arg("stream"))
       .def("run", &PyBatchPrefillRagged::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"));
 

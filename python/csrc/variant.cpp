@@ -193,6 +193,52 @@ void bind_variants(nb::module_& m) {
         without_gil([&] { reference::single_decode_variant(qv, kv, vv, ov, lv, l, av); });
       },
       arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
+  m.def(
+      "reference_single_prefill_variant",
+      [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+         const LseArg& lse, const std::string& layout, const PyVariant& variant) {
+        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
+                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        const KVLayout l = parse_kv_layout(layout);
+        const AttentionVariant& av = builtin_of(variant);
+        without_gil([&] { reference::single_prefill_variant(qv, kv, vv, ov, lv, l, av); });
+      },
+      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
+  m.def(
+      "reference_batch_prefill_paged_variant",
+      [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
+         const std::string& layout, const InArray& indptr, const InArray& indices,
+         const InArray& last_page_len, const OutArray& out, const LseArg& lse,
+         const PyVariant& variant) {
+        const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
+                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
+        PagedKVCache kv;
+        kv.k = view_of(k, "paged_kv.k");
+        kv.v = view_of(v, "paged_kv.v");
+        kv.layout = parse_kv_layout(layout);
+        kv.indptr = view_of(indptr, "paged_kv.indptr");
+        kv.indices = view_of(indices, "paged_kv.indices");
+        kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+        const AttentionVariant& av = builtin_of(variant);
+        without_gil([&] { reference::batch_prefill_paged_variant(qv, qi, kv, ov, lv, av); });
+      },
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
+      arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
+  m.def(
+      "reference_batch_prefill_ragged_variant",
+      [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
+         const InArray& kv_indptr, const OutArray& out, const LseArg& lse,
+         const PyVariant& variant) {
+        const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
+                         kv = view_of(k, "k"), vv = view_of(v, "v"),
+                         ki = view_of(kv_indptr, "kv_indptr"), ov = view_of(out, "out"),
+                         lv = view_of(lse, "lse");
+        const AttentionVariant& av = builtin_of(variant);
+        without_gil(
+            [&] { reference::batch_prefill_ragged_variant(qv, qi, kv, vv, ki, ov, lv, av); });
+      },
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("kv_indptr"), arg("out"),
+      arg("lse").none(), arg("variant"));
 }
 
 }  // namespace flashkv::python

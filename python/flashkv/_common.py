@@ -12,8 +12,9 @@ _BACKENDS = ("auto", "fa2")  # flashkv's kernels are FA2-style (mma.sync); "auto
 def not_implemented(name: str, value, expected: str):
     raise NotImplementedError(
         f"{name}={value!r}: not supported here by flashkv yet (expected {expected}); attention "
-        f"variants (RoPE, sliding window, soft-capping, sinks, user variants) are supported by "
-        f"the decode functions so far; custom masks and FP8 scales are a later issue")
+        f"variants (RoPE, sliding window, soft-capping, sinks, custom masks, user variants) are "
+        f"supported by the decode and prefill functions, not by the cascade wrappers; FP8 "
+        f"scales are a later issue")
 
 
 def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, **absent):

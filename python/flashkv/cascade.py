@@ -162,6 +162,9 @@ class MultiLevelCascadeAttentionWrapper:
         paged_kv_indptr, paged_kv_indices and paged_kv_last_page_len arrays, level 0 first.
         ``causal`` applies to the last level only. Unsupported variants raise
         NotImplementedError, as the prefill wrapper's plan()."""
+        # Each level's prefill would place queries and keys by that level's KV alone: RoPE,
+        # windows and ALiBi need the request's positions, so variants stay unsupported here.
+        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap)
         arrays = {"qo_indptr_arr": qo_indptr_arr, "paged_kv_indptr_arr": paged_kv_indptr_arr,
                   "paged_kv_indices_arr": paged_kv_indices_arr,
                   "paged_kv_last_page_len": paged_kv_last_page_len}

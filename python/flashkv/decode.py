@@ -47,14 +47,14 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     C.check_layout(kv_layout)
     on_gpu = A.is_cuda(q)
     scale = C.sm_scale_arg(sm_scale)
-    cvar = V.decode_variant(
+    cvar = V.plan_variant(
         on_gpu=on_gpu, like=q, num_qo_heads=int(q.shape[0]), sm_scale=scale,
         pos_encoding_mode=pos_encoding_mode, window_left=window_left,
         logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
         low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
         old_context_len=old_context_len, sinks=sinks, alibi_slopes=alibi_slopes,
         sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, variant=variant, variant_args=variant_args)
-    _check_lse_wanted(cvar, return_lse or lse is not None)
+    V.check_lse_wanted(cvar, return_lse or lse is not None)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
     if cvar is None:
         A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream))
@@ -64,12 +64,6 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, scale, cvar,
                                    A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
-
-
-def _check_lse_wanted(cvar, wanted):
-    if wanted and cvar is not None and not cvar.use_softmax:
-        raise ValueError("return_lse / lse: the variant has no softmax (sigmoid attention), so "
-                         "there is no lse")
 
 
 # single_decode_with_kv_cache with a variant on the GPU: flashkv's C++ single_decode takes no
@@ -228,7 +222,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"))
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
         keep = []
-        plan["variant"] = V.decode_variant(
+        plan["variant"] = V.plan_variant(
             on_gpu=self._on_gpu, like=self._float_workspace_buffer,
             num_qo_heads=int(num_qo_heads), sm_scale=plan["sm_scale"],
             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -298,7 +292,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"{self._plan['window_left']}; flashkv compiles the window into the "
                              f"plan, so pass it to plan()")
         C.check_run_extras(args, q_scale, k_scale, v_scale)
-        _check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
+        V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         return C.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
 
@@ -376,7 +370,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError("run_step: the plan's pos_encoding_mode rotates q and k inside "
                              "attention; the fused step rotates them too. Use run_step's rope= "
                              "with pos_encoding_mode='NONE', or run()")
-        _check_lse_wanted(plan["variant"], return_lse or lse is not None)
+        V.check_lse_wanted(plan["variant"], return_lse or lse is not None)
         rope = "none" if rope is None else rope
         if rope not in ("none", "llama", "llama31", "cos_sin_cache"):
             raise ValueError(f"rope: expected 'none', 'llama', 'llama31' or 'cos_sin_cache', got "

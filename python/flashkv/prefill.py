@@ -3,15 +3,71 @@
 Causal masks align to the END of the KV, as FlashInfer's: query i of a request with qo_len
 queries and kv_len keys sees keys j <= kv_len - qo_len + i (a query that sees no key gets zeros
 and lse -inf).
+
+Attention variants (the plans and single_prefill_with_kv_cache; the math is in
+include/flashkv/variants.h): FlashInfer's ``pos_encoding_mode`` (``"NONE"``; ``"ROPE_LLAMA"``:
+query i rotated at its causal position ``kv_len - qo_len + i``, key j at j, inside the kernel,
+rotate-half layout, ``rope_scale`` default 1, ``rope_theta`` 1e4; ``"ALIBI"``: FlashInfer's
+slopes; flashkv extension ``"ROPE_LLAMA31"``: Llama 3.1 scaling, defaults 8 and 5e5 with
+``low_freq_factor``, ``high_freq_factor``, ``old_context_len``), ``window_left`` (query i sees
+keys ``kv_len - qo_len + i - window_left ..``; -1: all; combine with ``causal`` for Mistral/Gemma
+windows), ``logits_soft_cap`` (``cap * tanh(s / cap)``), ``custom_mask`` (bool: request b's
+``[qo_len_b, kv_len_b]`` mask flattened row-major, requests back to back; True = attend; packed
+here per request with bitorder "little", as FlashInfer's segment_packbits) or
+``packed_custom_mask`` (uint8, those bytes; flashkv extension ``mask_indptr``: int32
+``[batch + 1]`` byte offset of each request, by default each request's
+``ceil(qo_len * kv_len / 8)`` bytes back to back). As FlashInfer's MaskMode.CUSTOM, a custom
+mask replaces ``causal`` (put the causal part into the mask). flashkv extensions: ``sinks``
+float32 ``[num_qo_heads]`` (gpt-oss sinks), ``alibi_slopes`` float32 ``[num_qo_heads]``,
+``sigmoid`` / ``sigmoid_bias`` (sigmoid attention: no lse) and ``variant`` (a
+:class:`flashkv.Variant`, GPU only) with ``variant_args``, named as the decode wrapper's.
+Variant arrays may be host arrays on a GPU wrapper (copied at plan(), except in CUDA graph mode,
+where they must be on the device; custom masks then go through ``custom_mask_buf`` /
+``mask_indptr_buf``). Host arrays run the built-ins on the CPU reference; a user variant there
+raises NotImplementedError.
 """
 
 import functools
+
+import numpy as np
 
 from . import _C
 from . import _arrays as A
 from . import _common as C
 from . import _workspace
+from . import variants as V
 from ._workspace import OpSlot
+
+# flashkv's variant extras of the prefill entry points (keyword-only), with their defaults; the
+# decode wrapper names them the same.
+_EXTRAS = dict(sinks=None, alibi_slopes=None, sigmoid=False, sigmoid_bias=0.0,
+               low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192, variant=None,
+               variant_args=None, mask_indptr=None)
+
+
+def _extras(kw):
+    bad = sorted(set(kw) - set(_EXTRAS))
+    if bad:
+        raise TypeError(f"unexpected keyword argument {bad[0]!r}")
+    return {**_EXTRAS, **kw}
+
+
+def _variant(*, on_gpu, like, num_qo_heads, sm_scale, causal, qo_lens, kv_lens, custom_mask,
+             packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+             rope_theta, extras, device_only=False, mask_bufs=None, keep=None):
+    """(the plan's flashkv._C.Variant or None, the op's causal flag): FlashInfer's prefill
+    variant arguments mapped by flashkv.variants (shared with decode)."""
+    ex = dict(extras)
+    mask = V.packed_mask(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+                         mask_indptr=ex.pop("mask_indptr"), qo_lens=qo_lens, kv_lens=kv_lens,
+                         on_gpu=on_gpu, like=like, device_only=device_only, bufs=mask_bufs)
+    causal = bool(causal) and mask is None  # FlashInfer: a custom mask replaces causal
+    cvar = V.plan_variant(on_gpu=on_gpu, like=like, num_qo_heads=num_qo_heads, sm_scale=sm_scale,
+                          causal=causal, pos_encoding_mode=pos_encoding_mode,
+                          window_left=window_left, logits_soft_cap=logits_soft_cap,
+                          rope_scale=rope_scale, rope_theta=rope_theta, mask=mask,
+                          device_only=device_only, keep=keep, **ex)
+    return cvar, causal
 
 
 def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
@@ -20,14 +76,18 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                                  use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
                                  logits_soft_cap=None, rope_scale=None, rope_theta=None,
                                  backend="auto", return_lse=False, *, out=None, lse=None,
-                                 stream=None):
+                                 stream=None, **variant_extras):
     """Prefill/append attention of one request over contiguous KV.
 
     Parameters follow ``flashinfer.single_prefill_with_kv_cache``: q
     ``[qo_len, num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
     ``[num_kv_heads, kv_len, head_dim]`` (HND). ``causal`` aligns to the end of the KV.
-    ``use_fp16_qk_reduction`` is accepted and ignored (flashkv accumulates in float32); custom
-    masks, RoPE, sliding windows, soft-capping and FP8 scales raise NotImplementedError.
+    ``use_fp16_qk_reduction`` is accepted and ignored (flashkv accumulates in float32); FP8
+    scales raise NotImplementedError. Variants (``pos_encoding_mode``, ``window_left``,
+    ``logits_soft_cap``, ``rope_scale``, ``rope_theta``, ``custom_mask`` ``[qo_len, kv_len]``,
+    ``packed_custom_mask``, and the keyword-only ``sinks``, ``alibi_slopes``, ``sigmoid``,
+    ``sigmoid_bias``, ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``,
+    ``variant``, ``variant_args``, ``mask_indptr``): see the module docstring.
 
     flashkv extensions (keyword-only): ``out``, ``lse`` (float32 ``[qo_len, num_qo_heads]``) to
     write into, and ``stream``. Returns out, or (out, lse) with ``return_lse``; lse is **base 2**
@@ -35,16 +95,67 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     reference; CUDA arrays on the GPU on the caller's current stream (library-owned workspace:
     not for CUDA-graph capture, use BatchPrefillWithRaggedKVCacheWrapper there).
     """
-    C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
-                    packed_custom_mask=packed_custom_mask, scale_q=scale_q, scale_k=scale_k,
-                    scale_v=scale_v)
+    C.check_variant(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
     C.check_backend(backend)
     C.check_layout(kv_layout)
+    ex = _extras(variant_extras)
+    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"q, k, v: expected 3-D arrays with k and v of one shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    on_gpu = A.is_cuda(q)
+    scale = C.sm_scale_arg(sm_scale)
+    kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
+    cvar, causal = _variant(
+        on_gpu=on_gpu, like=q, num_qo_heads=int(q.shape[1]), sm_scale=scale, causal=causal,
+        qo_lens=[int(q.shape[0])], kv_lens=[kv_len], custom_mask=custom_mask,
+        packed_custom_mask=packed_custom_mask, pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+        rope_theta=rope_theta, extras=ex)
+    V.check_lse_wanted(cvar, return_lse or lse is not None)
     o_dt = None if o_dtype is None else A.dtype_name(o_dtype)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
-    A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, bool(causal),
-           C.sm_scale_arg(sm_scale), A.cuda_stream(q, stream))
+    if cvar is None:
+        A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, causal, scale,
+               A.cuda_stream(q, stream))
+    elif not on_gpu:
+        A.call(_C.reference_single_prefill_variant, q, k, v, out, lse, kv_layout, cvar)
+    else:
+        _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, scale, cvar,
+                                    A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
+
+
+# single_prefill_with_kv_cache with a variant on the GPU: flashkv's C++ single_prefill takes no
+# variant, so this runs a BatchPrefillRagged of one request (one per device, in a workspace of its
+# own), as single_decode_with_kv_cache does with a BatchDecode.
+_SINGLE_SLOTS = {}
+
+
+def _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, stream):
+    dev = A.device_index(q)
+    qo_len, hq, d = (int(x) for x in q.shape)
+    hk = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
+    kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
+    need = dict(max_batch=1, max_qo_tokens=max(qo_len, 1), num_qo_heads=hq, head_dim=d)
+    slot = _SINGLE_SLOTS.get(dev)
+    cfg = dict(need)
+    if slot is not None and slot.cfg is not None:
+        cfg = {key: max(val, slot.cfg[key]) for key, val in cfg.items()}
+    nbytes = _C.BatchPrefillRagged.workspace_bytes(**cfg, device=dev)
+    if slot is None or slot.nbytes < nbytes:
+        if slot is not None:
+            slot.release()
+        slot = OpSlot(_C.BatchPrefillRagged, A.empty(q, ((nbytes + 3) // 4,), "f32"), dev,
+                      frozen=False)
+        _SINGLE_SLOTS[dev] = slot
+    op = slot.acquire(need, f"{qo_len} query tokens, num_qo_heads {hq}, head_dim {d}")
+    qo_indptr = np.array([0, qo_len], np.int32)
+    kv_indptr = np.array([0, kv_len], np.int32)
+    A.call(op.plan, qo_indptr, kv_indptr, hq, hk, d, A.array_dtype(q), A.array_dtype(k),
+           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, stream)
+    if kv_layout == "HND":
+        k, v = A.swap01(k), A.swap01(v)
+    A.call(op.run, q, k, v, out, lse, stream)
 
 
 class _BatchPrefillBase:
@@ -55,7 +166,6 @@ class _BatchPrefillBase:
     def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
               jit_kwargs, buffers, custom_mask_buf, mask_indptr_buf):
         C.check_backend(backend, jit_args, jit_kwargs)
-        C.check_variant(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
         self._kv_layout = C.check_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._float_workspace_buffer = float_workspace_buffer
@@ -72,6 +182,10 @@ class _BatchPrefillBase:
         self._slot = (OpSlot(self._op_class, float_workspace_buffer, self._device,
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
+        # CUDA graph mode: a custom mask is copied into these (FlashInfer's buffers), and the
+        # other variant arrays of every plan are kept (a captured run() replays their pointers).
+        self._mask_bufs = (custom_mask_buf, mask_indptr_buf) if self._use_cuda_graph else None
+        self._graph_keep = {}
         self._handle = C.new_handle(self)  # names this wrapper to the torch custom ops
         A.torch_ops(float_workspace_buffer)  # registers them before a torch.compile trace
         # A captured graph pins the kernel, whose query tile the heuristic picks from the average
@@ -113,6 +227,32 @@ class _BatchPrefillBase:
                     causal=bool(causal), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
                     nnz_qo=nnz_qo, qo_indptr=qo_h, split=split)
 
+    def _plan_variant(self, plan, qo_lens, kv_lens, custom_mask, packed_custom_mask,
+                      pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
+                      extras):
+        """Sets plan["variant"] and plan["causal"] (a custom mask replaces causal)."""
+        keep = []
+        plan["variant"], plan["causal"] = _variant(
+            on_gpu=self._on_gpu, like=self._float_workspace_buffer,
+            num_qo_heads=plan["num_qo_heads"], sm_scale=plan["sm_scale"], causal=plan["causal"],
+            qo_lens=qo_lens, kv_lens=kv_lens, custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask, pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+            rope_theta=rope_theta, extras=_extras(extras), device_only=self._use_cuda_graph,
+            mask_bufs=self._mask_bufs, keep=keep)
+        plan["window_left"] = -1 if window_left is None else int(window_left)
+        if self._use_cuda_graph:
+            self._graph_keep.update((id(x), x) for x in keep)
+
+    def _check_run(self, return_lse, lse, window_left=None):
+        if self._plan is None:
+            raise ValueError("run: called before a successful plan()")
+        if window_left is not None and window_left != self._plan["window_left"]:
+            raise ValueError(f"window_left: {window_left} differs from the plan's "
+                             f"{self._plan['window_left']}; flashkv compiles the window into the "
+                             f"plan, so pass it to plan()")
+        V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
+
     def _acquire(self, plan):
         return self._slot.acquire(
             dict(max_batch=max(self._fixed_batch_size, plan["batch"], 1),
@@ -142,7 +282,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     (``qo_indptr_buf``, ``paged_kv_indptr_buf``, ``paged_kv_indices_buf``,
     ``paged_kv_last_page_len_buf`` required) the first plan() fixes the query-token capacity (as
     FlashInfer's), heads and head_dim; later plans may have fewer requests or tokens, not more.
-    Custom masks (``custom_mask_buf``) raise NotImplementedError.
+    A custom mask in CUDA graph mode needs ``custom_mask_buf`` (uint8) and ``mask_indptr_buf``
+    (int32 ``[batch + 1]``): plan() copies the packed mask and its offsets there.
     """
 
     _op_class = _C.BatchPrefillPaged
@@ -166,18 +307,24 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
              o_data_type=None, non_blocking=True, prefix_len_ptr=None,
              token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None,
              seq_lens=None, seq_lens_q=None, block_tables=None, max_token_per_sequence=None,
-             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False):
+             max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False,
+             **variant_extras):
         """Plan prefill for one step (FlashInfer's arguments).
 
         qo_indptr, paged_kv_indptr ``[batch + 1]``, paged_kv_indices ``[paged_kv_indptr[-1]]``,
         paged_kv_last_page_len ``[batch]``: int32 on the host or the device. ``causal`` aligns to
         the end of each request's KV. ``fixed_split_size`` is in pages (FlashInfer's unit).
         ``use_fp16_qk_reduction``, ``max_token_per_sequence`` and ``max_sequence_kv`` are
-        accepted and ignored; masks, RoPE, windows, soft-capping, ``head_dim_vo != head_dim_qk``
-        and the multi-item / block-table arguments raise NotImplementedError.
+        accepted and ignored; ``head_dim_vo != head_dim_qk`` and the multi-item / block-table
+        arguments raise NotImplementedError. Variants (compiled into the kernel here; run() takes
+        none): FlashInfer's ``pos_encoding_mode``, ``window_left``, ``logits_soft_cap``,
+        ``rope_scale``, ``rope_theta``, ``custom_mask``, ``packed_custom_mask``, and the
+        keyword-only flashkv extras ``sinks``, ``alibi_slopes``, ``sigmoid``, ``sigmoid_bias``,
+        ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``, ``variant``,
+        ``variant_args``, ``mask_indptr`` (flashkv.prefill's docstring). Must not be called while
+        a CUDA graph is being captured.
         """
-        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
-                        packed_custom_mask=packed_custom_mask, prefix_len_ptr=prefix_len_ptr,
+        C.check_variant(prefix_len_ptr=prefix_len_ptr,
                         token_pos_in_items_ptr=token_pos_in_items_ptr,
                         max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
                         seq_lens_q=seq_lens_q, block_tables=block_tables)
@@ -188,6 +335,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         kv_h = A.host_i32(paged_kv_indptr, "paged_kv_indptr")
         last_h = A.host_i32(paged_kv_last_page_len, "paged_kv_last_page_len")
         plan.update(page_size=int(page_size), indptr=kv_h, last_page_len=last_h)
+        if kv_h.shape[0] != batch + 1 or last_h.shape[0] != batch:
+            raise ValueError(f"paged_kv_indptr, paged_kv_last_page_len: expected {batch + 1} and "
+                             f"{batch} entries (qo_indptr's batch {batch}), got {kv_h.shape[0]} "
+                             f"and {last_h.shape[0]}")
+        pages = kv_h[1:].astype(np.int64) - kv_h[:-1]
+        kv_lens = np.where(pages > 0, (pages - 1) * int(page_size) + last_h, 0)
+        self._plan_variant(plan, np.diff(plan["qo_indptr"]), kv_lens, custom_mask,
+                           packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
+                           rope_scale, rope_theta, variant_extras)
         if not self._on_gpu:
             plan["indices"] = A.host_i32(paged_kv_indices, "paged_kv_indices")
             self._plan = plan
@@ -213,7 +369,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         op.plan(plan["qo_indptr"], kv_h, last_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
                 plan["o_dtype"], plan["causal"], plan["sm_scale"], self._use_cuda_graph,
-                plan["split"], bool(disable_split_kv), self._tile_rows,
+                plan["split"], bool(disable_split_kv), self._tile_rows, plan["variant"],
                 A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan
@@ -231,9 +387,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         torch CUDA tensors this is the torch custom op ``flashkv::batch_prefill_paged_run``
         (``..._out`` with ``out``/``lse``), which torch.compile captures.
         """
-        C.check_run_extras(args, q_scale, k_scale, v_scale, window_left)
-        if self._plan is None:
-            raise ValueError("run: called before a successful plan()")
+        self._check_run(return_lse, lse, window_left)
+        C.check_run_extras(args, q_scale, k_scale, v_scale)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         return C.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse)
 
@@ -251,9 +406,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         else:
             C.check_planned(q, k, plan)
             C.check_planned_paged(k, plan, self._kv_layout)
-            A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v, self._kv_layout,
-                   plan["indptr"], plan["indices"], plan["last_page_len"], out, lse,
-                   plan["causal"], plan["sm_scale"])
+            if plan["variant"] is None:
+                A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v,
+                       self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"],
+                       out, lse, plan["causal"], plan["sm_scale"])
+            else:
+                A.call(_C.reference_batch_prefill_paged_variant, q, plan["qo_indptr"], k, v,
+                       self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"],
+                       out, lse, plan["variant"])
         return C.finish(out, lse, return_lse)
 
 
@@ -281,12 +441,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
              logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
              q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True,
              prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0,
-             max_item_len_ptr=None, fixed_split_size=None, disable_split_kv=False):
+             max_item_len_ptr=None, fixed_split_size=None, disable_split_kv=False,
+             **variant_extras):
         """Plan ragged prefill (FlashInfer's arguments): qo_indptr and kv_indptr ``[batch + 1]``
         (tokens), int32 on the host or the device. ``fixed_split_size`` is in KV tokens here
-        (ragged KV has no pages). Unsupported variants raise NotImplementedError."""
-        C.check_variant(pos_encoding_mode, window_left, logits_soft_cap, custom_mask=custom_mask,
-                        packed_custom_mask=packed_custom_mask, prefix_len_ptr=prefix_len_ptr,
+        (ragged KV has no pages). Variants as
+        :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`'s (flashkv.prefill's docstring)."""
+        C.check_variant(prefix_len_ptr=prefix_len_ptr,
                         token_pos_in_items_ptr=token_pos_in_items_ptr,
                         max_item_len_ptr=max_item_len_ptr)
         plan = self._common_plan(qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
@@ -294,6 +455,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
                                  fixed_split_size, 1)
         kv_h = A.host_i32(kv_indptr, "kv_indptr")
         plan["kv_indptr"] = kv_h
+        if kv_h.shape[0] != plan["batch"] + 1:
+            raise ValueError(f"kv_indptr: expected {plan['batch'] + 1} entries (qo_indptr's "
+                             f"batch + 1), got {kv_h.shape[0]}")
+        self._plan_variant(plan, np.diff(plan["qo_indptr"]), np.diff(kv_h), custom_mask,
+                           packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
+                           rope_scale, rope_theta, variant_extras)
         if not self._on_gpu:
             self._plan = plan
             return
@@ -305,7 +472,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         op.plan(plan["qo_indptr"], kv_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"],
                 plan["causal"], plan["sm_scale"], self._use_cuda_graph, plan["split"],
-                bool(disable_split_kv), self._tile_rows,
+                bool(disable_split_kv), self._tile_rows, plan["variant"],
                 A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan
@@ -318,6 +485,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         ``[nnz_kv, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, nnz_kv, head_dim]`` (HND).
         Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's). On torch
         CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``)."""
+        self._check_run(return_lse, lse)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
         return C.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse)
 
@@ -342,6 +510,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             # exactly that many.
             nnz_kv = int(plan["kv_indptr"][-1])
             k, v = k[:nnz_kv], v[:nnz_kv]
-            A.call(_C.reference_batch_prefill_ragged, q, plan["qo_indptr"], k, v,
-                   plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"])
+            if plan["variant"] is None:
+                A.call(_C.reference_batch_prefill_ragged, q, plan["qo_indptr"], k, v,
+                       plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"])
+            else:
+                A.call(_C.reference_batch_prefill_ragged_variant, q, plan["qo_indptr"], k, v,
+                       plan["kv_indptr"], out, lse, plan["variant"])
         return C.finish(out, lse, return_lse)

@@ -1,7 +1,8 @@
-"""Attention variants for the decode wrappers (flashkv/variant_spec.h, variants.h).
+"""Attention variants for the decode and prefill wrappers (flashkv/variant_spec.h, variants.h).
 
 FlashInfer's variant arguments (``pos_encoding_mode``, ``window_left``, ``logits_soft_cap``,
-``rope_scale``, ``rope_theta``) and flashkv's extras (``sinks``, ``alibi_slopes``, ``sigmoid``,
+``rope_scale``, ``rope_theta``; prefill also ``custom_mask`` / ``packed_custom_mask``) and
+flashkv's extras (``sinks``, ``alibi_slopes``, ``sigmoid``,
 ``sigmoid_bias``, the Llama 3.1 RoPE factors) map to one built-in ``flashkv::Variant``; a
 :class:`Variant` with ``variant_args`` is a user's own variant: device C++ source that flashkv
 JIT-compiles into its kernels (the hooks are documented in kernels/variants/variant.cuh).
@@ -162,16 +163,18 @@ def _head_vector(x, name, num_qo_heads, on_gpu, like, opts):
     return _placed(x, name, "f32", on_gpu, like, opts)
 
 
-def decode_variant(*, on_gpu, like, num_qo_heads, sm_scale, pos_encoding_mode="NONE",
-                   window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
-                   low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192.0, sinks=None,
-                   alibi_slopes=None, sigmoid=False, sigmoid_bias=0.0, variant=None,
-                   variant_args=None, device_only=False, keep=None):
-    """The flashkv._C.Variant a decode plan() runs, or None for plain attention. Validates every
-    argument (ValueError naming it); user variants on the host raise NotImplementedError.
-    `like`: an array on the device the op runs on (for copies of host arrays); `device_only`:
-    refuse host arrays on the GPU path; `keep`: a list that receives the arrays the variant
-    points into."""
+def plan_variant(*, on_gpu, like, num_qo_heads, sm_scale, causal=False, pos_encoding_mode="NONE",
+                 window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+                 low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192.0, sinks=None,
+                 alibi_slopes=None, sigmoid=False, sigmoid_bias=0.0, mask=None, variant=None,
+                 variant_args=None, device_only=False, keep=None):
+    """The flashkv._C.Variant a decode or prefill plan() runs, or None for plain attention (the
+    op's own causal flag and sm_scale). Validates every argument (ValueError naming it); user
+    variants on the host raise NotImplementedError. `causal`: the op's causal flag, recorded in a
+    built-in (the CPU reference reads it there; the kernels take the op's); `mask`: a
+    :class:`PackedMask` from :func:`packed_mask` or None. `like`: an array on the device the op
+    runs on (for copies of host arrays); `device_only`: refuse host arrays on the GPU path;
+    `keep`: a list that receives the arrays the variant points into."""
     opts = dict(device_only=device_only, keep=[] if keep is None else keep)
     if pos_encoding_mode not in _POS_ENCODING:
         raise ValueError(f"pos_encoding_mode: expected one of {', '.join(map(repr, _POS_ENCODING))}"
@@ -195,7 +198,8 @@ def decode_variant(*, on_gpu, like, num_qo_heads, sm_scale, pos_encoding_mode="N
     if variant is not None:
         builtin = {"pos_encoding_mode": pos_encoding_mode != "NONE", "window_left":
                    window_left >= 0, "logits_soft_cap": cap > 0, "sinks": sinks is not None,
-                   "alibi_slopes": alibi_slopes is not None, "sigmoid": bool(sigmoid)}
+                   "alibi_slopes": alibi_slopes is not None, "sigmoid": bool(sigmoid),
+                   "custom_mask": mask is not None}
         mixed = [n for n, on in builtin.items() if on]
         if mixed:
             raise ValueError(f"variant: a user variant cannot be combined with the built-in "
@@ -209,19 +213,157 @@ def decode_variant(*, on_gpu, like, num_qo_heads, sm_scale, pos_encoding_mode="N
                              "FlashInfer's slopes); pass one or the other")
         alibi_slopes = _alibi_slopes_on(int(num_qo_heads), on_gpu, like)
     if (rope == "none" and window_left < 0 and cap == 0 and sinks is None
-            and alibi_slopes is None and not sigmoid):
+            and alibi_slopes is None and not sigmoid and mask is None):
         return None
     alibi = (None if alibi_slopes is None else
              _head_vector(alibi_slopes, "alibi_slopes", num_qo_heads, on_gpu, like, opts))
     sink = (None if sinks is None else
             _head_vector(sinks, "sinks", num_qo_heads, on_gpu, like, opts))
-    return A.call(_C.builtin_variant, sm_scale=float(sm_scale), causal=False,
+    if mask is not None:
+        opts["keep"].extend((mask.bits, mask.indptr))
+    return A.call(_C.builtin_variant, sm_scale=float(sm_scale), causal=bool(causal),
                   window_left=window_left, window_right=-1, logits_soft_cap=cap,
                   alibi_slopes=alibi, sinks=sink, sigmoid=bool(sigmoid),
                   sigmoid_bias=float(sigmoid_bias), rope_mode=rope, rope_scale=scale,
                   rope_theta=theta, low_freq_factor=float(low_freq_factor),
                   high_freq_factor=float(high_freq_factor),
-                  old_context_len=float(old_context_len), custom_mask=None, mask_indptr=None)
+                  old_context_len=float(old_context_len),
+                  custom_mask=None if mask is None else mask.bits,
+                  mask_indptr=None if mask is None else mask.indptr)
+
+
+def check_lse_wanted(cvar, wanted):
+    """ValueError when an lse is asked of a variant without softmax (sigmoid attention)."""
+    if wanted and cvar is not None and not cvar.use_softmax:
+        raise ValueError("return_lse / lse: the variant has no softmax (sigmoid attention), so "
+                         "there is no lse")
+
+
+class PackedMask:
+    """A custom mask ready for the op: ``bits`` (uint8, FlashInfer's packed_custom_mask) and
+    ``indptr`` (int32 [batch + 1] byte offsets), both where the op runs."""
+
+    def __init__(self, bits, indptr):
+        self.bits, self.indptr = bits, indptr
+
+
+def _dtype_str(x):
+    return str(x.dtype).replace("torch.", "")
+
+
+def packed_mask(*, custom_mask=None, packed_custom_mask=None, mask_indptr=None, qo_lens, kv_lens,
+                on_gpu, like, device_only=False, bufs=None):
+    """A :class:`PackedMask` from FlashInfer's prefill mask arguments, or None without a mask.
+
+    ``custom_mask``: bool, request b's ``[qo_len_b, kv_len_b]`` mask flattened row-major, the
+    requests back to back (any shape with that many elements; True = attend); packed per request
+    with bitorder "little" (FlashInfer's segment_packbits; flashkv's pack_custom_mask), each
+    request starting on a byte boundary. ``packed_custom_mask``: those bytes (uint8, 1-D) as the
+    caller packed them; ``mask_indptr`` (flashkv extension, int32 [batch + 1]): the byte offset of
+    each request in it, by default the layout custom_mask packs to (request b at
+    sum_{c<b} ceil(qo_len_c * kv_len_c / 8)). ``bufs``: (custom_mask_buf, mask_indptr_buf) of a
+    CUDA-graph wrapper: the bytes and offsets are copied there (a captured run() keeps pointing at
+    them), else None."""
+    if custom_mask is None and packed_custom_mask is None:
+        if mask_indptr is not None:
+            raise ValueError("mask_indptr: given without packed_custom_mask")
+        return None
+    qo = np.asarray(qo_lens, np.int64).reshape(-1)
+    kv = np.asarray(kv_lens, np.int64).reshape(-1)
+    nbits = qo * kv
+    nbytes = (nbits + 7) // 8
+    indptr = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
+    if custom_mask is not None:
+        if packed_custom_mask is not None:
+            raise ValueError("custom_mask: given with packed_custom_mask; pass one or the other")
+        if mask_indptr is not None:
+            raise ValueError("mask_indptr: given with custom_mask (flashkv computes the offsets "
+                             "when it packs custom_mask; pass packed_custom_mask to give yours)")
+        if not hasattr(custom_mask, "shape") or _dtype_str(custom_mask) != "bool":
+            got = _dtype_str(custom_mask) if hasattr(custom_mask, "dtype") else type(
+                custom_mask).__name__
+            raise ValueError(f"custom_mask: expected a bool array (True = attend), got {got} "
+                             f"(packed uint8 bytes go to packed_custom_mask)")
+        m = _host(custom_mask).reshape(-1)
+        if m.size != int(nbits.sum()):
+            raise ValueError(
+                f"custom_mask: expected {int(nbits.sum())} elements (the sum over requests of "
+                f"qo_len * kv_len, each request's [qo_len, kv_len] mask flattened), got {m.size}")
+        starts = np.concatenate([[0], np.cumsum(nbits)])
+        bits = np.concatenate([np.zeros(0, np.uint8)] + [
+            np.packbits(m[starts[b]: starts[b + 1]], bitorder="little") for b in range(qo.size)])
+    else:
+        if not hasattr(packed_custom_mask, "shape") or _dtype_str(packed_custom_mask) != "uint8":
+            got = _dtype_str(packed_custom_mask) if hasattr(packed_custom_mask, "dtype") else type(
+                packed_custom_mask).__name__
+            raise ValueError(f"packed_custom_mask: expected a uint8 array (bool masks go to "
+                             f"custom_mask), got {got}")
+        if len(packed_custom_mask.shape) != 1:
+            raise ValueError(f"packed_custom_mask: expected a 1-D array, got shape "
+                             f"{tuple(packed_custom_mask.shape)}")
+        if mask_indptr is not None:
+            indptr = A.host_i32(mask_indptr, "mask_indptr").astype(np.int64)
+            if indptr.shape != (qo.size + 1,):
+                raise ValueError(f"mask_indptr: expected shape [{qo.size + 1}] (batch + 1), got "
+                                 f"{indptr.shape}")
+            if (indptr < 0).any():
+                raise ValueError("mask_indptr: expected non-negative byte offsets")
+        need = int((indptr[:-1] + nbytes).max()) if qo.size else 0
+        if int(packed_custom_mask.shape[0]) < need:
+            raise ValueError(
+                f"packed_custom_mask: expected at least {need} bytes (ceil(qo_len * kv_len / 8) "
+                f"per request from its mask_indptr offset), got {int(packed_custom_mask.shape[0])}")
+        bits = packed_custom_mask
+    if indptr[-1] > 2**31 - 1:
+        raise ValueError(f"custom_mask: {int(indptr[-1])} bytes exceed int32 offsets")
+    indptr = indptr.astype(np.int32)
+    if bufs is not None:  # CUDA graph mode: refill the constructor's buffers
+        bits_buf, indptr_buf = bufs
+        if bits_buf is None or indptr_buf is None:
+            raise ValueError("custom_mask_buf and mask_indptr_buf are required in CUDA graph mode "
+                             "with a custom mask (a captured run() keeps the mask's pointers)")
+        n = max(int(bits.shape[0]), 1)
+        _copy_bytes(bits_buf, bits, int(bits.shape[0]), "custom_mask_buf")
+        A.copy_into(indptr_buf, indptr, indptr.shape[0], "mask_indptr_buf")
+        return PackedMask(_contiguous(bits_buf[:n]), _contiguous(indptr_buf[: indptr.shape[0]]))
+    if on_gpu:
+        if A.is_cuda(bits):
+            if A.device_index(bits) != A.device_index(like):
+                raise ValueError(f"packed_custom_mask: expected an array on "
+                                 f"cuda:{A.device_index(like)}, got one on "
+                                 f"cuda:{A.device_index(bits)}")
+            bits = _contiguous(bits)
+        else:
+            if device_only:
+                raise ValueError("packed_custom_mask: expected a CUDA array in CUDA graph mode")
+            bits = A.to_device_like(np.ascontiguousarray(_host(bits)), like)
+        return PackedMask(bits, A.to_device_like(indptr, like))
+    if A.is_cuda(bits):
+        raise ValueError("packed_custom_mask: expected a host array (this call runs the CPU "
+                         "reference on host arrays), got a CUDA array")
+    return PackedMask(np.ascontiguousarray(_host(bits)), indptr)
+
+
+def _copy_bytes(dst, src, n, name):
+    """dst[:n] = src[:n] (uint8), src from any framework or the host."""
+    if _dtype_str(dst) != "uint8":
+        raise ValueError(f"{name}: expected a uint8 buffer, got {_dtype_str(dst)}")
+    if n > dst.shape[0]:
+        raise ValueError(f"{name}: the mask's {n} bytes do not fit the {dst.shape[0]} of the "
+                         f"buffer given to the constructor (CUDA graph mode)")
+    fw = A.framework(dst)
+    if fw == "torch":
+        import torch
+
+        s = src if A.framework(src) == "torch" else torch.from_numpy(
+            np.ascontiguousarray(_host(src)))
+        dst[:n].copy_(s[:n], non_blocking=A.framework(src) == "torch")
+    elif fw == "cupy":
+        import cupy
+
+        dst[:n] = cupy.asarray(src[:n] if A.framework(src) == "cupy" else _host(src)[:n])
+    else:
+        dst[:n] = _host(src)[:n]
 
 
 def _user_variant(variant, variant_args, on_gpu, like, opts):

@@ -127,11 +127,9 @@ def test_decode_plan_not_implemented(kwargs, name):
         w.plan(cache.indptr, cache.indices, cache.last_page_len, 4, 2, 64, 4, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(custom_mask=np.ones(10, bool)), "custom_mask"),
+@pytest.mark.parametrize("kwargs, name", [  # prefill variants: test_prefill_variants.py
     (dict(head_dim_vo=128), "head_dim_vo"),
-    (dict(pos_encoding_mode="ALIBI"), "pos_encoding_mode"),
-    (dict(window_left=0), "window_left"),
+    (dict(block_tables=np.zeros((1, 4), np.int32)), "block_tables"),
 ])
 def test_prefill_plan_not_implemented(kwargs, name):
     w = flashkv.BatchPrefillWithPagedKVCacheWrapper(WS)
@@ -144,9 +142,8 @@ def test_other_not_implemented():
     q = np.zeros((4, 64), np.float16)
     with pytest.raises(NotImplementedError, match="k_scale"):
         flashkv.single_decode_with_kv_cache(q, q[None], q[None], k_scale=0.5)
-    with pytest.raises(NotImplementedError, match="custom_mask"):
-        flashkv.single_prefill_with_kv_cache(q[None], q[None], q[None],
-                                             custom_mask=np.ones((1, 1), bool))
+    with pytest.raises(NotImplementedError, match="scale_k"):
+        flashkv.single_prefill_with_kv_cache(q[None], q[None], q[None], scale_k=0.5)
     with pytest.raises(NotImplementedError, match="backend"):
         flashkv.BatchDecodeWithPagedKVCacheWrapper(WS, backend="trtllm-gen")
     with pytest.raises(NotImplementedError, match="jit_args"):
