@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <optional>
 
+#include <string>
+
+#include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
 
@@ -29,6 +32,21 @@ TensorView view_of(const OutArray& a, const char* name);
 // An undefined view for None.
 TensorView view_of(const std::optional<OutArray>& a, const char* name);
 TensorView view_of(const std::optional<InArray>& a, const char* name);
+
+// A paged cache of k/v arrays and its page table. KV: InArray for the attention ops (read),
+// OutArray for the append (written).
+template <class KV>
+PagedKVCache paged_cache(const KV& k, const KV& v, const std::string& layout, const InArray& indptr,
+                         const InArray& indices, const InArray& last_page_len) {
+  PagedKVCache kv;
+  kv.k = view_of(k, "paged_kv.k");
+  kv.v = view_of(v, "paged_kv.v");
+  kv.layout = parse_kv_layout(layout);
+  kv.indptr = view_of(indptr, "paged_kv.indptr");
+  kv.indices = view_of(indices, "paged_kv.indices");
+  kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+  return kv;
+}
 
 // A host int32 index array of at least `min_len` entries, contiguous (the plan() arrays).
 const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len);

@@ -37,20 +37,6 @@ AttentionOptions attention_options(float sm_scale, bool causal) {
   return o;
 }
 
-// KV: InArray for the attention ops (read), OutArray for the append (written).
-template <class KV>
-PagedKVCache paged_cache(const KV& k, const KV& v, const std::string& layout, const InArray& indptr,
-                         const InArray& indices, const InArray& last_page_len) {
-  PagedKVCache kv;
-  kv.k = view_of(k, "paged_kv.k");
-  kv.v = view_of(v, "paged_kv.v");
-  kv.layout = parse_kv_layout(layout);
-  kv.indptr = view_of(indptr, "paged_kv.indptr");
-  kv.indices = view_of(indices, "paged_kv.indices");
-  kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
-  return kv;
-}
-
 RopeOptions llama_rope(int rotary_dim, bool interleave, double rope_scale, double rope_theta) {
   RopeOptions o;
   o.rotary_dim = rotary_dim;

@@ -170,13 +170,7 @@ void bind_variants(nb::module_& m) {
          const InArray& indptr, const InArray& indices, const InArray& last_page_len,
          const OutArray& out, const LseArg& lse, const PyVariant& variant) {
         const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        PagedKVCache kv;
-        kv.k = view_of(k, "paged_kv.k");
-        kv.v = view_of(v, "paged_kv.v");
-        kv.layout = parse_kv_layout(layout);
-        kv.indptr = view_of(indptr, "paged_kv.indptr");
-        kv.indices = view_of(indices, "paged_kv.indices");
-        kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
         const AttentionVariant& av = builtin_of(variant);
         without_gil([&] { reference::batch_decode_variant(qv, kv, ov, lv, av); });
       },
@@ -212,13 +206,7 @@ void bind_variants(nb::module_& m) {
          const PyVariant& variant) {
         const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        PagedKVCache kv;
-        kv.k = view_of(k, "paged_kv.k");
-        kv.v = view_of(v, "paged_kv.v");
-        kv.layout = parse_kv_layout(layout);
-        kv.indptr = view_of(indptr, "paged_kv.indptr");
-        kv.indices = view_of(indices, "paged_kv.indices");
-        kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
         const AttentionVariant& av = builtin_of(variant);
         without_gil([&] { reference::batch_prefill_paged_variant(qv, qi, kv, ov, lv, av); });
       },
