@@ -12,17 +12,10 @@
 #include "ops/kernel_specs.h"
 #include "ops/variant_jit.h"
 #include "runtime/nvrtc_compiler.h"
+#include "cpu/variant_jit_util.h"
 
 namespace flashkv {
 namespace {
-
-double compile_ms(const ops::KernelSpec& spec) {
-  runtime::CompileRequest req = spec.make();
-  req.arch = "sm_90a";
-  const auto t0 = std::chrono::steady_clock::now();
-  runtime::nvrtc_compile(req);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // A T5-style relative position bias (a variant the library does not ship) with a scalar and a
 // tensor parameter, plus an output transform.
@@ -48,22 +41,8 @@ struct T5Bias {
   return s;
 }
 
-AttentionVariant all_builtins() {
-  AttentionVariant v;
-  v.window_left = 128;
-  v.logits_soft_cap = 30.f;
-  static float dummy[64];
-  v.alibi_slopes = TensorView(dummy, DType::f32, {32});
-  v.sinks = TensorView(dummy, DType::f32, {32});
-  static uint8_t bits[4];
-  v.custom_mask.bits = bits;
-  v.custom_mask.num_bytes = 4;
-  v.rope.mode = RopeMode::llama31;
-  return v;
-}
-
 TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
-  const AttentionVariant all = all_builtins();
+  const AttentionVariant all = test::all_softmax_builtins();
   AttentionVariant sigmoid;
   sigmoid.sigmoid = true;
   sigmoid.window_left = 64;
@@ -72,7 +51,7 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
     ASSERT_FALSE(j.id.empty());
     for (bool tc : {false, true}) {
       const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, tc, j);
-      const double ms = compile_ms(spec);
+      const double ms = test::compile_for_hopper_ms(spec);
       std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     }
   }
@@ -81,7 +60,7 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
   rope.rope.mode = RopeMode::llama;
   rope.sinks = all.sinks;
   const ops::VariantJit j = ops::variant_jit(Variant::builtin(rope));
-  EXPECT_NO_THROW(compile_ms(ops::decode_kernel_spec(DType::bf16, DType::bf16, 256, 8, 1, false, j)));
+  EXPECT_NO_THROW(test::compile_for_hopper_ms(ops::decode_kernel_spec(DType::bf16, DType::bf16, 256, 8, 1, false, j)));
 }
 
 TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
@@ -94,7 +73,7 @@ TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
   EXPECT_NE(ops::variant_jit(Variant::user(changed, {})).id, j.id);
   for (bool tc : {false, true}) {
     const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, tc, j);
-    const double ms = compile_ms(spec);
+    const double ms = test::compile_for_hopper_ms(spec);
     std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     EXPECT_LT(ms, 5000.0) << "goal: a cold compile of one kernel within 5 s";
   }
@@ -107,7 +86,7 @@ TEST(VariantJit, CompileErrorNamesTheUsersLine) {
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
   const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true, j);
   try {
-    compile_ms(spec);
+    test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -121,7 +100,7 @@ TEST(VariantJit, UseSoftmaxMismatchIsACompileError) {
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
   const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true, j);
   try {
-    compile_ms(spec);
+    test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("use_softmax"), std::string::npos) << e.what();
