@@ -28,12 +28,12 @@ call them on torch CUDA tensors, so ``torch.compile(fullgraph=True)`` captures t
 outside the graph). ``python -m flashkv.bench`` runs the standard benchmark through this API.
 
 LSE: like FlashInfer, every function here returns and takes **base-2** log-sum-exp. (The C++ API
-and ``flashkv._C`` use natural logs; the wrappers convert.) Attention variants: the decode
-functions take FlashInfer's ``pos_encoding_mode`` / ``window_left`` / ``logits_soft_cap`` /
-``rope_scale`` / ``rope_theta``, flashkv's ``sinks`` / ``alibi_slopes`` / ``sigmoid``, and user
-variants (:class:`Variant`, device C++ compiled into the kernels; GPU only). Arguments flashkv
-does not implement yet (variants in prefill and cascades, custom masks, FP8 scales) raise
-``NotImplementedError`` naming the argument. Bad inputs raise ``ValueError``
+and ``flashkv._C`` use natural logs; the wrappers convert.) Attention variants: the decode and
+prefill functions take FlashInfer's ``pos_encoding_mode`` / ``window_left`` / ``logits_soft_cap``
+/ ``rope_scale`` / ``rope_theta`` (prefill also ``custom_mask`` / ``packed_custom_mask``),
+flashkv's ``sinks`` / ``alibi_slopes`` / ``sigmoid``, and user variants (:class:`Variant`, device
+C++ compiled into the kernels; GPU only). Arguments flashkv does not implement yet (variants in
+cascades, FP8 scales) raise ``NotImplementedError`` naming the argument. Bad inputs raise ``ValueError``
 (``TypeError`` for an unsupported dtype or device) with the C++ library's message; failures of
 CUDA or NVRTC raise ``RuntimeError``.
 """

@@ -102,6 +102,7 @@ struct BatchDecode::Impl {
     std::string kernel_id;
     float sm_scale = 0.f;
     int64_t step_rows = -1;  // a captured run_step: rows of new_k / new_v / pos_ids (-1: none)
+    VariantArgsBlock variant_args{};  // the variant's arguments, by value in the graph
   } captured;
   // The plan in force.
   bool planned = false;
@@ -119,14 +120,16 @@ struct BatchDecode::Impl {
   std::vector<int64_t> window_lens;  // with a sliding window: the keys each request's row sees
   int64_t min_kv_len = 0, max_kv_len = 0;
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
-  ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
+  ops::VariantJit variant_jit;  // the plan's variant
+  Variant kernel_variant;       // as compiled (decode drops a built-in window: the plan holds it)
+  VariantArgsBlock variant_args{};  // its arguments, packed at plan()
   std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 
   // run() and run_step(): validate against the plan, launch (step.new_k == nullptr: plain decode).
   void launch(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
-              const TensorView& lse, const DecodeStepParams& step, const Variant& variant,
-              Stream stream);
+              const TensorView& lse, const DecodeStepParams& step,
+              const VariantArgsBlock& variant_args, Stream stream);
 };
 
 size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
@@ -303,6 +306,10 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     kernel_variant = Variant::builtin(v);
   }
   ops::VariantJit vj = ops::variant_jit(kernel_variant);
+  // The variant's arguments, checked and packed now (a bad one fails plan(), not every run()).
+  const VariantArgsBlock variant_args = ops::pack_variant_args(
+      kernel_variant, {"BatchDecode::plan", Device::cuda(cfg.device), batch_size, batch_size,
+                       num_qo_heads, head_dim, batch_size == 1 ? m.kv_lens[0] : -1});
   const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, vj.id};
   if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
     const ops::KernelSpec spec =
@@ -338,6 +345,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
           "plan: a captured CUDA graph runs kernel ", c.kernel_id, " with sm_scale ", c.sm_scale,
           "; this plan needs ", m.kernel_id, " with sm_scale ", sm_scale,
           ". Capture a new graph for a new configuration.");
+    check(ops::same_variant_args(variant_args, c.variant_args),
+          "plan: a captured CUDA graph holds the variant arguments of its capture (values and "
+          "tensor pointers); this plan's differ. Capture a new graph for new variant arguments.");
   }
 
   // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
@@ -368,6 +378,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.o_dtype = o_dtype;
   m.opts = opts;
   m.variant_jit = std::move(vj);
+  m.kernel_variant = kernel_variant;
+  m.variant_args = variant_args;
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
   m.info.num_ctas = s.num_ctas;
@@ -382,7 +394,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, Stream stream) {
   check(impl_->planned, "BatchDecode::run: called before a successful plan()");
-  impl_->launch(q, kv, out, lse, DecodeStepParams{}, impl_->opts.variant, stream);
+  impl_->launch(q, kv, out, lse, DecodeStepParams{}, impl_->variant_args, stream);
 }
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
@@ -390,8 +402,12 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   check(impl_->planned, "BatchDecode::run: called before a successful plan()");
   check(impl_->opts.variant.is_user(),
         "BatchDecode::run: variant_args given, but the plan's variant is not a user variant");
-  impl_->launch(q, kv, out, lse, DecodeStepParams{}, impl_->opts.variant.with_args(variant_args),
-                stream);
+  Impl& m = *impl_;
+  const VariantArgsBlock args = ops::pack_variant_args(
+      m.kernel_variant.with_args(variant_args),
+      {"BatchDecode::run", Device::cuda(m.cfg.device), m.batch, m.batch, m.num_qo_heads,
+       m.head_dim, m.batch == 1 ? m.kv_lens[0] : -1});
+  m.launch(q, kv, out, lse, DecodeStepParams{}, args, stream);
 }
 
 void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
@@ -414,7 +430,7 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
         "BatchDecode::run_step: the plan's variant rotates q and k itself (variant.rope); the "
         "fused step rotates them too. Use DecodeStepOptions.rope, or run() with the variant.");
   const DecodeStepParams sp = ops::make_decode_step_params(new_k, new_v, step, shape, m.rope_memo);
-  m.launch(q, kv, out, lse, sp, m.opts.variant, stream);
+  m.launch(q, kv, out, lse, sp, m.variant_args, stream);
   if (runtime::stream_is_capturing(stream)) {  // launch() recorded the rest of the capture
     int64_t rows = std::min(new_k.size(0), new_v.size(0));
     if (step.pos_ids.defined()) rows = std::min(rows, step.pos_ids.size(0));
@@ -425,8 +441,8 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
 
 void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
                                const TensorView& out, const TensorView& lse,
-                               const DecodeStepParams& step, const Variant& variant,
-                               Stream stream) {
+                               const DecodeStepParams& step,
+                               const VariantArgsBlock& variant_args, Stream stream) {
   Impl& m = *this;
   const Device dev = Device::cuda(m.cfg.device);
   // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
@@ -524,8 +540,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
   p.step = step;
-  p.variant = ops::pack_variant_args(
-      variant, {"BatchDecode::run", dev, m.batch, m.batch, m.num_qo_heads, m.head_dim});
+  p.variant = variant_args;
   void* args[] = {&p};
   if (m.grid > 0) {
     runtime::launch(m.decode_fn, {m.grid, 1, 1, m.geometry.threads, 1, 1, m.geometry.smem}, stream,
@@ -535,6 +550,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
     m.captured = {
         true,        q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1, kv.indices.size(0),
         m.kernel_id, m.sm_scale};
+    m.captured.variant_args = variant_args;
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)

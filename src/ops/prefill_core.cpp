@@ -184,6 +184,10 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   // A built-in description's causal flag and sm_scale apply where the options set none.
   const bool causal = o.causal || vj.causal;
   const float scale = resolve_sm_scale(o.sm_scale > 0.f ? o.sm_scale : vj.sm_scale, hd);
+  // The variant's arguments, checked and packed now (a bad one fails plan(), not every run()).
+  const VariantArgsBlock vargs = ops::pack_variant_args(
+      o.variant, {name, Device::cuda(cfg.device), batch_size, qo_total,
+                  n_qo_heads, hd, batch_size == 1 ? qo_lens[0] * kv_lens[0] : -1});
   if (captured.any) {  // refuse a plan the captured graph cannot run, before anything changes
     const auto& c = captured;
     check(qo_total <= c.q_rows && qo_total <= c.out_rows && (c.lse_rows < 0 || qo_total <= c.lse_rows),
@@ -200,6 +204,9 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
           c.page_size, "); this plan needs ", kernel.id, " (sm_scale ", scale, ", causal ", causal,
           ", heads ", n_qo_heads, "/", n_kv_heads, ", page_size ", page_sz,
           "). Fix PrefillPlanOptions.tile_rows for graphs, or capture a new graph.");
+    check(ops::same_variant_args(vargs, c.variant_args),
+          "plan: a captured CUDA graph holds the variant arguments of its capture (values and "
+          "tensor pointers); this plan's differ. Capture a new graph for new variant arguments.");
   }
 
   scheduler::PrefillScheduleOptions so;
@@ -263,6 +270,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
   opts.causal = causal;
   variant_jit = std::move(vj);
+  variant_args = vargs;
   sm_scale = scale;
   nnz_qo = qo_total;
   nnz_kv = kv_total;
@@ -322,8 +330,7 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
   p.o_stride_n = out.stride(0);
   p.o_stride_h = out.stride(1);
   p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
-  p.variant = ops::pack_variant_args(opts.variant,
-                                     {name, dev, batch, nnz_qo, num_qo_heads, head_dim});
+  p.variant = variant_args;
 }
 
 void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView& out,
@@ -351,6 +358,7 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
     captured = {true,      q.size(0),    out.size(0),  lse.defined() ? lse.size(0) : -1,
                 kv_capacity, kernel.id, sm_scale,     opts.causal,
                 num_qo_heads, num_kv_heads, page_size};
+    captured.variant_args = p.variant;
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)

@@ -47,6 +47,7 @@ struct PrefillCore {
   DType q_dtype{}, kv_dtype{}, o_dtype{};
   PrefillPlanOptions opts;  // opts.causal: the effective mask (the variant's causal included)
   ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
+  VariantArgsBlock variant_args{};  // opts.variant's arguments, packed at plan()
   float sm_scale = 0.f;
   int64_t nnz_qo = 0;
   int64_t nnz_kv = 0;  // paged: kv_indptr[batch] page ids; ragged: KV rows
@@ -73,6 +74,7 @@ struct PrefillCore {
     float sm_scale = 0.f;
     bool causal = false;
     int num_qo_heads = 0, num_kv_heads = 0, page_size = 0;
+    VariantArgsBlock variant_args{};  // the variant's arguments, by value in the graph
   } captured;
 
   std::vector<int64_t> qo_lens, kv_lens;

@@ -6,6 +6,7 @@
 #define XXH_INLINE_ALL  // header-only xxHash: no run-time library dependency
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -125,8 +126,11 @@ void pack_builtin(const AttentionVariant& v, const VariantCallShape& c, BuiltinV
         "variant.logits_soft_cap must be >= 0 (0: off), got ", v.logits_soft_cap);
   check(!(v.sigmoid && v.sinks.defined()),
         "variant.sinks: sinks join a softmax denominator; sigmoid attention has none");
-  a.window_left = v.window_left;
-  a.window_right = v.window_right;
+  // Positions are int in the kernels: a bound beyond any sequence (2^30) means the same and cannot
+  // overflow q_pos ± window there.
+  constexpr int kFar = 1 << 30;
+  a.window_left = std::min(v.window_left, kFar);
+  a.window_right = std::min(v.window_right, kFar);
   a.soft_cap = v.logits_soft_cap;
   a.inv_soft_cap = v.logits_soft_cap > 0 ? 1.f / v.logits_soft_cap : 0.f;
   a.sigmoid_bias = v.sigmoid_bias;
@@ -139,7 +143,7 @@ void pack_builtin(const AttentionVariant& v, const VariantCallShape& c, BuiltinV
     a.sinks = static_cast<const float*>(v.sinks.data());
   }
   if (v.custom_mask.defined()) {
-    check(v.custom_mask.num_bytes > 0, "variant.custom_mask.num_bytes must be > 0, got ",
+    check(v.custom_mask.num_bytes >= 0, "variant.custom_mask.num_bytes must be >= 0, got ",
           v.custom_mask.num_bytes);
     a.custom_mask = v.custom_mask.bits;
     if (v.custom_mask.mask_indptr.defined()) {
@@ -149,6 +153,10 @@ void pack_builtin(const AttentionVariant& v, const VariantCallShape& c, BuiltinV
     } else {
       check(c.batch == 1, "variant.custom_mask.mask_indptr is required for a batch of ", c.batch,
             " requests");
+      check(c.single_request_mask_bits < 0 ||
+                v.custom_mask.num_bytes * 8 >= c.single_request_mask_bits,
+            "variant.custom_mask.num_bytes: the request's qo_len x kv_len mask needs ",
+            (c.single_request_mask_bits + 7) / 8, " bytes, got ", v.custom_mask.num_bytes);
     }
   } else {
     check(!v.custom_mask.mask_indptr.defined(),
@@ -225,6 +233,8 @@ VariantJit variant_jit(const Variant& v) {
   if (v.is_user()) return user_jit(v.spec());
   if (!v.is_builtin()) return j;
   const AttentionVariant& b = v.builtin_description();
+  check(std::isfinite(b.sm_scale) && b.sm_scale >= 0.f,
+        "variant.sm_scale: expected a finite value >= 0 (0: the op's), got ", b.sm_scale);
   j.causal = b.causal;
   j.sm_scale = b.sm_scale;
   j.use_softmax = b.use_softmax();
@@ -236,6 +246,10 @@ VariantJit variant_jit(const Variant& v) {
     j.source = "\n#include \"variants/builtin.cuh\"\n";
   }
   return j;
+}
+
+bool same_variant_args(const VariantArgsBlock& a, const VariantArgsBlock& b) {
+  return std::memcmp(a.bytes, b.bytes, sizeof(a.bytes)) == 0;
 }
 
 VariantArgsBlock pack_variant_args(const Variant& v, const VariantCallShape& c) {

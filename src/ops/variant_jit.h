@@ -34,10 +34,17 @@ struct VariantCallShape {
   int64_t q_rows;       // rows of q in the call (decode: batch)
   int num_qo_heads;
   int head_dim;
+  // A batch of one request: qo_len * kv_len, the bits its custom mask must hold when no
+  // mask_indptr is given (checked). -1: not known here (a device mask_indptr is trusted).
+  int64_t single_request_mask_bits = -1;
 };
 
 // The parameter block of `v` for one launch (run time): validates every argument against the
 // call and packs it. Throws flashkv::Error naming the argument.
 VariantArgsBlock pack_variant_args(const Variant& v, const VariantCallShape& call);
+
+// Whether two packed blocks are the same bytes (a captured CUDA graph keeps its block by value:
+// a plan with other arguments must not replay it).
+bool same_variant_args(const VariantArgsBlock& a, const VariantArgsBlock& b);
 
 }  // namespace flashkv::ops

@@ -13,6 +13,7 @@
 #include "flashkv/reference.h"
 #include "flashkv/reference_variants.h"
 #include "gpu/decode_case.h"
+#include "runtime/driver.h"
 
 namespace flashkv::test {
 namespace {
@@ -320,6 +321,47 @@ TEST_F(DecodeVariantsGpu, BadVariantInputIsNamed) {
   c.opts.variant = Variant::builtin(sig);
   const std::string msg2 = error_of([&] { run_decode_case(c); });  // run_decode_case passes an lse
   EXPECT_NE(msg2.find("lse"), std::string::npos) << msg2;
+}
+
+// A captured graph keeps the variant's arguments by value: a later plan with the same kernel but
+// other arguments is refused (it would replay the old ones); a window change is not (decode's window
+// lives in the schedule, which every plan rewrites).
+TEST_F(DecodeVariantsGpu, PlanRefusesOtherVariantArgumentsUnderACapturedGraph) {
+  const DType dt = DType::f16;
+  constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;
+  BatchDecodeConfig cfg{4, kHqo, kD};
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  PagedCacheHost cache = make_paged_cache({300, 7}, kPage, kHkv, kD, KVLayout::NHD, dt, 5);
+  DeviceCache dc = to_device(cache);
+  HostTensor q(dt, {2, kHqo, kD}), out(dt, {2, kHqo, kD});
+  q.fill_random(6);
+  DeviceTensor dq = to_device(q), dout = poisoned_like(out);
+  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
+  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  auto plan_with = [&](float cap, int window_left) {
+    AttentionVariant v;
+    v.logits_soft_cap = cap;
+    v.window_left = window_left;
+    DecodePlanOptions o;
+    o.enable_cuda_graph = true;
+    o.variant = Variant::builtin(v);
+    dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o, nullptr);
+  };
+  Stream s = create_stream();
+  plan_with(30.f, -1);
+  const auto& d = runtime::driver();
+  runtime::check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
+  dec.run(dq.view, dc.cache, dout.view, TensorView(), s);
+  CUgraph g = nullptr;
+  runtime::check_cu(d.cuStreamEndCapture(s, &g), "end capture");
+  EXPECT_NE(error_of([&] { plan_with(50.f, -1); }).find("variant arguments"), std::string::npos);
+  EXPECT_NO_THROW(plan_with(30.f, 100));
+  d.cuGraphDestroy(g);
+  dec.forget_captured_graphs();
+  EXPECT_NO_THROW(plan_with(50.f, -1));
+  synchronize(s);
+  destroy_stream(s);
 }
 
 }  // namespace
