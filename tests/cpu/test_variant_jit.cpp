@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <string>
 
+#include "common/test_util.h"
 #include "flashkv/error.h"
 #include "flashkv/variant_spec.h"
 #include "ops/kernel_specs.h"
 #include "ops/variant_jit.h"
+#include "variants/builtin.cuh"
 #include "runtime/nvrtc_compiler.h"
 #include "cpu/variant_jit_util.h"
 
@@ -147,6 +150,40 @@ TEST(VariantJit, BadSpecsAndArgumentsAreNamed) {
   s.sigmoid = true;
   s.sinks = TensorView(host, DType::f32, {32});
   EXPECT_THROW(ops::pack_variant_args(Variant::builtin(s), call), Error);
+}
+
+TEST(VariantJit, BuiltinArgumentsAreCheckedAgainstTheCall) {
+  static uint8_t bits[16];
+  // One request: a mask without mask_indptr must hold qo_len x kv_len bits (here 1 x 200).
+  ops::VariantCallShape call{"test", Device::cpu(), 1, 1, 32, 128, 200};
+  AttentionVariant m;
+  m.custom_mask.bits = bits;
+  m.custom_mask.num_bytes = 16;  // 128 bits < 200
+  const std::string msg = test::error_of([&] { ops::pack_variant_args(Variant::builtin(m), call); });
+  EXPECT_NE(msg.find("needs 25 bytes, got 16"), std::string::npos) << msg;
+  m.custom_mask.num_bytes = 25;
+  EXPECT_NO_THROW(ops::pack_variant_args(Variant::builtin(m), call));
+  // A built-in's own sm_scale must be finite and >= 0.
+  AttentionVariant bad_scale;
+  bad_scale.sm_scale = -1.f;
+  EXPECT_THROW(ops::variant_jit(Variant::builtin(bad_scale)), Error);
+  // Windows beyond any sequence clamp (the kernels add them to int positions).
+  AttentionVariant far;
+  far.window_left = 2147483647;
+  far.window_right = 2147483647;
+  const VariantArgsBlock b = ops::pack_variant_args(Variant::builtin(far), call);
+  BuiltinVariantArgs a;
+  std::memcpy(&a, b.bytes, sizeof(a));
+  EXPECT_EQ(a.window_left, 1 << 30);
+  EXPECT_EQ(a.window_right, 1 << 30);
+  // Same arguments, same block (what a captured graph is compared with); others differ.
+  AttentionVariant c30, c50;
+  c30.logits_soft_cap = 30.f;
+  c50.logits_soft_cap = 50.f;
+  EXPECT_TRUE(ops::same_variant_args(ops::pack_variant_args(Variant::builtin(c30), call),
+                                     ops::pack_variant_args(Variant::builtin(c30), call)));
+  EXPECT_FALSE(ops::same_variant_args(ops::pack_variant_args(Variant::builtin(c30), call),
+                                      ops::pack_variant_args(Variant::builtin(c50), call)));
 }
 
 }  // namespace
