@@ -176,28 +176,26 @@ void bind_variants(nb::module_& m) {
       },
       arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
       arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
-  m.def(
-      "reference_single_decode_variant",
-      [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-         const LseArg& lse, const std::string& layout, const PyVariant& variant) {
-        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
-                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const KVLayout l = parse_kv_layout(layout);
-        const AttentionVariant& av = builtin_of(variant);
-        without_gil([&] { reference::single_decode_variant(qv, kv, vv, ov, lv, l, av); });
-      },
-      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
-  m.def(
-      "reference_single_prefill_variant",
-      [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-         const LseArg& lse, const std::string& layout, const PyVariant& variant) {
-        const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
-                         ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const KVLayout l = parse_kv_layout(layout);
-        const AttentionVariant& av = builtin_of(variant);
-        without_gil([&] { reference::single_prefill_variant(qv, kv, vv, ov, lv, l, av); });
-      },
-      arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
+  // Single decode and single prefill share one signature: one binding body for both.
+  using SingleVariantFn = void (*)(const TensorView&, const TensorView&, const TensorView&,
+                                   const TensorView&, const TensorView&, KVLayout,
+                                   const AttentionVariant&, const reference::KVChunk&);
+  const auto single_reference = [](SingleVariantFn fn) {
+    return [fn](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
+                const LseArg& lse, const std::string& layout, const PyVariant& variant) {
+      const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
+                       ov = view_of(out, "out"), lv = view_of(lse, "lse");
+      const KVLayout l = parse_kv_layout(layout);
+      const AttentionVariant& av = builtin_of(variant);
+      without_gil([&] { fn(qv, kv, vv, ov, lv, l, av, reference::KVChunk{}); });
+    };
+  };
+  m.def("reference_single_decode_variant", single_reference(&reference::single_decode_variant),
+        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
+        arg("variant"));
+  m.def("reference_single_prefill_variant", single_reference(&reference::single_prefill_variant),
+        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
+        arg("variant"));
   m.def(
       "reference_batch_prefill_paged_variant",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
