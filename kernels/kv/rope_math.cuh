@@ -24,6 +24,14 @@ struct RopeSpec {
 };
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+// cos and sin of pos * freq radians: the product and its reduction modulo 2π in double, then
+// sin/cos of the reduced angle (|a| <= π) in float. Every RoPE in the library goes through this.
+__device__ __forceinline__ void rope_angle_cos_sin(double freq, long long pos, float& c, float& s) {
+  double a = (double)pos * freq;
+  a -= 6.283185307179586476925 * rint(a * 0.15915494309189533577);
+  sincosf((float)a, &s, &c);
+}
+
 // cos and sin of pair i's angle at position pos (pos is in range: the caller checked it).
 __device__ __forceinline__ void rope_cos_sin(const RopeSpec& r, long long pos, int i, float& c,
                                              float& s) {
@@ -33,9 +41,7 @@ __device__ __forceinline__ void rope_cos_sin(const RopeSpec& r, long long pos, i
     s = row[r.rotary_dim / 2 + i];
     return;
   }
-  double a = (double)pos * r.freq[i];
-  a -= 6.283185307179586476925 * rint(a * 0.15915494309189533577);
-  sincosf((float)a, &s, &c);
+  rope_angle_cos_sin(r.freq[i], pos, c, s);
 }
 
 // Element indices of pair i within the head.

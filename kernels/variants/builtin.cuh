@@ -45,13 +45,10 @@ struct BuiltinVariantArgs {
 
 namespace flashkv {
 namespace builtin_detail {
-// (x1, x2) rotated by pos * freq: the angle reduced modulo 2π in double (positions reach 10^5 and
-// more, where a float product is off by ~0.01 rad), then sin/cos in float.
+// (x1, x2) rotated by pos * freq (rope_angle_cos_sin: the angle reduced in double).
 __device__ __forceinline__ void rotate(double freq, long long pos, float& x1, float& x2) {
-  double a = (double)pos * freq;
-  a -= 6.283185307179586476925 * rint(a * 0.15915494309189533577);
   float s, c;
-  sincosf((float)a, &s, &c);
+  rope_angle_cos_sin(freq, pos, c, s);
   const float y1 = x1 * c - x2 * s;
   const float y2 = x2 * c + x1 * s;
   x1 = y1;

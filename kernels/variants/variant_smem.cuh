@@ -5,6 +5,7 @@
 // Callers put a __syncthreads() between the loads landing and this, and after it.
 #pragma once
 
+#include "kv/rope_math.cuh"
 #include "primitives/types.cuh"
 #include "variants/variant.cuh"
 
@@ -31,14 +32,6 @@ __device__ __forceinline__ void variant_transform_q_rows(const typename V::Args&
   }
 }
 
-// cos and sin of pos * freq: the angle reduced modulo 2π in double (positions reach 10^5 and more,
-// where a float product is off by ~0.01 rad), then sin/cos in float.
-__device__ __forceinline__ void variant_rope_cos_sin(double freq, long long pos, float& c, float& s) {
-  double a = (double)pos * freq;
-  a -= 6.283185307179586476925 * rint(a * 0.15915494309189533577);
-  sincosf((float)a, &s, &c);
-}
-
 // RoPE (rope_freq / key_rope_pos) on the staged key rows [0, rows): thread t owns pair
 // i = t % (D/2) of rows t / (D/2), + kStep, + 2 kStep, ... Their positions advance by kStep, so
 // one precise sin/cos per thread and tile plus a step rotation (4 FMAs) per row replace a sin/cos
@@ -56,8 +49,8 @@ __device__ __forceinline__ void variant_rope_k_rows(const typename V::Args& a, V
   key.kv_idx = first_kv_idx + r0;
   const double freq = V::rope_freq(a, i);
   float c, s, cs, ss;
-  variant_rope_cos_sin(freq, V::key_rope_pos(a, key), c, s);
-  variant_rope_cos_sin(freq, kStep, cs, ss);
+  rope_angle_cos_sin(freq, V::key_rope_pos(a, key), c, s);
+  rope_angle_cos_sin(freq, kStep, cs, ss);
   for (int r = r0; r < rows; r += kStep) {
     T* p1 = variant_elem<T>(k_base, offset, r, i);
     T* p2 = variant_elem<T>(k_base, offset, r, i + kHalf);

@@ -121,7 +121,6 @@ struct BatchDecode::Impl {
   int64_t min_kv_len = 0, max_kv_len = 0;
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
   ops::VariantJit variant_jit;  // the plan's variant
-  Variant kernel_variant;       // as compiled (decode drops a built-in window: the plan holds it)
   VariantArgsBlock variant_args{};  // its arguments, packed at plan()
   std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
@@ -378,7 +377,6 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.o_dtype = o_dtype;
   m.opts = opts;
   m.variant_jit = std::move(vj);
-  m.kernel_variant = kernel_variant;
   m.variant_args = variant_args;
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
@@ -404,7 +402,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
         "BatchDecode::run: variant_args given, but the plan's variant is not a user variant");
   Impl& m = *impl_;
   const VariantArgsBlock args = ops::pack_variant_args(
-      m.kernel_variant.with_args(variant_args),
+      m.opts.variant.with_args(variant_args),  // a user variant: compiled as given
       {"BatchDecode::run", Device::cuda(m.cfg.device), m.batch, m.batch, m.num_qo_heads,
        m.head_dim, m.batch == 1 ? m.kv_lens[0] : -1});
   m.launch(q, kv, out, lse, DecodeStepParams{}, args, stream);
