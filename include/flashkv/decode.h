@@ -130,6 +130,7 @@ class BatchDecode {
     int num_split_tiles = 0;
     int64_t chunk_bound = 0;
     double plan_us = 0.0;       // CPU time of the last plan()
+    double schedule_us = 0.0;   // of which the scheduler (chunking, assignment, work items)
     bool tensor_cores = false;  // which kernel the plan runs
   };
   PlanInfo plan_info() const;

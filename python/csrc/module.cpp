@@ -204,6 +204,7 @@ class PyBatchDecode {
     d["num_split_tiles"] = i.num_split_tiles;
     d["chunk_bound"] = i.chunk_bound;
     d["plan_us"] = i.plan_us;
+    d["schedule_us"] = i.schedule_us;
     d["tensor_cores"] = i.tensor_cores;
     return d;
   }

@@ -16,6 +16,7 @@
 #include "runtime/device_errors.h"
 #include "runtime/driver.h"
 #include "runtime/launch.h"
+#include "runtime/plan_upload.h"
 #include "scheduler/decode_scheduler.h"
 
 namespace flashkv {
@@ -90,9 +91,7 @@ struct KernelKey {
 struct BatchDecode::Impl {
   BatchDecodeConfig cfg;
   ops::DecodeWorkspace ws;
-  PinnedBuffer pinned;
-  CUevent copy_done = nullptr;  // the last plan copy out of `pinned`
-  CUevent run_done = nullptr;   // the last eager run(): a plan() on any stream waits for it
+  runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
   int max_smem = 0;             // the device's opt-in shared memory per block
   int64_t nnz_pages = 0;        // kv_indptr[batch] of the plan in force
   // What a CUDA graph captured by run() holds fixed: later plans must fit it.
@@ -122,7 +121,6 @@ struct BatchDecode::Impl {
   ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
   ops::VariantJit variant_jit;  // the plan's variant
   VariantArgsBlock variant_args{};  // its arguments, packed at plan()
-  std::vector<int> slot_merge;
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 
   // run() and run_step(): validate against the plan, launch (step.new_k == nullptr: plain decode).
@@ -144,27 +142,14 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
         "BatchDecodeConfig.head_dim: expected 64, 128 or 256, got ", cfg.head_dim);
   impl_->cfg = cfg;
   impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
-  impl_->pinned = PinnedBuffer(impl_->ws.plan_layout().bytes, cfg.device);
+  impl_->upload = runtime::PlanUpload(impl_->ws.plan_layout().bytes, cfg.device);
   impl_->max_smem = device_info(cfg.device).max_smem_per_block;
   // The error record run_step reports into: allocated now, so a first run_step inside a CUDA
   // graph capture does not have to allocate.
   runtime::device_error_record(cfg.device);
-  runtime::check_cu(runtime::driver().cuEventCreate(&impl_->copy_done, CU_EVENT_DISABLE_TIMING),
-                    "cuEventCreate");
-  runtime::check_cu(runtime::driver().cuEventCreate(&impl_->run_done, CU_EVENT_DISABLE_TIMING),
-                    "cuEventCreate");
 }
 
-BatchDecode::~BatchDecode() {
-  if (!impl_ || !impl_->copy_done) return;
-  try {  // never throw from a destructor
-    runtime::ensure_context(impl_->cfg.device);
-    runtime::driver().cuEventSynchronize(impl_->copy_done);  // the pinned buffer is freed next
-    runtime::driver().cuEventDestroy(impl_->copy_done);
-    if (impl_->run_done) runtime::driver().cuEventDestroy(impl_->run_done);
-  } catch (...) {
-  }
-}
+BatchDecode::~BatchDecode() = default;
 
 BatchDecode::PlanInfo BatchDecode::plan_info() const { return impl_->info; }
 
@@ -249,32 +234,21 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   // the one query row: schedule only the keys it can see, so a long context costs its window.
   const int window_left =
       opts.variant.is_builtin() ? opts.variant.builtin_description().window_left : -1;
-  const std::vector<int64_t>* sched_lens = &m.kv_lens;
+  // The op's part of each work item (where its pages start, the request's length), written by
+  // the scheduler in the pass that places the items.
+  so.page_base = std::span<const int32_t>(kv_indptr, static_cast<size_t>(batch_size));
+  const auto t_schedule = std::chrono::steady_clock::now();
   if (window_left >= 0) {
     m.window_lens.resize(batch_size);
     for (int i = 0; i < batch_size; ++i)
       m.window_lens[i] = std::min<int64_t>(m.kv_lens[i], int64_t{window_left} + 1);
-    sched_lens = &m.window_lens;
+    so.full_kv_lens = m.kv_lens;
+    scheduler::plan_decode(m.window_lens, so, &s);
+  } else {
+    scheduler::plan_decode(m.kv_lens, so, &s);
   }
-  scheduler::plan_decode(*sched_lens, so, &s);
-  // The op's part of each work item: where its pages start, and which merge item its partial
-  // state belongs to (the CTA that writes a tile's last partial state merges the tile).
-  m.slot_merge.assign(s.num_slots, -1);
-  for (size_t mi = 0; mi < s.merge.size(); ++mi) {
-    for (int slot = s.merge[mi].slot_begin; slot < s.merge[mi].slot_end; ++slot)
-      m.slot_merge[slot] = static_cast<int>(mi);
-    s.merge[mi].kv_len = static_cast<int>(m.kv_lens[s.merge[mi].request]);
-  }
-  for (DecodeWorkItem& w : s.work) {
-    if (window_left >= 0) {  // from window positions to request positions
-      const int skip = static_cast<int>(m.kv_lens[w.request] - m.window_lens[w.request]);
-      w.kv_start += skip;
-      w.kv_end += skip;
-    }
-    w.page_base = kv_indptr[w.request];
-    w.merge = w.slot >= 0 ? m.slot_merge[w.slot] : -1;
-    w.kv_len = static_cast<int>(m.kv_lens[w.request]);
-  }
+  m.info.schedule_us = std::chrono::duration<double, std::micro>(
+                           std::chrono::steady_clock::now() - t_schedule).count();
   m.min_kv_len = batch_size > 0 ? *std::min_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;
   m.max_kv_len = batch_size > 0 ? *std::max_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;
 
@@ -349,17 +323,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
           "tensor pointers); this plan's differ. Capture a new graph for new variant arguments.");
   }
 
-  // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
-  // last run() (on whatever stream) must be done with the workspace before this plan replaces it.
-  const runtime::Driver& d = runtime::driver();
-  runtime::check_cu(d.cuEventSynchronize(m.copy_done), "cuEventSynchronize(plan copy)");
-  runtime::check_cu(d.cuStreamWaitEvent(stream, m.run_done, 0), "cuStreamWaitEvent(last run)");
-  const size_t plan_bytes = scheduler::serialize_decode_schedule(
-      s, m.ws.plan_layout(), static_cast<std::byte*>(m.pinned.data()));
-  runtime::check_cu(
-      d.cuMemcpyHtoDAsync(m.ws.plan_device_ptr(), m.pinned.data(), plan_bytes, stream),
-      "cuMemcpyHtoDAsync(decode plan)");
-  runtime::check_cu(d.cuEventRecord(m.copy_done, stream), "cuEventRecord(plan copy)");
+  // Into the workspace, in stream order after the last run() (on whatever stream) read it.
+  const size_t plan_bytes =
+      scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), m.upload.begin(stream));
+  m.upload.copy(m.ws.plan_device_ptr(), 0, plan_bytes, stream);
+  m.upload.end(stream);
 
   int used_ctas = 0;
   for (int c = 0; c < s.num_ctas; ++c)
@@ -552,7 +520,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
-    runtime::check_cu(runtime::driver().cuEventRecord(m.run_done, stream), "cuEventRecord(run)");
+    m.upload.record_run(stream);
   }
 }
 

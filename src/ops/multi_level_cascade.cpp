@@ -23,6 +23,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
+#include "runtime/plan_upload.h"
 #include "scheduler/cascade_cost.h"
 #include "scheduler/prefix_sharing.h"
 
@@ -88,9 +89,7 @@ struct MultiLevelCascade::Impl {
   MultiLevelCascadeConfig cfg;
   bool decode_mode = true;  // max_qo_tokens == 0: one query row per request, suffix on BatchDecode
   ops::CascadeWorkspace ws;
-  PinnedBuffer pinned;
-  CUevent copy_done = nullptr;
-  CUevent run_done = nullptr;  // the last eager run(): plan() waits for it before rewriting indices
+  runtime::PlanUpload upload;  // the index arrays' pinned buffers and copies into the workspace
   // What a CUDA graph that captured run() holds fixed: later plans must fit its buffers.
   struct Captured {
     bool any = false;
@@ -125,10 +124,8 @@ MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* w
   m.cfg = cfg;
   m.decode_mode = cfg.max_qo_tokens == 0;
   m.ws = ops::CascadeWorkspace(cfg, workspace, bytes);
-  m.pinned = PinnedBuffer(m.ws.index_bytes(), cfg.device);
   runtime::ensure_context(cfg.device);
-  check_cu(driver().cuEventCreate(&m.copy_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-  check_cu(driver().cuEventCreate(&m.run_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  m.upload = runtime::PlanUpload(m.ws.index_bytes(), cfg.device);
   const BatchPrefillConfig pc = m.ws.prefill_config();
   for (int l = 0; l + 1 < cfg.max_levels; ++l) {
     m.prefix.push_back(std::make_unique<BatchPrefillPaged>(pc, m.ws.level_workspace(l),
@@ -144,16 +141,7 @@ MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* w
   }
 }
 
-MultiLevelCascade::~MultiLevelCascade() {
-  if (!impl_ || !impl_->copy_done) return;
-  try {
-    runtime::ensure_context(impl_->cfg.device);
-    driver().cuEventSynchronize(impl_->copy_done);
-    driver().cuEventDestroy(impl_->copy_done);
-    if (impl_->run_done) driver().cuEventDestroy(impl_->run_done);
-  } catch (...) {
-  }
-}
+MultiLevelCascade::~MultiLevelCascade() = default;
 
 CascadePlanInfo MultiLevelCascade::plan_info() const { return impl_->info; }
 
@@ -278,23 +266,19 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
 
   // Index arrays to the device: row map, row count, each level's page ids — after the previous
   // copy left the pinned buffer and the last run() (on any stream) is done reading the region.
-  check_cu(driver().cuEventSynchronize(m.copy_done), "cuEventSynchronize(cascade copy)");
-  check_cu(driver().cuStreamWaitEvent(stream, m.run_done, 0), "cuStreamWaitEvent(cascade run)");
-  auto* base = static_cast<std::byte*>(m.pinned.data());
+  std::byte* const base = m.upload.begin(stream);
   const int32_t nrows = static_cast<int32_t>(rows);
   std::memcpy(base + m.ws.rows_offset(), layout.qo_rows.data(), rows * 4);
   std::memcpy(base + m.ws.num_rows_offset(), &nrows, 4);
-  check_cu(driver().cuMemcpyHtoDAsync(m.ws.index_device_ptr(), base, m.ws.level_indices_offset(0),
-                                      stream), "cuMemcpyHtoDAsync(cascade rows)");
+  m.upload.copy(m.ws.index_device_ptr(), 0, m.ws.level_indices_offset(0), stream);
   for (int l = 0; l < levels; ++l) {
     const auto& ids = layout.levels[l].kv_indices;
     if (ids.empty()) continue;
-    std::memcpy(base + m.ws.level_indices_offset(l), ids.data(), ids.size() * 4);
-    check_cu(driver().cuMemcpyHtoDAsync(m.ws.index_device_ptr() + m.ws.level_indices_offset(l),
-                                        base + m.ws.level_indices_offset(l), ids.size() * 4, stream),
-             "cuMemcpyHtoDAsync(cascade level indices)");
+    const size_t offset = m.ws.level_indices_offset(l);
+    std::memcpy(base + offset, ids.data(), ids.size() * 4);
+    m.upload.copy(m.ws.index_device_ptr() + offset, offset, ids.size() * 4, stream);
   }
-  check_cu(driver().cuEventRecord(m.copy_done, stream), "cuEventRecord(cascade copy)");
+  m.upload.end(stream);
 
   if (m.gather_fn == nullptr || m.shape.dtype != shape.dtype) {
     const ops::KernelSpec spec = ops::cascade_kernel_spec(shape.dtype);
@@ -368,7 +352,7 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
     if (capturing) {
       m.captured = {true, q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1};
     } else {
-      check_cu(driver().cuEventRecord(m.run_done, stream), "cuEventRecord(cascade run)");
+      m.upload.record_run(stream);
     }
   };
   if (!m.gather && m.num_levels == 1) {  // plain attention, in the caller's order

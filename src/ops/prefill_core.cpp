@@ -54,21 +54,7 @@ PrefillCore::PrefillCore(const BatchPrefillConfig& c, void* workspace, size_t by
                          const char* wrapper)
     : cfg(c), paged(is_paged), name(wrapper) {
   ws = ops::PrefillWorkspace(cfg, workspace, bytes);
-  pinned = PinnedBuffer(ws.plan_layout().bytes, cfg.device);
-  const runtime::Driver& d = runtime::driver();
-  runtime::check_cu(d.cuEventCreate(&copy_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-  runtime::check_cu(d.cuEventCreate(&run_done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-}
-
-PrefillCore::~PrefillCore() {
-  if (!copy_done) return;
-  try {  // never throw from a destructor
-    runtime::ensure_context(cfg.device);
-    runtime::driver().cuEventSynchronize(copy_done);  // the pinned buffer is freed next
-    runtime::driver().cuEventDestroy(copy_done);
-    if (run_done) runtime::driver().cuEventDestroy(run_done);
-  } catch (...) {
-  }
+  upload = runtime::PlanUpload(ws.plan_layout().bytes, cfg.device);
 }
 
 void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
@@ -245,16 +231,11 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   s.cta_work_indptr.resize(static_cast<size_t>(ws.max_ctas()) + 1, s.cta_work_indptr.back());
   s.num_ctas = ws.max_ctas();
 
-  // The previous plan's copy must have left the pinned buffer before it is rewritten, and the
-  // last run() (on whatever stream) must be done with the workspace before it is replaced.
-  const runtime::Driver& d = runtime::driver();
-  runtime::check_cu(d.cuEventSynchronize(copy_done), "cuEventSynchronize(plan copy)");
-  runtime::check_cu(d.cuStreamWaitEvent(stream, run_done, 0), "cuStreamWaitEvent(last run)");
-  const size_t plan_bytes = scheduler::serialize_prefill_schedule(
-      s, ws.plan_layout(), static_cast<std::byte*>(pinned.data()));
-  runtime::check_cu(d.cuMemcpyHtoDAsync(ws.plan_device_ptr(), pinned.data(), plan_bytes, stream),
-                    "cuMemcpyHtoDAsync(prefill plan)");
-  runtime::check_cu(d.cuEventRecord(copy_done, stream), "cuEventRecord(plan copy)");
+  // Into the workspace, in stream order after the last run() (on whatever stream) read it.
+  const size_t plan_bytes =
+      scheduler::serialize_prefill_schedule(s, ws.plan_layout(), upload.begin(stream));
+  upload.copy(ws.plan_device_ptr(), 0, plan_bytes, stream);
+  upload.end(stream);
 
   // With CUDA graphs the grid must be the same at every replay: launch every scheduled CTA.
   grid = static_cast<unsigned>(o.enable_cuda_graph ? sched_ctas : used_ctas);
@@ -362,7 +343,7 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
-    runtime::check_cu(runtime::driver().cuEventRecord(run_done, stream), "cuEventRecord(run)");
+    upload.record_run(stream);
   }
 }
 

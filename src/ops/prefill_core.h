@@ -12,6 +12,7 @@
 #include "flashkv/prefill.h"
 #include "ops/prefill_kernel.h"
 #include "ops/prefill_workspace.h"
+#include "runtime/plan_upload.h"
 #include "scheduler/prefill_scheduler.h"
 
 namespace flashkv::detail {
@@ -19,7 +20,6 @@ namespace flashkv::detail {
 struct PrefillCore {
   PrefillCore(const BatchPrefillConfig& cfg, void* workspace, size_t bytes, bool paged,
               const char* name);
-  ~PrefillCore();
 
   // kv_last_page_len and page_size are the paged wrapper's (null / 0 for ragged KV).
   void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_last_page_len,
@@ -37,9 +37,7 @@ struct PrefillCore {
   bool paged = true;
   const char* name;  // "BatchPrefillPaged" / "BatchPrefillRagged", for messages
   ops::PrefillWorkspace ws;
-  PinnedBuffer pinned;
-  CUevent copy_done = nullptr;  // the last plan copy out of `pinned`
-  CUevent run_done = nullptr;   // the last eager run(): a plan() on any stream waits for it
+  runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
 
   // The plan in force.
   bool planned = false;

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -64,6 +65,7 @@ struct ChunkRun {
   int first_chunk;  // index of the run's first chunk within its tile
   int tile_chunks;  // chunks per tile of this request; 1 means write-through (no slot)
   int slot_base;    // slot of chunk 0 of the request's kv_head 0 tile; -1 when not split
+  int merge_base;   // split: merge item of the request's kv_head 0 tile (+ h for head h)
 };
 
 // `items` consecutive chunks (in assignment order) of cost `cost`.
@@ -355,6 +357,8 @@ struct PlanScratch {
   std::vector<CostRun> costs;
   std::vector<int> cta_of, cursor;
   GreedyLpt lpt;
+  std::vector<std::pair<int64_t, int64_t>> probe_lens;  // balanced_chunk_bound's
+  std::vector<double> probe_costs;
 };
 constexpr int64_t kKeptScratchItems = int64_t{1} << 20;
 
@@ -383,12 +387,80 @@ int64_t chunk_bound(std::span<const int64_t> kv_lens, const DecodeScheduleOption
   return std::max<int64_t>(o.min_chunk_tokens, bound);
 }
 
+// Greedy (LPT) makespan of dynamic splitting with chunk bound `bound` when it makes at most
+// 2 * num_ctas chunks, from the chunk costs alone (no work items are built; chunk lengths follow
+// cut_request). With costs c[0] >= c[1] >= ... >= c[N - 1] > 0 and C < N <= 2 C, the greedy puts
+// c[k] alone on a CTA for k < C, then c[C + j] on the least-loaded CTA, the one holding
+// c[C - 1 - j] (every CTA that took a second chunk already carries more than it); so the
+// makespan is max(c[0], max_j c[C - 1 - j] + c[C + j]). A zero cost (alpha = 0, an empty
+// request) only lowers a sum, so the max stays exact.
+double greedy_makespan(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& o,
+                       int64_t bound, PlanScratch& scratch) {
+  // (chunk length, count) of every request's near-equal chunks, longest first; then the costs.
+  std::vector<std::pair<int64_t, int64_t>>& lens = scratch.probe_lens;
+  lens.clear();
+  for (const int64_t l : kv_lens) {
+    const int64_t n = l <= bound ? 1 : (l + bound - 1) / bound;
+    if (l % n > 0) lens.push_back({l / n + 1, l % n});
+    lens.push_back({l / n, n - l % n});
+  }
+  std::sort(lens.begin(), lens.end(), std::greater<>());
+  std::vector<double>& costs = scratch.probe_costs;
+  costs.clear();
+  for (const auto& [len, count] : lens) {
+    costs.insert(costs.end(), static_cast<size_t>(count * o.num_kv_heads), o.cost.cost(1, len));
+  }
+  const size_t ctas = static_cast<size_t>(o.num_ctas);
+  double makespan = costs.empty() ? 0.0 : costs.front();
+  for (size_t j = 0; ctas + j < costs.size() && j < ctas; ++j) {
+    makespan = std::max(makespan, costs[ctas - 1 - j] + costs[ctas + j]);
+  }
+  return makespan;
+}
+
+// Dynamic splitting's bound L = max(min_chunk_tokens, ceil(T / C)) balances tokens, but chunks
+// are indivisible: 128 tiles of 1024 tokens on 264 CTAs give L = 497, three chunks of 341-342
+// per tile, 384 chunks, so 120 CTAs run two (682 tokens) while the mean is 497; with L = 512
+// every CTA runs at most one chunk of 512. So when some CTAs would run two chunks and none more
+// (C < chunks at L <= 2 C), the bounds that cut the longest tile into fewer pieces (up to
+// kBalanceCandidates of them, all > L, so the workspace bounds above still hold) are tried too,
+// and the one with the smallest greedy makespan (ties: the larger bound, fewer chunks) wins.
+// With at most C chunks a larger bound only lengthens the longest; with more than 2 C every CTA
+// runs several and the greedy balances them anyway.
+constexpr int kBalanceCandidates = 4;
+
+int64_t balanced_chunk_bound(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& o,
+                             int64_t bound, PlanScratch& scratch) {
+  int64_t longest = 0, chunks = 0;
+  for (const int64_t l : kv_lens) {
+    longest = std::max(longest, l);
+    chunks += l <= bound ? 1 : (l + bound - 1) / bound;
+  }
+  chunks *= o.num_kv_heads;
+  if (longest <= bound || chunks <= o.num_ctas || chunks > 2 * int64_t{o.num_ctas}) return bound;
+  const int64_t n0 = (longest + bound - 1) / bound;  // pieces of the longest tile at `bound`
+  int64_t best = bound;
+  double best_makespan = greedy_makespan(kv_lens, o, bound, scratch);
+  for (int64_t n = n0 - 1; n >= std::max<int64_t>(1, n0 - kBalanceCandidates); --n) {
+    const int64_t candidate = (longest + n - 1) / n;  // > bound, as n < longest / bound
+    const double makespan = greedy_makespan(kv_lens, o, candidate, scratch);
+    if (makespan <= best_makespan) {
+      best = candidate;
+      best_makespan = makespan;
+    }
+  }
+  return best;
+}
+
 // Cuts request `r` of length `l` into runs (appended to `runs`) and returns its chunks per tile.
+// Runs go to *out, which moves past them (the caller sized the buffer: at most two per request;
+// a plain store, as a push_back per request was a tenth of plan time at batch 256).
 int64_t cut_request(int r, int64_t l, int64_t bound, const DecodeScheduleOptions& o,
-                    std::vector<ChunkRun>& runs) {
+                    ChunkRun*& out) {
   const int len = static_cast<int>(l);
   if (l == 0 || o.disable_split_kv || l <= bound) {
-    runs.push_back({r, 0, len, 1, 0, 1, -1});  // l == 0: one empty item, written as zeros / -inf
+    // l == 0: one empty item, written as zeros / -inf.
+    *out++ = ChunkRun{r, 0, len, 1, 0, 1, -1, -1};
     return 1;
   }
   if (o.fixed_split_size > 0) {
@@ -396,8 +468,8 @@ int64_t cut_request(int r, int64_t l, int64_t bound, const DecodeScheduleOptions
     const int fs = o.fixed_split_size;
     const int full = len / fs;
     const int tail = len % fs;
-    runs.push_back({r, 0, fs, full, 0, full + (tail > 0), -1});
-    if (tail > 0) runs.push_back({r, full * fs, tail, 1, full, full + 1, -1});
+    *out++ = ChunkRun{r, 0, fs, full, 0, full + (tail > 0), -1, -1};
+    if (tail > 0) *out++ = ChunkRun{r, full * fs, tail, 1, full, full + 1, -1, -1};
     return full + (tail > 0);
   }
   // Dynamic: n = ceil(l / L) chunks whose sizes differ by at most one token (the first l % n get
@@ -405,8 +477,8 @@ int64_t cut_request(int r, int64_t l, int64_t bound, const DecodeScheduleOptions
   const int n = static_cast<int>((l + bound - 1) / bound);
   const int q = len / n;
   const int rem = len % n;
-  if (rem > 0) runs.push_back({r, 0, q + 1, rem, 0, n, -1});
-  runs.push_back({r, rem * (q + 1), q, n - rem, rem, n, -1});
+  if (rem > 0) *out++ = ChunkRun{r, 0, q + 1, rem, 0, n, -1, -1};
+  *out++ = ChunkRun{r, rem * (q + 1), q, n - rem, rem, n, -1, -1};
   return n;
 }
 
@@ -451,28 +523,49 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
         " requests exceeds the int32 request index of DecodeWorkItem");
   const int batch = static_cast<int>(kv_lens.size());
   const int heads = opts.num_kv_heads;
+  check(opts.page_base.empty() || opts.page_base.size() == kv_lens.size(),
+        "plan_decode: page_base has ", opts.page_base.size(), " entries; expected ",
+        kv_lens.size(), " (one per request) or none");
+  check(opts.full_kv_lens.empty() || opts.full_kv_lens.size() == kv_lens.size(),
+        "plan_decode: full_kv_lens has ", opts.full_kv_lens.size(), " entries; expected ",
+        kv_lens.size(), " (one per request) or none");
+  for (size_t r = 0; r < opts.full_kv_lens.size(); ++r) {
+    check(opts.full_kv_lens[r] >= kv_lens[r] && opts.full_kv_lens[r] <= INT32_MAX,
+          "plan_decode: full_kv_lens[", r, "] = ", opts.full_kv_lens[r], " must lie in [kv_lens[",
+          r, "] = ", kv_lens[r], ", 2^31 - 1]");
+  }
   const int ctas = opts.num_ctas;
-  const int64_t bound = chunk_bound(kv_lens, opts);
+  int64_t bound = chunk_bound(kv_lens, opts);
+  if (opts.fixed_split_size == 0 && !opts.disable_split_kv && opts.balance_chunk_bound) {
+    bound = balanced_chunk_bound(kv_lens, opts, bound, scratch);
+  }
 
   // Cut every request; count work items and slots before building anything, so an impossible
   // plan fails fast and never allocates for its (possibly enormous) size.
   std::vector<ChunkRun>& runs = scratch.runs;
-  runs.clear();
-  runs.reserve(2 * static_cast<size_t>(batch));
+  runs.resize(2 * static_cast<size_t>(batch));
+  ChunkRun* runs_end = runs.data();
   int64_t num_items = 0;
   int64_t num_slots = 0;
+  int64_t num_merges = 0;
   for (int r = 0; r < batch; ++r) {
-    const size_t first_run = runs.size();
-    const int64_t n = cut_request(r, kv_lens[r], bound, opts, runs);
+    ChunkRun* const first_run = runs_end;
+    const int64_t n = cut_request(r, kv_lens[r], bound, opts, runs_end);
     num_items = saturating_add(num_items, n * heads);
     if (n > 1) {
       // Slots of tile (r, h) are slot_base + h * n + [0, n): consecutive, in KV order, and
-      // ordered across tiles like the merge items.
+      // ordered across tiles like the merge items (merge_base + h).
       const int slot_base = static_cast<int>(std::min<int64_t>(num_slots, INT_MAX));
-      for (size_t i = first_run; i < runs.size(); ++i) runs[i].slot_base = slot_base;
+      const int merge_base = static_cast<int>(std::min<int64_t>(num_merges, INT_MAX));
+      for (ChunkRun* run = first_run; run < runs_end; ++run) {
+        run->slot_base = slot_base;
+        run->merge_base = merge_base;
+      }
       num_slots = saturating_add(num_slots, n * heads);
+      num_merges = saturating_add(num_merges, heads);
     }
   }
+  runs.resize(static_cast<size_t>(runs_end - runs.data()));
   const char* advice =
       opts.fixed_split_size > 0
           ? "use a larger fixed_split_size or a larger workspace"
@@ -518,16 +611,23 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   DecodeWorkItem* const work = s.work.data();
   int* const next = scratch.cursor.data();
   const int* cta = cta_of.data();
+  const bool fill_pages = !opts.page_base.empty();
+  const bool fill_lens = !opts.full_kv_lens.empty();
   for (uint64_t key : scratch.order) {
     const ChunkRun run = runs[key & 0xffffffffu];
-    // Every field is written, so a reused schedule keeps nothing stale; page_base (and any other
-    // field the op fills) is 0: the op knows kv_indptr, the scheduler only lengths.
+    // Every field is written, so a reused schedule keeps nothing stale.
     DecodeWorkItem item{};
     item.request = run.request;
     item.slot = -1;
+    item.merge = -1;
+    item.page_base = fill_pages ? opts.page_base[run.request] : 0;
+    const int64_t scheduled = kv_lens[run.request];
+    const int64_t full = fill_lens ? opts.full_kv_lens[run.request] : scheduled;
+    item.kv_len = static_cast<int>(full);
+    const int skip = static_cast<int>(full - scheduled);  // keys left of a window
     if (run.count == 1 && run.slot_base < 0) {  // the usual run: one whole tile per head
-      item.kv_start = run.kv_start;
-      item.kv_end = run.kv_start + run.len;
+      item.kv_start = skip + run.kv_start;
+      item.kv_end = item.kv_start + run.len;
       for (int h = 0; h < heads; ++h) {
         item.kv_head = h;
         work[next[cta[h]]++] = item;
@@ -538,8 +638,9 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
     for (int h = 0; h < heads; ++h) {
       item.kv_head = h;
       const int slot0 = run.slot_base + h * run.tile_chunks + run.first_chunk;
+      if (run.slot_base >= 0) item.merge = run.merge_base + h;
       for (int k = 0; k < run.count; ++k) {
-        item.kv_start = run.kv_start + k * run.len;
+        item.kv_start = skip + run.kv_start + k * run.len;
         item.kv_end = item.kv_start + run.len;
         if (run.slot_base >= 0) item.slot = slot0 + k;
         work[next[*cta++]++] = item;
@@ -553,9 +654,11 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   s.merge.reserve(static_cast<size_t>(num_slots / 2));
   for (const ChunkRun& run : runs) {
     if (run.slot_base < 0 || run.first_chunk != 0) continue;
+    const int kv_len = static_cast<int>(fill_lens ? opts.full_kv_lens[run.request]
+                                                  : kv_lens[run.request]);
     for (int h = 0; h < heads; ++h) {
       const int begin = run.slot_base + h * run.tile_chunks;
-      s.merge.push_back({run.request, h, begin, begin + run.tile_chunks, 0});
+      s.merge.push_back({run.request, h, begin, begin + run.tile_chunks, kv_len});
     }
   }
 }

@@ -25,7 +25,8 @@ struct CostModel {
 
 // Chunking: dynamic (the default) cuts a tile of l tokens into n = ceil(l / L_kv) chunks whose
 // sizes differ by at most one token, L_kv = max(min_chunk_tokens, ceil(sum of tile lengths /
-// num_ctas)); fixed_split_size cuts it into [0, fs), [fs, 2 fs), ...; disable_split_kv keeps it
+// num_ctas)) or, with balance_chunk_bound, a larger bound whose greedy makespan is smaller;
+// fixed_split_size cuts it into [0, fs), [fs, 2 fs), ...; disable_split_kv keeps it
 // whole. An empty tile gets one empty work item. Chunks are assigned, longest (= costliest, as
 // cost.beta > 0) first, ties by (request, kv_head, kv_start), to the least-loaded CTA (ties to the
 // lower CTA index); so no CTA's cost exceeds the mean CTA cost plus the largest chunk cost.
@@ -36,9 +37,20 @@ struct DecodeScheduleOptions {
                                   // (last one shorter), independent of the rest of the batch
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
+  // Dynamic splitting: when a few chunks per CTA are at stake, also try the bounds > L_kv that
+  // cut the longest tile into fewer pieces and keep the one with the smallest greedy makespan
+  // (decode_scheduler.cpp, balanced_chunk_bound). false: always L_kv.
+  bool balance_chunk_bound = true;
   int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
   int max_work_items = 0;         // capacity of the work-item array; > 0 required
   CostModel cost{};
+  // The op's fields of each work item, filled in the same pass that writes the items (a second
+  // pass over thousands of items is a good part of plan()'s time). Empty spans: page_base 0,
+  // kv_len the scheduled length. Otherwise [batch] each: page_base[r] (kv_indptr[r]) and
+  // full_kv_lens[r] >= kv_lens[r], the request's length when only its last kv_lens[r] keys are
+  // scheduled (a sliding window): items then cover [full - scheduled, full) in request positions.
+  std::span<const int32_t> page_base;
+  std::span<const int64_t> full_kv_lens;
 };
 
 struct DecodeSchedule {

@@ -83,7 +83,11 @@ void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
     } else {
       ASSERT_LT(w.kv_start, w.kv_end);
     }
+    // Without the op's fields given: page_base 0, kv_len the scheduled length.
+    ASSERT_EQ(w.page_base, 0);
+    ASSERT_EQ(w.kv_len, lens[w.request]);
   }
+  for (const DecodeMergeItem& mi : s.merge) ASSERT_EQ(mi.kv_len, lens[mi.request]);
 
   // Per CTA: costs in assignment order, recorded loads, and the LPT balance bound.
   test::expect_balanced_cta_loads(s, ctas, [&](const auto& w) { return item_cost(o, w); });
@@ -95,9 +99,20 @@ void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
     if (a.kv_head != b.kv_head) return a.kv_head < b.kv_head;
     return a.kv_start < b.kv_start;
   });
-  const int64_t dyn_bound = expected_dynamic_bound(lens, o);
-  if (o.fixed_split_size == 0 && !o.disable_split_kv) {
-    EXPECT_EQ(s.chunk_bound, dyn_bound);
+  // Dynamic splitting cuts at L_kv, or with balance_chunk_bound at a larger bound (so the
+  // workspace bounds still hold) whose greedy makespan is no larger than L_kv's.
+  const bool dynamic = o.fixed_split_size == 0 && !o.disable_split_kv;
+  const int64_t dyn_bound = dynamic ? s.chunk_bound : expected_dynamic_bound(lens, o);
+  if (dynamic && !o.balance_chunk_bound) {
+    EXPECT_EQ(s.chunk_bound, expected_dynamic_bound(lens, o));
+  } else if (dynamic) {
+    EXPECT_GE(s.chunk_bound, expected_dynamic_bound(lens, o));
+    DecodeScheduleOptions plain = o;
+    plain.balance_chunk_bound = false;
+    const DecodeSchedule p = plan_decode(lens, plain);
+    const double mine = *std::max_element(s.cta_cost.begin(), s.cta_cost.end());
+    const double theirs = *std::max_element(p.cta_cost.begin(), p.cta_cost.end());
+    EXPECT_LE(mine, theirs) << "the balanced bound made the makespan worse";
   }
   std::vector<char> slot_seen(std::max(0, s.num_slots), 0);
   size_t i = 0, m = 0;
@@ -133,6 +148,7 @@ void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
       // Slots: write-through when unsplit; else consecutive slots in KV order and a merge item.
       if (n == 1) {
         ASSERT_EQ(items[i].slot, -1);
+        ASSERT_EQ(items[i].merge, -1);
       } else {
         ASSERT_LT(m, s.merge.size()) << "missing merge item for (" << r << ", " << h << ")";
         const DecodeMergeItem& mi = s.merge[m++];
@@ -142,6 +158,7 @@ void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
         for (size_t k = i; k < end; ++k) {
           const int slot = items[k].slot;
           ASSERT_EQ(slot, mi.slot_begin + static_cast<int>(k - i));
+          ASSERT_EQ(items[k].merge, static_cast<int>(m - 1)) << "item names another merge item";
           ASSERT_GE(slot, 0);
           ASSERT_LT(slot, s.num_slots);
           ASSERT_FALSE(slot_seen[slot]) << "slot " << slot << " used twice";
@@ -217,6 +234,66 @@ TEST(DecodeScheduler, SplitsOneLongRequestAcrossCtas) {
   ASSERT_EQ(s.merge.size(), 1u);
   EXPECT_EQ(s.merge[0].slot_begin, 0);
   EXPECT_EQ(s.merge[0].slot_end, 132);
+}
+
+// Benchmark D1 (16 x 1024 tokens, 8 KV heads, 264 CTAs): L_kv = 497 cuts each tile into three
+// chunks of 341-342, 384 chunks, so 120 CTAs run two while the rest run one; the balanced bound cuts
+// in two (512 tokens): 256 chunks, at most one per CTA, a 1.4x smaller makespan.
+TEST(DecodeScheduler, BalancedBoundAvoidsCtasWithTwoChunks) {
+  const std::vector<int64_t> lens(16, 1024);
+  DecodeScheduleOptions o = bounded_options(264, 8, lens.size());
+  const DecodeSchedule s = plan_decode(lens, o);
+  expect_valid(lens, o, s);
+  EXPECT_EQ(s.chunk_bound, 512);
+  EXPECT_EQ(s.work.size(), 256u);
+  for (int c = 0; c < 264; ++c) EXPECT_LE(s.cta_work_indptr[c + 1] - s.cta_work_indptr[c], 1);
+  o.balance_chunk_bound = false;
+  const DecodeSchedule plain = plan_decode(lens, o);
+  expect_valid(lens, o, plain);
+  EXPECT_EQ(plain.chunk_bound, 497);
+  EXPECT_EQ(plain.work.size(), 384u);
+  const double mine = *std::max_element(s.cta_cost.begin(), s.cta_cost.end());
+  const double theirs = *std::max_element(plain.cta_cost.begin(), plain.cta_cost.end());
+  EXPECT_DOUBLE_EQ(mine, o.cost.cost(1, 512));
+  EXPECT_DOUBLE_EQ(theirs, 2 * o.cost.cost(1, 341));  // chunks of 342, 341, 341
+}
+
+// The op's fields, written with the items: page_base[r], the full length, and for a request of
+// which only the last keys are scheduled (a window), items in request positions.
+TEST(DecodeScheduler, FillsTheOpsFieldsOfEachItem) {
+  const std::vector<int64_t> full = {5000, 40, 0, 3000, 100000};
+  const std::vector<int64_t> window = {1024, 40, 0, 1024, 1024};
+  const std::vector<int32_t> page_base = {0, 313, 316, 316, 504};
+  DecodeScheduleOptions o = bounded_options(132, 4, full.size());
+  const DecodeSchedule plain = plan_decode(window, o);
+  expect_valid(window, o, plain);
+  o.page_base = page_base;
+  o.full_kv_lens = full;
+  const DecodeSchedule s = plan_decode(window, o);
+  ASSERT_EQ(s.work.size(), plain.work.size());
+  ASSERT_EQ(s.merge.size(), plain.merge.size());
+  ASSERT_FALSE(s.merge.empty());
+  for (size_t i = 0; i < s.work.size(); ++i) {
+    const DecodeWorkItem& a = s.work[i];
+    const DecodeWorkItem& b = plain.work[i];
+    const int skip = static_cast<int>(full[a.request] - window[a.request]);
+    EXPECT_EQ(a.request, b.request);
+    EXPECT_EQ(a.kv_head, b.kv_head);
+    EXPECT_EQ(a.kv_start, b.kv_start + skip);
+    EXPECT_EQ(a.kv_end, b.kv_end + skip);
+    EXPECT_EQ(a.slot, b.slot);
+    EXPECT_EQ(a.merge, b.merge);
+    EXPECT_EQ(a.page_base, page_base[a.request]);
+    EXPECT_EQ(a.kv_len, full[a.request]);
+  }
+  for (const DecodeMergeItem& mi : s.merge) EXPECT_EQ(mi.kv_len, full[mi.request]);
+  std::vector<int64_t> short_full = full;
+  short_full[3] = 1000;  // shorter than its scheduled keys
+  o.full_kv_lens = short_full;
+  EXPECT_THROW(plan_decode(window, o), Error);
+  o.full_kv_lens = full;
+  o.page_base = std::span<const int32_t>(page_base.data(), 2);
+  EXPECT_THROW(plan_decode(window, o), Error);
 }
 
 TEST(DecodeScheduler, EmptyRequestsGetOneEmptyItem) {
@@ -468,7 +545,8 @@ TEST(DecodeScheduler, BoundsAreNearlyTight) {
   for (int ctas : {132, 264, 528}) {
     std::vector<int64_t> lens(ctas - 1 + 300, 0);
     std::fill(lens.begin(), lens.begin() + ctas - 1, 10000);
-    const DecodeScheduleOptions o = bounded_options(ctas, 1, lens.size());
+    DecodeScheduleOptions o = bounded_options(ctas, 1, lens.size());
+    o.balance_chunk_bound = false;  // the bounds are L_kv's (balancing only cuts fewer chunks)
     const DecodeSchedule s = plan_decode(lens, o);
     expect_valid(lens, o, s);
     EXPECT_EQ(s.num_slots, 2 * ctas - 2);
