@@ -14,6 +14,7 @@
 #pragma once
 
 #include "attention/decode_common.cuh"
+#include "attention/decode_prologue.cuh"
 #include "attention/decode_step.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
@@ -136,28 +137,9 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   auto stage_bytes = [](kv_t* base, int stage) {
     return reinterpret_cast<unsigned char*>(base + stage * C::kStageElems);
   };
-  DecodeTilePages<C> pages;
-  // Prologue: tiles [0, kStages - 1). A fused step appends before issuing the tile that holds the
-  // new token (tiles before it are already in flight); for a later tile, before the main loop,
-  // whose first barrier then precedes that tile's issue.
-  const int append_at = append_tile < 0 ? C::kStages - 1 : min(append_tile, C::kStages - 1);
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s == append_at) break;
-    if (s < num_tiles) {
-      decode_tile_pages<C>(p, w, s, pages);
-      decode_issue_tile<C>(p, w, s, pages, stage_bytes(k_smem, s), stage_bytes(v_smem, s));
-    }
-    cp_async_commit();
-  }
-  if (append_tile >= 0) decode_step_append<C>(p, w, step_pos);
-  for (int s = append_at; s < C::kStages - 1; ++s) {
-    if (s < num_tiles) {
-      decode_tile_pages<C>(p, w, s, pages);
-      decode_issue_tile<C>(p, w, s, pages, stage_bytes(k_smem, s), stage_bytes(v_smem, s));
-    }
-    cp_async_commit();
-  }
-  if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
+  DecodeTilePages<C> pages;  // of the next tile to issue
+  decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
+                     [&](int s, bool is_v) { return stage_bytes(is_v ? v_smem : k_smem, s); }, pages);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
     if (next < num_tiles) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "attention/decode_common.cuh"
+#include "attention/decode_prologue.cuh"
 #include "attention/decode_step.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
@@ -113,28 +114,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
-  DecodeTilePages<C> pages;
-  // Prologue: tiles [0, kStages - 1). A fused step appends before issuing the tile that holds the
-  // new token (tiles before it are already in flight); for a later tile, before the main loop,
-  // whose first barrier then precedes that tile's issue.
-  const int append_at = append_tile < 0 ? C::kStages - 1 : min(append_tile, C::kStages - 1);
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s == append_at) break;
-    if (s < num_tiles) {
-      decode_tile_pages<C>(p, w, s, pages);
-      decode_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
-    }
-    cp_async_commit();
-  }
-  if (append_tile >= 0) decode_step_append<C>(p, w, step_pos);
-  for (int s = append_at; s < C::kStages - 1; ++s) {
-    if (s < num_tiles) {
-      decode_tile_pages<C>(p, w, s, pages);
-      decode_issue_tile<C>(p, w, s, pages, k_smem + s * C::kStageElems * 2, v_smem + s * C::kStageElems * 2);
-    }
-    cp_async_commit();
-  }
-  if (C::kStages - 1 < num_tiles) decode_tile_pages<C>(p, w, C::kStages - 1, pages);
+  DecodeTilePages<C> pages;  // of the next tile to issue
+  decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
+                     [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageElems * 2; },
+                     pages);
   // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
   // (not loaded before the main loop's first issue, which the barrier below precedes).
   // The main loop fills stage kStages - 1 first, after the barrier that ends the rotation below.
