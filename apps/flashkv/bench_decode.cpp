@@ -65,6 +65,16 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   uint64_t seed = 1;
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan");
+  // The scheduler settings to sweep: every (alpha, min_chunk, balanced bound) combination.
+  struct SchedulerSetting {
+    double alpha;
+    int min_chunk;
+    bool balance;
+  };
+  std::vector<SchedulerSetting> settings;
+  for (double alpha : o.alphas)
+    for (int min_chunk : o.min_chunks)
+      for (int balance : o.balance) settings.push_back({alpha, min_chunk, balance != 0});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -77,69 +87,72 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
-        for (double alpha : o.alphas) {
-          for (int min_chunk : o.min_chunks) {
-            const int D = o.head_dim;
-            BatchDecodeConfig cfg{st.B, st.Hq, D};
-            cfg.ctas_per_sm = o.ctas_per_sm;
-            DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
-            BatchDecode dec(cfg, ws.data(), ws.size());
-            DecodePlanOptions po;
-            po.work_item_cost_tokens = alpha;
-            po.min_chunk_tokens = min_chunk;
-            po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
-                         : o.backend == "tc" ? DecodeBackend::kTensorCores
-                                             : DecodeBackend::kAuto;
-            dec.plan(st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq, sh.num_kv_heads, D,
-                     o.page_size, dt, dt, dt, po, s);
-            std::vector<PagedKVCache> caches;
-            for (int c = 0; c < st.kv.copies; ++c) caches.push_back(st.kv.device_view(c));
-            const size_t q_bytes = size_t(st.B) * st.Hq * D * dtype_size(dt);
-            auto qview = [&](int c) {
-              return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, D},
-                                Device::cuda(0));
-            };
-            const TensorView out(st.out.data(), dt, {st.B, st.Hq, D}, Device::cuda(0));
-            const Timing t = time_on_stream(
-                s,
-                [&](int rep) {
-                  const int c = rep % st.kv.copies;
-                  dec.run(qview(c), caches[c], out, TensorView(), s);
-                },
-                5, o.reps);
-            // Re-run copy 0 for the check.
-            dec.run(qview(0), caches[0], out, TensorView(), s);
-            synchronize(s);
-            const double err = check_sampled(st, 0.f);
-            const double tbps = st.bytes_moved / (t.median_us * 1e-6) / 1e12;
-            const auto info = dec.plan_info();
-            std::printf("%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, %.1f us%s\n",
-                        w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
-                        100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc",
-                        info.num_work_items, info.num_split_tiles, info.plan_us,
-                        alpha > 0 || min_chunk > 0
-                            ? (" alpha " + std::to_string(int(alpha)) + " min_chunk " +
-                               std::to_string(min_chunk)).c_str()
-                            : "");
-            std::fflush(stdout);
-            rows.push_back({{"workload", w.id},
-                            {"shape", sh.name},
-                            {"dtype", dtype_name(dt)},
-                            {"system", "flashkv"},
-                            {"time_us", t.median_us},
-                            {"min_us", t.min_us},
-                            {"tbps", tbps},
-                            {"tflops", nullptr},
-                            {"pct_read_ceiling", 100 * tbps / ceil.read_tbps},
-                            {"rel_err", err},
-                            {"bytes", st.bytes_moved},
-                            {"copies_rotated", st.kv.copies},
-                            {"work_items", info.num_work_items},
-                            {"split_tiles", info.num_split_tiles},
-                            {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"},
-                            {"work_item_cost_tokens", alpha},
-                            {"min_chunk_tokens", min_chunk}});
+        for (const auto& [alpha, min_chunk, balance] : settings) {
+          const int D = o.head_dim;
+          BatchDecodeConfig cfg{st.B, st.Hq, D};
+          cfg.ctas_per_sm = o.ctas_per_sm;
+          DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+          BatchDecode dec(cfg, ws.data(), ws.size());
+          DecodePlanOptions po;
+          po.work_item_cost_tokens = alpha;
+          po.min_chunk_tokens = min_chunk;
+          po.balance_chunk_bound = balance;
+          po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
+                       : o.backend == "tc" ? DecodeBackend::kTensorCores
+                                           : DecodeBackend::kAuto;
+          dec.plan(st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq, sh.num_kv_heads, D,
+                   o.page_size, dt, dt, dt, po, s);
+          std::vector<PagedKVCache> caches;
+          for (int c = 0; c < st.kv.copies; ++c) caches.push_back(st.kv.device_view(c));
+          const size_t q_bytes = size_t(st.B) * st.Hq * D * dtype_size(dt);
+          auto qview = [&](int c) {
+            return TensorView(static_cast<char*>(st.q.data()) + c * q_bytes, dt, {st.B, st.Hq, D},
+                              Device::cuda(0));
+          };
+          const TensorView out(st.out.data(), dt, {st.B, st.Hq, D}, Device::cuda(0));
+          const Timing t = time_on_stream(
+              s,
+              [&](int rep) {
+                const int c = rep % st.kv.copies;
+                dec.run(qview(c), caches[c], out, TensorView(), s);
+              },
+              5, o.reps);
+          // Re-run copy 0 for the check.
+          dec.run(qview(0), caches[0], out, TensorView(), s);
+          synchronize(s);
+          const double err = check_sampled(st, 0.f);
+          const double tbps = st.bytes_moved / (t.median_us * 1e-6) / 1e12;
+          const auto info = dec.plan_info();
+          std::string sweep;
+          if (alpha > 0 || min_chunk > 0) {
+            sweep +=
+                " alpha " + std::to_string(int(alpha)) + " min_chunk " + std::to_string(min_chunk);
           }
+          if (!balance) sweep += " plain-bound";
+          std::printf(
+              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, %.1f us%s\n",
+              w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
+              100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc",
+              info.num_work_items, info.num_split_tiles, info.plan_us, sweep.c_str());
+          std::fflush(stdout);
+          rows.push_back({{"workload", w.id},
+                          {"shape", sh.name},
+                          {"dtype", dtype_name(dt)},
+                          {"system", "flashkv"},
+                          {"time_us", t.median_us},
+                          {"min_us", t.min_us},
+                          {"tbps", tbps},
+                          {"tflops", nullptr},
+                          {"pct_read_ceiling", 100 * tbps / ceil.read_tbps},
+                          {"rel_err", err},
+                          {"bytes", st.bytes_moved},
+                          {"copies_rotated", st.kv.copies},
+                          {"work_items", info.num_work_items},
+                          {"split_tiles", info.num_split_tiles},
+                          {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"},
+                          {"work_item_cost_tokens", alpha},
+                          {"min_chunk_tokens", min_chunk},
+                          {"balanced_chunk_bound", balance}});
         }
       }
     }

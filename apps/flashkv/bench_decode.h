@@ -22,6 +22,7 @@ struct DecodeBenchOptions {
   std::string backend = "auto";  // auto, cuda, tc
   std::vector<double> alphas = {0.0};      // DecodePlanOptions.work_item_cost_tokens (0: default)
   std::vector<int> min_chunks = {0};       // DecodePlanOptions.min_chunk_tokens (0: default)
+  std::vector<int> balance = {1};          // DecodePlanOptions.balance_chunk_bound (1 / 0)
   std::string workloads_file;
 };
 

@@ -190,6 +190,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-min-chunks", a->decode.min_chunks,
                   "decode scheduler sweep: shortest split chunk in tokens (0: default)")
       ->capture_default_str();
+  cmd->add_option("--decode-balance", a->decode.balance,
+                  "decode scheduler sweep: 1 balanced chunk bound, 0 the paper's plain L_kv")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->capture_default_str();
   cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();

@@ -48,6 +48,10 @@ struct DecodePlanOptions {
   // item in KV-token units (the cost model's alpha) and the shortest chunk dynamic splitting makes.
   double work_item_cost_tokens = 0.0;
   int min_chunk_tokens = 0;
+  // Dynamic splitting picks, among chunk bounds >= the paper's L_kv (total work / #CTAs), the one
+  // with the smallest greedy makespan when some CTAs would run two chunks (scheduler/
+  // decode_scheduler.h). false: always L_kv, the paper's rule.
+  bool balance_chunk_bound = true;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when

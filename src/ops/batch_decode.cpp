@@ -227,6 +227,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         "DecodePlanOptions: work_item_cost_tokens and min_chunk_tokens must be >= 0 (0: default)");
   if (opts.work_item_cost_tokens > 0.0) so.cost.alpha = opts.work_item_cost_tokens;
   if (opts.min_chunk_tokens > 0) so.min_chunk_tokens = opts.min_chunk_tokens;
+  so.balance_chunk_bound = opts.balance_chunk_bound;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
   scheduler::DecodeSchedule& s = m.schedule;
