@@ -238,6 +238,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   // The op's part of each work item (where its pages start, the request's length), written by
   // the scheduler in the pass that places the items.
   so.page_base = std::span<const int32_t>(kv_indptr, static_cast<size_t>(batch_size));
+  // The pinned image the plan is copied from (once the copy that last read it is done): the
+  // scheduler writes the work items straight into it. A plan that fails from here on leaves it
+  // unused.
+  std::byte* const image = m.upload.begin(stream);
+  so.work_out = reinterpret_cast<DecodeWorkItem*>(image + m.ws.plan_layout().work);
   const auto t_schedule = std::chrono::steady_clock::now();
   if (window_left >= 0) {
     m.window_lens.resize(batch_size);
@@ -325,8 +330,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   }
 
   // Into the workspace, in stream order after the last run() (on whatever stream) read it.
-  const size_t plan_bytes =
-      scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), m.upload.begin(stream));
+  const size_t plan_bytes = scheduler::serialize_decode_schedule(s, m.ws.plan_layout(), image);
   m.upload.copy(m.ws.plan_device_ptr(), 0, plan_bytes, stream);
   m.upload.end(stream);
 
@@ -350,7 +354,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
   m.info.num_ctas = s.num_ctas;
-  m.info.num_work_items = static_cast<int>(s.work.size());
+  m.info.num_work_items = s.num_work_items;
   m.info.num_split_tiles = static_cast<int>(s.merge.size());
   m.info.chunk_bound = s.chunk_bound;
   m.planned = true;

@@ -23,9 +23,11 @@
 // while computing exactly the schedule above. A request is cut once, not once per KV head (its
 // heads share its length); the cut pieces are ordered by a radix sort on their chunk length; the
 // greedy assignment moves groups of equally loaded CTAs through its priority queue, not single
-// chunks (GreedyLpt); and items are written straight into place. Measured on the 2-vCPU dev VM,
-// 8 KV heads, 264 CTAs, lengths 1024 + rng() % 2048: batch 256 (2048 chunks) went from 43 us
-// (a tournament-tree walk per chunk) to ~15 us.
+// chunks (GreedyLpt), and when num_kv_heads divides num_ctas it assigns request chunks to blocks
+// of num_kv_heads CTAs; items are written once, CTA by CTA, into the caller's buffer (plan()
+// passes its pinned plan image). Measured on the 2-vCPU dev VM, 8 KV heads, 264 CTAs, lengths
+// 1024 + rng() % 2048: batch 256 (2048 chunks) went from 43 us (a tournament-tree walk per
+// chunk) to ~15 us, then ~10 us (blocks, sequential item writes).
 #include "scheduler/decode_scheduler.h"
 
 #include <algorithm>
@@ -55,7 +57,7 @@ int64_t saturating_add(int64_t a, int64_t b) { return std::min(a + b, kCountSatu
 // [first_chunk, first_chunk + count) of each of its num_kv_heads tiles. All heads of a request
 // share its KV length, so a request is cut once and expanded per head; and because every chunk in
 // a run has the same cost, one sort of the runs by (length desc, request) followed by expanding
-// each run as (kv_head, chunk) gives every chunk in (cost desc, request, kv_head, kv_start) order
+// each run as (chunk, kv_head) gives every chunk in (cost desc, request, kv_start, kv_head) order
 // while sorting ~batch keys instead of ~batch * num_kv_heads chunks.
 struct ChunkRun {
   int request;
@@ -348,6 +350,13 @@ class GreedyLpt {
   std::vector<int> winner_;        // [2 * leaves_] the slot each node's load came from
 };
 
+// A request chunk assigned to a block of CTAs: its head-0 work item; head h's has slot
+// + h * slot_stride and merge + h when split (slot_stride > 0), else the same slot and merge (-1).
+struct BlockChunk {
+  DecodeWorkItem item;
+  int slot_stride;
+};
+
 // Everything plan_decode needs besides its result. One per thread, kept: a plan at every decode
 // step then allocates nothing. The buffers grow to the largest plan made on the thread, up to
 // kKeptScratchItems work items' worth (a larger one is released after its plan).
@@ -355,7 +364,8 @@ struct PlanScratch {
   std::vector<ChunkRun> runs;
   std::vector<uint64_t> order, sort_tmp;
   std::vector<CostRun> costs;
-  std::vector<int> cta_of, cursor;
+  std::vector<int> cta_of, cursor, unit_count;
+  std::vector<BlockChunk> block_chunks;
   GreedyLpt lpt;
   std::vector<std::pair<int64_t, int64_t>> probe_lens;  // balanced_chunk_bound's
   std::vector<double> probe_costs;
@@ -579,12 +589,22 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   // Runs by chunk length descending (= cost descending, as beta > 0), ties by request; runs of
   // one cost are one CostRun (the greedy sees only costs).
   sort_runs(runs, scratch.order, scratch.sort_tmp);
+  // Assignment per request chunk: when num_kv_heads divides num_ctas and no chunk is free, the
+  // greedy over CTAs hands the heads of a request chunk, which are adjacent in the order and of
+  // equal cost, to one aligned block of num_kv_heads CTAs (every group of equally loaded CTAs
+  // stays a union of such blocks: filling takes whole blocks, and a run's chunk count is a
+  // multiple of num_kv_heads). So the greedy runs over num_ctas / num_kv_heads blocks and
+  // num_kv_heads times fewer chunks, with the same result (plan time: batch 256 x 8 heads).
+  // A zero cost (alpha 0, an empty request) would pile chunks on one CTA, not one block.
+  const bool by_block = ctas % heads == 0 && opts.cost.cost(1, 0) > 0;
+  const int units = by_block ? ctas / heads : ctas;  // what the greedy assigns to
+  const int per_chunk = by_block ? 1 : heads;         // greedy chunks per request chunk
   std::vector<CostRun>& costs = scratch.costs;
   costs.clear();
   int last_len = -1;
   for (uint64_t key : scratch.order) {
     const ChunkRun& run = runs[key & 0xffffffffu];
-    const int64_t items = int64_t{run.count} * heads;
+    const int64_t items = int64_t{run.count} * per_chunk;
     if (run.len == last_len) {
       costs.back().items += items;
     } else {
@@ -593,57 +613,98 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
     }
   }
 
-  // Greedy LPT: each chunk, in cost order, goes to the least-loaded CTA.
+  // Greedy LPT: each chunk, in cost order, goes to the least-loaded CTA (or block of CTAs).
   s.num_ctas = ctas;
   s.num_slots = static_cast<int>(num_slots);
   s.chunk_bound = bound;
   s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
-  std::vector<int>& cta_of = scratch.cta_of;  // CTA of each chunk, in cost order
-  cta_of.resize(static_cast<size_t>(num_items));
-  scratch.lpt.assign(ctas, costs, cta_of.data(), s.cta_work_indptr.data() + 1);
-  s.cta_cost.assign(scratch.lpt.loads().begin(), scratch.lpt.loads().end());
-  for (int c = 0; c < ctas; ++c) s.cta_work_indptr[c + 1] += s.cta_work_indptr[c];
+  std::vector<int>& cta_of = scratch.cta_of;  // unit of each greedy chunk, in cost order
+  cta_of.resize(static_cast<size_t>(num_items / heads * per_chunk));
+  std::vector<int>& unit_count = scratch.unit_count;
+  unit_count.assign(static_cast<size_t>(units), 0);
+  scratch.lpt.assign(units, costs, cta_of.data(), unit_count.data());
+  const std::vector<double>& loads = scratch.lpt.loads();
+  s.cta_cost.resize(static_cast<size_t>(ctas));
+  for (int c = 0; c < ctas; ++c) {
+    const int u = by_block ? c / heads : c;
+    s.cta_cost[c] = loads[u];
+    s.cta_work_indptr[c + 1] = s.cta_work_indptr[c] + unit_count[u];
+  }
 
-  // Group by CTA (a counting sort keeps each CTA's items in assignment order), regenerating each
-  // item in the same traversal order rather than storing it twice.
-  scratch.cursor.assign(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
-  s.work.resize(static_cast<size_t>(num_items));
-  DecodeWorkItem* const work = s.work.data();
-  int* const next = scratch.cursor.data();
-  const int* cta = cta_of.data();
+  // Work item h of chunk k of a run. Every field is written, so a reused schedule keeps nothing
+  // stale.
   const bool fill_pages = !opts.page_base.empty();
   const bool fill_lens = !opts.full_kv_lens.empty();
-  for (uint64_t key : scratch.order) {
-    const ChunkRun run = runs[key & 0xffffffffu];
-    // Every field is written, so a reused schedule keeps nothing stale.
-    DecodeWorkItem item{};
+  const auto make_item = [&](const ChunkRun& run, int k, int h) {
+    DecodeWorkItem item;
     item.request = run.request;
-    item.slot = -1;
-    item.merge = -1;
-    item.page_base = fill_pages ? opts.page_base[run.request] : 0;
+    item.kv_head = h;
     const int64_t scheduled = kv_lens[run.request];
     const int64_t full = fill_lens ? opts.full_kv_lens[run.request] : scheduled;
-    item.kv_len = static_cast<int>(full);
     const int skip = static_cast<int>(full - scheduled);  // keys left of a window
-    if (run.count == 1 && run.slot_base < 0) {  // the usual run: one whole tile per head
-      item.kv_start = skip + run.kv_start;
-      item.kv_end = item.kv_start + run.len;
-      for (int h = 0; h < heads; ++h) {
-        item.kv_head = h;
-        work[next[cta[h]]++] = item;
-      }
-      cta += heads;
-      continue;
+    item.kv_start = skip + run.kv_start + k * run.len;
+    item.kv_end = item.kv_start + run.len;
+    const bool split = run.slot_base >= 0;
+    item.slot = split ? run.slot_base + h * run.tile_chunks + run.first_chunk + k : -1;
+    item.page_base = fill_pages ? opts.page_base[run.request] : 0;
+    item.merge = split ? run.merge_base + h : -1;
+    item.kv_len = static_cast<int>(full);
+    return item;
+  };
+  if (opts.work_out != nullptr) {
+    s.work.clear();
+  } else {
+    s.work.resize(static_cast<size_t>(num_items));
+  }
+  s.num_work_items = static_cast<int>(num_items);
+  DecodeWorkItem* const work = opts.work_out != nullptr ? opts.work_out : s.work.data();
+  if (by_block) {
+    // Each block's request chunks in assignment order, as head-0 items (a counting sort), then
+    // every CTA's items written in CTA order, head h derived from head 0: sequential stores and
+    // little work per item. (Scattering the items into their CTAs' lists, and building each one
+    // from its run, took half of plan time at batch 256.)
+    std::vector<int>& end = scratch.cursor;  // [units]: where each block's next chunk goes
+    end.resize(static_cast<size_t>(units));
+    int sum = 0;
+    for (int u = 0; u < units; ++u) {
+      end[u] = sum;
+      sum += unit_count[u];
     }
-    for (int h = 0; h < heads; ++h) {
-      item.kv_head = h;
-      const int slot0 = run.slot_base + h * run.tile_chunks + run.first_chunk;
-      if (run.slot_base >= 0) item.merge = run.merge_base + h;
+    std::vector<BlockChunk>& chunks = scratch.block_chunks;
+    chunks.resize(cta_of.size());
+    const int* unit = cta_of.data();
+    for (uint64_t key : scratch.order) {
+      const ChunkRun& run = runs[key & 0xffffffffu];
       for (int k = 0; k < run.count; ++k) {
-        item.kv_start = skip + run.kv_start + k * run.len;
-        item.kv_end = item.kv_start + run.len;
-        if (run.slot_base >= 0) item.slot = slot0 + k;
-        work[next[*cta++]++] = item;
+        chunks[end[*unit++]++] = {make_item(run, k, 0), run.slot_base >= 0 ? run.tile_chunks : 0};
+      }
+    }
+    DecodeWorkItem* out = work;
+    for (int u = 0; u < units; ++u) {
+      const BlockChunk* first = chunks.data() + (end[u] - unit_count[u]);
+      const BlockChunk* last = chunks.data() + end[u];
+      for (int h = 0; h < heads; ++h) {
+        for (const BlockChunk* c = first; c < last; ++c, ++out) {
+          *out = c->item;
+          out->kv_head = h;
+          if (c->slot_stride > 0) {
+            out->slot += h * c->slot_stride;
+            out->merge += h;
+          }
+        }
+      }
+    }
+  } else {
+    // Group by CTA (a counting sort keeps each CTA's items in assignment order), regenerating
+    // each item in the same traversal order rather than storing it twice.
+    scratch.cursor.assign(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
+    int* const next = scratch.cursor.data();
+    const int* cta = cta_of.data();
+    for (uint64_t key : scratch.order) {
+      const ChunkRun& run = runs[key & 0xffffffffu];
+      // Chunks in (kv_start, kv_head) order: the heads of a request chunk are adjacent.
+      for (int k = 0; k < run.count; ++k, cta += heads) {
+        for (int h = 0; h < heads; ++h) work[next[cta[h]]++] = make_item(run, k, h);
       }
     }
   }

@@ -28,7 +28,7 @@ struct CostModel {
 // num_ctas)) or, with balance_chunk_bound, a larger bound whose greedy makespan is smaller;
 // fixed_split_size cuts it into [0, fs), [fs, 2 fs), ...; disable_split_kv keeps it
 // whole. An empty tile gets one empty work item. Chunks are assigned, longest (= costliest, as
-// cost.beta > 0) first, ties by (request, kv_head, kv_start), to the least-loaded CTA (ties to the
+// cost.beta > 0) first, ties by (request, kv_start, kv_head), to the least-loaded CTA (ties to the
 // lower CTA index); so no CTA's cost exceeds the mean CTA cost plus the largest chunk cost.
 struct DecodeScheduleOptions {
   int num_ctas = 0;  // fixed grid size (k x #SM); > 0 required
@@ -51,12 +51,17 @@ struct DecodeScheduleOptions {
   // scheduled (a sliding window): items then cover [full - scheduled, full) in request positions.
   std::span<const int32_t> page_base;
   std::span<const int64_t> full_kv_lens;
+  // Where the work items go: null, DecodeSchedule::work; else work_out[0, num_work_items)
+  // (max_work_items capacity), and DecodeSchedule::work stays empty. plan() points it into the
+  // pinned plan image, so the items are written once, where the copy to the device reads them.
+  DecodeWorkItem* work_out = nullptr;
 };
 
 struct DecodeSchedule {
   int num_ctas = 0;
   std::vector<int> cta_work_indptr;    // [num_ctas + 1]
-  std::vector<DecodeWorkItem> work;    // grouped by CTA
+  std::vector<DecodeWorkItem> work;    // grouped by CTA (empty when written to work_out)
+  int num_work_items = 0;              // items in work or work_out
   std::vector<DecodeMergeItem> merge;  // one per split tile
   int num_slots = 0;                   // partial slots used
   int64_t chunk_bound = 0;             // L_kv: no chunk is longer (tokens); with
@@ -90,7 +95,8 @@ int max_decode_merge_items(int max_slots);
 using DecodePlanLayout = PlanLayout;  // plan_image.h
 DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
 // Writes `s` into `dst` (layout.bytes long) compactly: header, indptr, the used work items, then
-// the used merge items at header.merge_offset. Returns the number of bytes written, so plan()
+// the used merge items at header.merge_offset. A schedule planned with work_out = the image's
+// work array (dst + layout.work) has its items in place already. Returns the number of bytes written, so plan()
 // copies only those. Throws flashkv::Error if `s` does not fit the layout.
 size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
                                  std::byte* dst);

@@ -79,7 +79,11 @@ size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas
   h.num_work_items = static_cast<int>(work.size());
   std::memcpy(dst + layout.header, &h, sizeof(h));
   std::memcpy(dst + layout.cta_work_indptr, cta_work_indptr.data(), cta_work_indptr.size_bytes());
-  if (!work.empty()) std::memcpy(dst + layout.work, work.data(), work.size_bytes());
+  // (Items the scheduler wrote into the image itself are in place: no copy onto themselves.)
+  const void* in_place = dst + layout.work;
+  if (!work.empty() && work.data() != in_place) {
+    std::memcpy(dst + layout.work, work.data(), work.size_bytes());
+  }
   if (!merge.empty()) std::memcpy(dst + merge_offset, merge.data(), merge.size_bytes());
   return merge_offset + merge.size_bytes();
 }

@@ -323,7 +323,7 @@ TEST(DecodeScheduler, EmptyRequestsGetOneEmptyItem) {
   EXPECT_TRUE(none.work.empty());
 }
 
-// The spec's greedy, written plainly: chunks sorted by (cost desc, request, kv_head, kv_start),
+// The spec's greedy, written plainly: chunks sorted by (cost desc, request, kv_start, kv_head),
 // each popped onto the least-loaded CTA of a std::priority_queue of (load, cta), then grouped by
 // CTA in assignment order. The chunks are taken from `s` itself (expect_valid checks them).
 void expect_matches_reference_greedy(const DecodeScheduleOptions& o, const DecodeSchedule& s) {
@@ -332,8 +332,8 @@ void expect_matches_reference_greedy(const DecodeScheduleOptions& o, const Decod
     const double ca = item_cost(o, a), cb = item_cost(o, b);
     if (ca != cb) return ca > cb;
     if (a.request != b.request) return a.request < b.request;
-    if (a.kv_head != b.kv_head) return a.kv_head < b.kv_head;
-    return a.kv_start < b.kv_start;
+    if (a.kv_start != b.kv_start) return a.kv_start < b.kv_start;
+    return a.kv_head < b.kv_head;
   });
   using Load = std::pair<double, int>;
   std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
@@ -669,6 +669,17 @@ TEST(DecodeScheduler, SerializationRoundTrips) {
   std::memcpy(back.merge.data(), bytes.data() + h.merge_offset,
               h.num_merge_items * sizeof(DecodeMergeItem));
   expect_same(s, back);
+
+  // Items planned straight into the image (work_out, as plan() does) give the same bytes.
+  DecodeScheduleOptions in_place = o;
+  std::vector<std::byte> image(l.bytes, std::byte{0xAB});  // the same fill: gaps stay unwritten
+  in_place.work_out = reinterpret_cast<DecodeWorkItem*>(image.data() + l.work);
+  const DecodeSchedule t = plan_decode(lens, in_place);
+  EXPECT_TRUE(t.work.empty());
+  EXPECT_EQ(t.num_work_items, static_cast<int>(s.work.size()));
+  EXPECT_EQ(serialize_decode_schedule(t, l, image.data()), used);
+  image.resize(used);
+  EXPECT_EQ(0, std::memcmp(image.data(), bytes.data(), used));
 
   // A schedule that does not fit the layout is refused.
   const DecodePlanLayout other = decode_plan_layout(132, o.max_work_items, 16);
