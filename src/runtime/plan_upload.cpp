@@ -10,8 +10,15 @@ PlanUpload::PlanUpload(size_t bytes, int device) : device_(device) {
   buffers_[0] = PinnedBuffer(bytes, device);
   buffers_[1] = PinnedBuffer(bytes, device);
   const Driver& d = driver();
-  for (CUevent* e : {&copied_[0], &copied_[1], &run_done_}) {
-    check_cu(d.cuEventCreate(e, CU_EVENT_DISABLE_TIMING), "cuEventCreate(plan upload)");
+  try {
+    for (CUevent* e : {&run_done_, &copied_[0], &copied_[1]}) {
+      check_cu(d.cuEventCreate(e, CU_EVENT_DISABLE_TIMING), "cuEventCreate(plan upload)");
+    }
+  } catch (...) {  // no destructor runs for a constructor that throws
+    for (CUevent e : {run_done_, copied_[0], copied_[1]}) {
+      if (e) d.cuEventDestroy(e);
+    }
+    throw;
   }
   // (Waiting on an event never recorded returns at once, as the first plans need.)
 }

@@ -10,15 +10,12 @@ DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_me
 
 size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
                                  std::byte* dst) {
-  check(!s.work.empty() || s.num_work_items == 0 || dst != nullptr,
-        "serialize_decode_schedule: dst is null");
-  // Items written to work_out = dst + layout.work by plan_decode are already in place.
+  // Items written by plan_decode to work_out are copied from there (not at all when work_out is
+  // this image's work array: they are in place).
   const std::span<const DecodeWorkItem> work =
-      !s.work.empty() || s.num_work_items == 0
-          ? std::span<const DecodeWorkItem>(s.work)
-          : std::span<const DecodeWorkItem>(
-                reinterpret_cast<const DecodeWorkItem*>(dst + layout.work),
-                static_cast<size_t>(s.num_work_items));
+      s.work_out != nullptr
+          ? std::span<const DecodeWorkItem>(s.work_out, static_cast<size_t>(s.num_work_items))
+          : std::span<const DecodeWorkItem>(s.work);
   return write_plan_image<DecodePlanHeader, DecodeWorkItem, DecodeMergeItem>(
       "serialize_decode_schedule", layout, s.num_ctas, s.cta_work_indptr, work, s.merge,
       DecodePlanHeader{}, dst);

@@ -367,8 +367,11 @@ struct PlanScratch {
   std::vector<int> cta_of, cursor, unit_count;
   std::vector<BlockChunk> block_chunks;
   GreedyLpt lpt;
-  std::vector<std::pair<int64_t, int64_t>> probe_lens;  // balanced_chunk_bound's
-  std::vector<double> probe_costs;
+  // balanced_chunk_bound's probes.
+  std::vector<std::pair<int64_t, int64_t>> probe_lens;
+  std::vector<CostRun> probe_costs;
+  std::vector<int> probe_cta_of, probe_count;
+  GreedyLpt probe_lpt;
 };
 constexpr int64_t kKeptScratchItems = int64_t{1} << 20;
 
@@ -397,16 +400,13 @@ int64_t chunk_bound(std::span<const int64_t> kv_lens, const DecodeScheduleOption
   return std::max<int64_t>(o.min_chunk_tokens, bound);
 }
 
-// Greedy (LPT) makespan of dynamic splitting with chunk bound `bound` when it makes at most
-// 2 * num_ctas chunks, from the chunk costs alone (no work items are built; chunk lengths follow
-// cut_request). With costs c[0] >= c[1] >= ... >= c[N - 1] > 0 and C < N <= 2 C, the greedy puts
-// c[k] alone on a CTA for k < C, then c[C + j] on the least-loaded CTA, the one holding
-// c[C - 1 - j] (every CTA that took a second chunk already carries more than it); so the
-// makespan is max(c[0], max_j c[C - 1 - j] + c[C + j]). A zero cost (alpha = 0, an empty
-// request) only lowers a sum, so the max stays exact.
+// Greedy (LPT) makespan of dynamic splitting with chunk bound `bound`, from the chunk costs
+// alone (no work items are built; chunk lengths follow cut_request): the greedy itself
+// (GreedyLpt) run on the runs of equal cost. (A closed form for at most 2 C chunks is tempting
+// but wrong: the greedy can put three chunks on one CTA, e.g. costs 3, 1, 1, 1 on two CTAs.)
 double greedy_makespan(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& o,
                        int64_t bound, PlanScratch& scratch) {
-  // (chunk length, count) of every request's near-equal chunks, longest first; then the costs.
+  // (chunk length, count) of every request's near-equal chunks, longest first.
   std::vector<std::pair<int64_t, int64_t>>& lens = scratch.probe_lens;
   lens.clear();
   for (const int64_t l : kv_lens) {
@@ -415,17 +415,21 @@ double greedy_makespan(std::span<const int64_t> kv_lens, const DecodeScheduleOpt
     lens.push_back({l / n, n - l % n});
   }
   std::sort(lens.begin(), lens.end(), std::greater<>());
-  std::vector<double>& costs = scratch.probe_costs;
+  std::vector<CostRun>& costs = scratch.probe_costs;
   costs.clear();
+  int64_t items = 0;
   for (const auto& [len, count] : lens) {
-    costs.insert(costs.end(), static_cast<size_t>(count * o.num_kv_heads), o.cost.cost(1, len));
+    const double c = o.cost.cost(1, len);
+    if (costs.empty() || costs.back().cost != c) costs.push_back({c, 0});
+    costs.back().items += count * o.num_kv_heads;
+    items += count * o.num_kv_heads;
   }
-  const size_t ctas = static_cast<size_t>(o.num_ctas);
-  double makespan = costs.empty() ? 0.0 : costs.front();
-  for (size_t j = 0; ctas + j < costs.size() && j < ctas; ++j) {
-    makespan = std::max(makespan, costs[ctas - 1 - j] + costs[ctas + j]);
-  }
-  return makespan;
+  scratch.probe_cta_of.resize(static_cast<size_t>(items));
+  scratch.probe_count.assign(static_cast<size_t>(o.num_ctas), 0);
+  scratch.probe_lpt.assign(o.num_ctas, costs, scratch.probe_cta_of.data(),
+                           scratch.probe_count.data());
+  const std::vector<double>& loads = scratch.probe_lpt.loads();
+  return *std::max_element(loads.begin(), loads.end());
 }
 
 // Dynamic splitting's bound L = max(min_chunk_tokens, ceil(T / C)) balances tokens, but chunks
@@ -453,7 +457,20 @@ int64_t balanced_chunk_bound(std::span<const int64_t> kv_lens, const DecodeSched
   double best_makespan = greedy_makespan(kv_lens, o, bound, scratch);
   for (int64_t n = n0 - 1; n >= std::max<int64_t>(1, n0 - kBalanceCandidates); --n) {
     const int64_t candidate = (longest + n - 1) / n;  // > bound, as n < longest / bound
-    const double makespan = greedy_makespan(kv_lens, o, candidate, scratch);
+    // Its chunk count and longest chunk. The makespan is at least the longest chunk's cost,
+    // which only grows with the bound: once that reaches the best, no larger bound can win.
+    // With at most one chunk per CTA the makespan is exactly that cost (no greedy to run).
+    int64_t count = 0, chunk = 0;
+    for (const int64_t l : kv_lens) {
+      const int64_t pieces = l <= candidate ? 1 : (l + candidate - 1) / candidate;
+      count += pieces;
+      chunk = std::max(chunk, (l + pieces - 1) / pieces);
+    }
+    const double floor = o.cost.cost(1, chunk);
+    if (floor > best_makespan) break;
+    const double makespan = count * o.num_kv_heads <= o.num_ctas
+                                ? floor
+                                : greedy_makespan(kv_lens, o, candidate, scratch);
     if (makespan <= best_makespan) {
       best = candidate;
       best_makespan = makespan;
@@ -595,7 +612,9 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   // stays a union of such blocks: filling takes whole blocks, and a run's chunk count is a
   // multiple of num_kv_heads). So the greedy runs over num_ctas / num_kv_heads blocks and
   // num_kv_heads times fewer chunks, with the same result (plan time: batch 256 x 8 heads).
-  // A zero cost (alpha 0, an empty request) would pile chunks on one CTA, not one block.
+  // A zero cost (alpha 0, an empty request) would pile chunks on one CTA, not one block, so it
+  // takes the CTA path. (So would a positive cost below a load's rounding step, ~1e-16 of it:
+  // then the blocks' schedule differs from the CTAs' but is as valid.)
   const bool by_block = ctas % heads == 0 && opts.cost.cost(1, 0) > 0;
   const int units = by_block ? ctas / heads : ctas;  // what the greedy assigns to
   const int per_chunk = by_block ? 1 : heads;         // greedy chunks per request chunk
@@ -651,6 +670,7 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
     item.kv_len = static_cast<int>(full);
     return item;
   };
+  s.work_out = opts.work_out;
   if (opts.work_out != nullptr) {
     s.work.clear();
   } else {
@@ -734,7 +754,7 @@ void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& 
   check(out != nullptr, "plan_decode: out is null");
   thread_local PlanScratch scratch;
   plan_decode_into(kv_lens, opts, *out, scratch);
-  if (static_cast<int64_t>(out->work.size()) > kKeptScratchItems) scratch = PlanScratch{};
+  if (out->num_work_items > kKeptScratchItems) scratch = PlanScratch{};
 }
 
 DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts) {

@@ -62,6 +62,7 @@ struct DecodeSchedule {
   std::vector<int> cta_work_indptr;    // [num_ctas + 1]
   std::vector<DecodeWorkItem> work;    // grouped by CTA (empty when written to work_out)
   int num_work_items = 0;              // items in work or work_out
+  const DecodeWorkItem* work_out = nullptr;  // where the items are when `work` is empty
   std::vector<DecodeMergeItem> merge;  // one per split tile
   int num_slots = 0;                   // partial slots used
   int64_t chunk_bound = 0;             // L_kv: no chunk is longer (tokens); with
@@ -96,8 +97,8 @@ using DecodePlanLayout = PlanLayout;  // plan_image.h
 DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
 // Writes `s` into `dst` (layout.bytes long) compactly: header, indptr, the used work items, then
 // the used merge items at header.merge_offset. A schedule planned with work_out = the image's
-// work array (dst + layout.work) has its items in place already. Returns the number of bytes written, so plan()
-// copies only those. Throws flashkv::Error if `s` does not fit the layout.
+// work array (dst + layout.work) has its items in place already. Returns the number of bytes
+// written, so plan() copies only those. Throws flashkv::Error if `s` does not fit the layout.
 size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
                                  std::byte* dst);
 

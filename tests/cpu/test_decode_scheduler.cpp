@@ -296,6 +296,23 @@ TEST(DecodeScheduler, FillsTheOpsFieldsOfEachItem) {
   EXPECT_THROW(plan_decode(window, o), Error);
 }
 
+// A batch where the greedy puts three chunks on some CTAs (found by a review fuzzing the
+// balanced bound): the bound it picks must not make the makespan worse than L_kv's.
+TEST(DecodeScheduler, BalancedBoundNeverWorsensTheMakespan) {
+  const std::vector<int64_t> lens = {1857, 30023, 1862, 1441, 1696, 794,   383,  1536,
+                                     2009, 1422,  1609, 25408, 11423, 417, 1006, 1301};
+  const DecodeScheduleOptions o = bounded_options(132, 8, lens.size());
+  expect_valid(lens, o, plan_decode(lens, o));  // asserts makespan <= L_kv's
+  std::mt19937_64 rng(99);
+  for (int t = 0; t < 300; ++t) {
+    std::vector<int64_t> batch(1 + rng() % 24);
+    for (int64_t& l : batch) l = 16 + static_cast<int64_t>(rng() % (rng() % 4 == 0 ? 32768 : 2048));
+    const int heads = 1 << (rng() % 4);
+    const DecodeScheduleOptions bo = bounded_options(rng() % 2 ? 132 : 264, heads, batch.size());
+    expect_valid(batch, bo, plan_decode(batch, bo));
+  }
+}
+
 TEST(DecodeScheduler, EmptyRequestsGetOneEmptyItem) {
   const std::vector<int64_t> lens = {0, 50000, 0, 0};
   const DecodeScheduleOptions o = bounded_options(132, 4, lens.size());
