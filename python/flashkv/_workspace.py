@@ -90,6 +90,30 @@ class OpSlot:
         return self.op
 
 
+# own_slot's slots: (op class, device) -> OpSlot.
+_OWN_SLOTS = {}
+
+
+def own_slot(cls, like, need: dict, what: str) -> OpSlot:
+    """A slot whose op (cls) lives in a workspace of its own, one per (cls, device of `like`), for
+    the single-request calls that get no workspace from the caller. The workspace only grows: it
+    covers `need` and every earlier call's configuration, so alternating shapes never re-allocate.
+    The op is slot.op; the slot also keeps arrays a launched kernel still reads."""
+    dev = A.device_index(like)
+    slot = _OWN_SLOTS.get((cls, dev))
+    cfg = dict(need)
+    if slot is not None and slot.cfg is not None:
+        cfg = {key: max(val, slot.cfg[key]) for key, val in cfg.items()}
+    nbytes = cls.workspace_bytes(**cfg, device=dev)
+    if slot is None or slot.nbytes < nbytes:
+        if slot is not None:
+            slot.release()
+        slot = OpSlot(cls, A.empty(like, ((nbytes + 3) // 4,), "f32"), dev, frozen=False)
+        _OWN_SLOTS[(cls, dev)] = slot
+    slot.acquire(need, what)
+    return slot
+
+
 def reset_workspace_buffer(wrapper, float_workspace_buffer):
     """The body the wrappers' reset_workspace_buffer share: the new buffer must be on the same side
     (host or CUDA); the C++ object is re-created in it and the plan dropped (call plan() again)."""

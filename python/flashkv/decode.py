@@ -69,29 +69,18 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
 # single_decode_with_kv_cache with a variant on the GPU: flashkv's C++ single_decode takes no
 # variant, so this runs a BatchDecode (one per device, in a workspace of its own) over the
 # contiguous KV viewed as pages of one token, as the C++ single_decode does internally.
-_SINGLE_SLOTS = {}
 
 
 def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, stream):
-    dev = A.device_index(q)
     hq, d = int(q.shape[0]), int(q.shape[1])
     nhd = kv_layout == "NHD"
     if len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"k, v: expected two 3-D arrays of one shape, got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
     kv_len, hk = (int(k.shape[0]), int(k.shape[1])) if nhd else (int(k.shape[1]), int(k.shape[0]))
-    slot = _SINGLE_SLOTS.get(dev)
-    cfg = dict(max_batch=1, num_qo_heads=hq, head_dim=d)
-    if slot is not None and slot.cfg is not None:
-        cfg = {key: max(val, slot.cfg[key]) for key, val in cfg.items()}
-    need = _C.BatchDecode.workspace_bytes(**cfg, device=dev)
-    if slot is None or slot.nbytes < need:
-        if slot is not None:
-            slot.release()
-        slot = OpSlot(_C.BatchDecode, A.empty(q, ((need + 3) // 4,), "f32"), dev, frozen=False)
-        _SINGLE_SLOTS[dev] = slot
-    op = slot.acquire(dict(max_batch=1, num_qo_heads=hq, head_dim=d),
-                      f"num_qo_heads {hq}, head_dim {d}")
+    slot = _workspace.own_slot(_C.BatchDecode, q, dict(max_batch=1, num_qo_heads=hq, head_dim=d),
+                               f"num_qo_heads {hq}, head_dim {d}")
+    op = slot.op
     indptr = np.array([0, kv_len], np.int32)
     last = np.array([1], np.int32)
     # Kept until the next call: the kernel reads them asynchronously (maybe on another stream).

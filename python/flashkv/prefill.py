@@ -128,27 +128,15 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
 # single_prefill_with_kv_cache with a variant on the GPU: flashkv's C++ single_prefill takes no
 # variant, so this runs a BatchPrefillRagged of one request (one per device, in a workspace of its
 # own), as single_decode_with_kv_cache does with a BatchDecode.
-_SINGLE_SLOTS = {}
 
 
 def _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, stream):
-    dev = A.device_index(q)
     qo_len, hq, d = (int(x) for x in q.shape)
     hk = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
     need = dict(max_batch=1, max_qo_tokens=max(qo_len, 1), num_qo_heads=hq, head_dim=d)
-    slot = _SINGLE_SLOTS.get(dev)
-    cfg = dict(need)
-    if slot is not None and slot.cfg is not None:
-        cfg = {key: max(val, slot.cfg[key]) for key, val in cfg.items()}
-    nbytes = _C.BatchPrefillRagged.workspace_bytes(**cfg, device=dev)
-    if slot is None or slot.nbytes < nbytes:
-        if slot is not None:
-            slot.release()
-        slot = OpSlot(_C.BatchPrefillRagged, A.empty(q, ((nbytes + 3) // 4,), "f32"), dev,
-                      frozen=False)
-        _SINGLE_SLOTS[dev] = slot
-    op = slot.acquire(need, f"{qo_len} query tokens, num_qo_heads {hq}, head_dim {d}")
+    op = _workspace.own_slot(_C.BatchPrefillRagged, q, need,
+                             f"{qo_len} query tokens, num_qo_heads {hq}, head_dim {d}").op
     qo_indptr = np.array([0, qo_len], np.int32)
     kv_indptr = np.array([0, kv_len], np.int32)
     A.call(op.plan, qo_indptr, kv_indptr, hq, hk, d, A.array_dtype(q), A.array_dtype(k),

@@ -99,6 +99,27 @@ def test_workspace_sized_at_plan_and_grown(fake):
         decode_plan(w, 30)
 
 
+def test_own_slot_grows_to_cover_every_configuration(fake):
+    from flashkv import _workspace
+
+    q = np.zeros((4, 8, 64), np.float16)  # device 0 (A.empty makes no FakeCuda workspaces)
+    _workspace._OWN_SLOTS.clear()
+    a = _workspace.own_slot(FakeOp, q, dict(max_batch=1, num_qo_heads=8, head_dim=64), "a")
+    assert a.op.cfg == dict(max_batch=1, num_qo_heads=8, head_dim=64) and fake == []
+    assert _workspace.own_slot(FakeOp, q, dict(max_batch=1, num_qo_heads=4, head_dim=64), "b") is a
+    assert len(FakeOp.made) == 1  # covered: neither the workspace nor the op is re-made
+    c = _workspace.own_slot(FakeOp, q, dict(max_batch=1, num_qo_heads=4, head_dim=128), "c")
+    assert c is not a and fake == [0]  # a larger workspace, after a device sync
+    assert c.nbytes >= FakeOp.workspace_bytes(0, 1, 8, 128)  # the workspace covers a and c
+    assert c.op.cfg == dict(max_batch=1, num_qo_heads=4, head_dim=128)
+    made = len(FakeOp.made)
+    assert _workspace.own_slot(FakeOp, q, dict(max_batch=1, num_qo_heads=8, head_dim=64), "d") is c
+    assert len(FakeOp.made) == made + 1  # a new op in the same workspace
+    assert c.op.cfg == dict(max_batch=1, num_qo_heads=8, head_dim=128)
+    assert _workspace._OWN_SLOTS == {(FakeOp, 0): c}
+    _workspace._OWN_SLOTS.clear()
+
+
 def test_decode_plan_and_run_arguments(fake):
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)), "HND")
     decode_plan(w, 2, fixed_split_size=3, q_data_type="bfloat16")
