@@ -3,11 +3,15 @@ reference) for attention and RoPE, random paged caches, and the frameworks the C
 under (NumPy always; PyTorch CPU tensors too where torch is installed)."""
 
 import math
+import os
 
 import numpy as np
 import pytest
 
+import flashkv
+
 LOG2E = 1.4426950408889634
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 try:
     import torch  # noqa: F401
@@ -17,6 +21,12 @@ except ImportError:
     HAVE_TORCH = False
 
 FRAMEWORKS = ["numpy"] + (["torch"] if HAVE_TORCH else [])
+
+# The GPU test modules (test_gpu*.py) set pytestmark = requires_gpu.
+GPU = HAVE_TORCH and torch.cuda.is_available() and flashkv.cuda_available()
+if not GPU and os.environ.get("FLASHKV_REQUIRE_GPU") == "1":  # scripts/gpu-test-python.sh
+    raise RuntimeError("FLASHKV_REQUIRE_GPU=1, but PyTorch with CUDA and a CUDA GPU are missing")
+requires_gpu = pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
 
 
 @pytest.fixture(params=FRAMEWORKS)

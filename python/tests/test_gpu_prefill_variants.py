@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 import flashkv
-from test_gpu_variants import GPU, PAGE, T5, check_lse, check_out, paged, rope
+from conftest import requires_gpu
+from test_gpu_variants import PAGE, T5, check_lse, check_out, paged, rope
 
 try:
     import torch
 except ImportError:
     torch = None
 
-pytestmark = pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
+pytestmark = requires_gpu
 
 QO_LENS = [1, 17, 128, 300]
 KV_LENS = [5, 60, 128, 1100]  # 1100: split across CTAs, so partial states merge

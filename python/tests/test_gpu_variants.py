@@ -9,27 +9,21 @@ dtype, ref) + u, 1e-2), u the unit roundoff of the dtype; LSE relative error <= 
 """
 
 import math
-import os
 
 import numpy as np
 import pytest
 
 import flashkv
 
+from conftest import LOG2E, UNIT_ROUNDOFF, requires_gpu
+
 try:
     import torch
-
-    GPU = torch.cuda.is_available() and flashkv.cuda_available()
 except ImportError:
     torch = None
-    GPU = False
 
-if not GPU and os.environ.get("FLASHKV_REQUIRE_GPU") == "1":  # scripts/gpu-test-python.sh
-    raise RuntimeError("FLASHKV_REQUIRE_GPU=1, but PyTorch with CUDA and a CUDA GPU are missing")
-pytestmark = pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
+pytestmark = requires_gpu
 
-LOG2E = 1.4426950408889634
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 PAGE = 16
 
 T5 = flashkv.Variant("T5Bias", """
