@@ -47,6 +47,17 @@ def check_layout(kv_layout: str) -> str:
     return kv_layout
 
 
+def require_plan(plan, window_left=None):
+    """run()'s checks against the plan in force: there is one, and a window_left given to run()
+    is the plan's (flashkv compiles the window into the plan)."""
+    if plan is None:
+        raise ValueError("run: called before a successful plan()")
+    if window_left is not None and window_left != plan["window_left"]:
+        raise ValueError(f"window_left: {window_left} differs from the plan's "
+                         f"{plan['window_left']}; flashkv compiles the window into the "
+                         f"plan, so pass it to plan()")
+
+
 def check_run_extras(args, q_scale=None, k_scale=None, v_scale=None, window_left=None):
     if args:
         not_implemented("*args", args, "no extra positional arguments (variant parameters)")
@@ -175,8 +186,7 @@ def object_of(handle: int):
 def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
     """The wrappers' run(): after plan(), torch CUDA tensors go through the torch custom op
     ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``."""
-    if wrapper._plan is None:
-        raise ValueError("run: called before a successful plan()")
+    require_plan(wrapper._plan)
     ops = A.torch_ops(q)
     if ops is not None:
         return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)

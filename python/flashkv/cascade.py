@@ -313,8 +313,7 @@ class MultiLevelCascadeWrapper:
         (lse float32 ``[rows, num_qo_heads]``, base 2). Allocates nothing else on the GPU and
         never synchronizes (capturable in CUDA graph mode)."""
         plan = self._plan
-        if plan is None:
-            raise ValueError("run: called before a successful plan()")
+        C.require_plan(plan)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         C.check_same_side(self._on_gpu, self._device, q, "q")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,

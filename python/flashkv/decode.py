@@ -274,12 +274,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         tensors this is the torch custom op ``flashkv::batch_decode_run`` (``..._out`` with
         ``out``/``lse``), which torch.compile captures; plan() stays outside the graph.
         """
-        if self._plan is None:
-            raise ValueError("run: called before a successful plan()")
-        if window_left is not None and window_left != self._plan["window_left"]:
-            raise ValueError(f"window_left: {window_left} differs from the plan's "
-                             f"{self._plan['window_left']}; flashkv compiles the window into the "
-                             f"plan, so pass it to plan()")
+        C.require_plan(self._plan, window_left)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
@@ -290,8 +285,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def _run(self, q, k, v, out, lse, return_lse):
         """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
-        if plan is None:
-            raise ValueError("run: called before a successful plan()")
+        C.require_plan(plan)
         C.check_same_side(self._on_gpu, self._device, q, "q")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)

@@ -233,12 +233,7 @@ class _BatchPrefillBase:
             self._graph_keep.update((id(x), x) for x in keep)
 
     def _check_run(self, return_lse, lse, window_left=None):
-        if self._plan is None:
-            raise ValueError("run: called before a successful plan()")
-        if window_left is not None and window_left != self._plan["window_left"]:
-            raise ValueError(f"window_left: {window_left} differs from the plan's "
-                             f"{self._plan['window_left']}; flashkv compiles the window into the "
-                             f"plan, so pass it to plan()")
+        C.require_plan(self._plan, window_left)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
 
     def _acquire(self, plan):
@@ -385,8 +380,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     def _run(self, q, k, v, out, lse, return_lse):
         """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
-        if plan is None:
-            raise ValueError("run: called before a successful plan()")
+        C.require_plan(plan)
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
             A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
@@ -482,8 +476,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
     def _run(self, q, k, v, out, lse, return_lse):
         """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
-        if plan is None:
-            raise ValueError("run: called before a successful plan()")
+        C.require_plan(plan)
         if self._kv_layout == "HND":
             k, v = A.swap01(k), A.swap01(v)
         out, lse = self._outputs(q, out, lse, return_lse)
