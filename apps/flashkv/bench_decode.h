@@ -24,6 +24,7 @@ struct DecodeBenchOptions {
   std::vector<int> min_chunks = {0};       // DecodePlanOptions.min_chunk_tokens (0: default)
   std::vector<int> balance = {1};          // DecodePlanOptions.balance_chunk_bound (1 / 0)
   std::string workloads_file;
+  std::string timeline_file;  // non-empty: per-CTA phase timestamps of each configuration (JSON)
 };
 
 // Runs the decode benchmark; prints one line per configuration; returns the result rows.

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -34,19 +35,38 @@ void device_fill_uniform(void* ptr, DType dtype, size_t n, uint64_t seed, float 
   runtime::launch(mod.function(expr), {132 * 16, 1, 1, 256, 1, 1, 0}, stream, args, id);
 }
 
+namespace {
+// Keeps the GPU busy for `us` microseconds (kernels/bench/spin.cuh).
+void gpu_spin(Stream s, double us) {
+  const auto& mod = runtime::KernelCache::instance().module("spin", 0, [] {
+    return ops::make_request("spin", "bench/spin.cuh", {"flashkv::spin_kernel"});
+  });
+  unsigned long long ns = static_cast<unsigned long long>(us * 1000.0);
+  void* args[] = {&ns};
+  runtime::launch(mod.function("flashkv::spin_kernel"), {1, 1, 1, 32, 1, 1, 0}, s, args, "spin");
+}
+}  // namespace
+
 Timing time_on_stream(Stream s, const std::function<void(int)>& fn, int warmup, int reps) {
   for (int i = 0; i < warmup; ++i) fn(i);
   synchronize(s);
-  std::vector<double> us;
+  std::vector<double> us, host_us;
   EventTimer t;
   for (int i = 0; i < reps; ++i) {
+    // The spin outlasts the host's part of fn (a few to tens of microseconds), so the GPU
+    // reaches the start event only once fn's work is queued behind it: the events time the GPU.
+    gpu_spin(s, 200.0);
+    const auto h0 = std::chrono::steady_clock::now();
     t.start(s);
     fn(warmup + i);
     t.stop(s);
+    host_us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
     us.push_back(t.elapsed_ms() * 1000.0);
   }
   std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us.front(), reps};
+  std::sort(host_us.begin(), host_us.end());
+  return {us[us.size() / 2], us.front(), reps, host_us[host_us.size() / 2]};
 }
 
 nlohmann::json Ceilings::to_json() const {

@@ -20,10 +20,12 @@ void device_fill_uniform(void* ptr, DType dtype, size_t n, uint64_t seed, float 
                          Stream stream = nullptr);
 
 // Median (and min) of `reps` timed calls of `fn` after `warmup` untimed ones, CUDA events around
-// each call. `before` runs outside the timed region before each call (e.g. rotate inputs).
+// each call. A 200 us GPU spin precedes each start event (as in ../shared/bench/peers_torch.py),
+// so the events time the GPU's work, not the host's launch path, which host_us reports apart.
 struct Timing {
   double median_us = 0, min_us = 0;
   int reps = 0;
+  double host_us = 0;  // median host time of one call of fn (its launch path), not in median_us
 };
 Timing time_on_stream(Stream s, const std::function<void(int rep)>& fn, int warmup = 5,
                       int reps = 30);

@@ -11,6 +11,7 @@
 #include "bench_step.h"
 #include "bench_util.h"
 #include "bench_variants.h"
+#include "decode_timeline.h"
 #include "commands.h"
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
@@ -194,6 +195,9 @@ void add_bench_command(CLI::App& app) {
                   "decode scheduler sweep: 1 balanced chunk bound, 0 the paper's plain L_kv")
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
+  cmd->add_option("--decode-timeline", a->decode.timeline_file,
+                  "profiling build of the decode kernels: per-CTA phase timestamps of every "
+                  "configuration into this JSON file (kernels/attention/decode_timeline.cuh)");
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->capture_default_str();
   cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();
@@ -203,6 +207,7 @@ void add_bench_command(CLI::App& app) {
     a->shapes_given = shapes_opt->count() > 0;
     a->dtypes_given = dtypes_opt->count() > 0;
     a->resolve();
+    if (!a->decode.timeline_file.empty()) enable_decode_timeline();
     const DeviceInfo info = device_info(0);
     std::printf("GPU: %s (%s, %d SMs)\n", info.name.c_str(), info.arch.c_str(), info.sm_count);
     Stream s = create_stream();

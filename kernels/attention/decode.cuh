@@ -16,6 +16,7 @@
 #include "attention/decode_common.cuh"
 #include "attention/decode_prologue.cuh"
 #include "attention/decode_step.cuh"
+#include "attention/decode_timeline.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
@@ -76,10 +77,12 @@ struct DecodeConfig {
 };
 
 // Runs one work item: attention of the group's query heads over the item's KV range.
-// C: a DecodeWithVariant<DecodeConfig, V> (decode_common.cuh).
+// C: a DecodeWithVariant<DecodeConfig, V> (decode_common.cuh). timeline: the item's first event
+// in a profiling build (decode_timeline.cuh), else unused.
 template <class C>
 __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const DecodeWorkItem& w,
-                                                 typename C::kv_t* k_smem, typename C::kv_t* v_smem) {
+                                                 typename C::kv_t* k_smem, typename C::kv_t* v_smem,
+                                                 int timeline = -1) {
   typedef typename C::kv_t kv_t;
   typedef typename C::Variant Var;
   typedef typename C::Traits Tr;
@@ -150,6 +153,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
+    if (tile == 0 && timeline >= 0) decode_timeline_stamp(timeline + 1);
     if constexpr (Tr::kKVTransform) {
       const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
       variant_transform_kv_rows<Var, kv_t, C::kHeadDim, C::kThreads>(
@@ -204,6 +208,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     }
     __syncthreads();
   }
+  if (timeline >= 0) decode_timeline_stamp(timeline + 2);
 
   // Merge the kBdz token lanes of each head through shared memory (the pipeline is drained).
   float* o_sm = reinterpret_cast<float*>(k_smem);           // [kBdz][kGroup][kHeadDim]
@@ -270,12 +275,16 @@ __global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __
   extern __shared__ __align__(16) unsigned char smem[];
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
   typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;
+  decode_timeline_stamp(0);
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
   for (int wi = begin; wi < end; ++wi) {
     const DecodeWorkItem w = p.plan.work[wi];
-    decode_work_item<C>(p, w, k_smem, v_smem);
+    const int timeline = decode_timeline_item(wi - begin);
+    decode_timeline_stamp(timeline);
+    decode_work_item<C>(p, w, k_smem, v_smem, timeline);
     if (w.slot >= 0) decode_arrive<C>(p, w);
+    if (timeline >= 0) decode_timeline_stamp(timeline + 3);
   }
 }
 

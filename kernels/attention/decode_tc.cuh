@@ -14,6 +14,7 @@
 #include "attention/decode_common.cuh"
 #include "attention/decode_prologue.cuh"
 #include "attention/decode_step.cuh"
+#include "attention/decode_timeline.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
@@ -77,8 +78,9 @@ __device__ __forceinline__ void decode_tc_rotate_q(const RopeSpec& spec, unsigne
 
 // C: a DecodeWithVariant<DecodeTCConfig, V> (decode_common.cuh).
 template <class C>
+// timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
-                                                    unsigned char* smem) {
+                                                    unsigned char* smem, int timeline = -1) {
   typedef typename C::kv_t kv_t;
   typedef typename C::Variant V;
   typedef typename C::Traits Tr;
@@ -165,6 +167,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
+    if (tile == 0 && timeline >= 0) decode_timeline_stamp(timeline + 1);
     const int st = tile % C::kStages;
     if constexpr (Tr::kKVTransform) {
       const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
@@ -265,6 +268,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     }
     __syncthreads();  // this stage is refilled by a later iteration
   }
+  if (timeline >= 0) decode_timeline_stamp(timeline + 2);
 
   // Merge the warps' states (⊕) through shared memory, then write rows < kGroup.
   float* o_sm = reinterpret_cast<float*>(k_smem);  // [kWarps][R*16][kHeadDim]
@@ -339,12 +343,16 @@ template <class Config, class V = DefaultVariant>
 __global__ void __launch_bounds__(Config::kThreads, 2) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
   typedef DecodeWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
+  decode_timeline_stamp(0);
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
   for (int wi = begin; wi < end; ++wi) {
     const DecodeWorkItem w = p.plan.work[wi];
-    decode_tc_work_item<C>(p, w, smem);
+    const int timeline = decode_timeline_item(wi - begin);
+    decode_timeline_stamp(timeline);
+    decode_tc_work_item<C>(p, w, smem, timeline);
     if (w.slot >= 0) decode_arrive<C>(p, w);
+    if (timeline >= 0) decode_timeline_stamp(timeline + 3);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <nvrtc.h>
 
 #include <chrono>
+#include <mutex>
 #include <memory>
 
 #include "flashkv/error.h"
@@ -25,12 +26,31 @@ struct ProgramDeleter {
 
 }  // namespace
 
+namespace {
+std::mutex& process_options_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<std::string>& process_options() {
+  static std::vector<std::string> options;
+  return options;
+}
+}  // namespace
+
+void add_process_nvrtc_option(const std::string& option) {
+  std::lock_guard<std::mutex> lock(process_options_mutex());
+  process_options().push_back(option);
+}
+
 std::vector<std::string> base_nvrtc_options(const std::string& arch) {
   // -default-device: every function without a space qualifier is device code, so the kernel
   //  headers need no __device__ on small helpers that NVRTC would otherwise treat as host.
   // No --use_fast_math: exp2/log2 are chosen explicitly in the kernels where they matter.
-  return {"--gpu-architecture=" + arch, "-std=c++17", "-default-device", "--fmad=true",
-          "-DFLASHKV_NVRTC=1"};
+  std::vector<std::string> opts = {"--gpu-architecture=" + arch, "-std=c++17", "-default-device",
+                                   "--fmad=true", "-DFLASHKV_NVRTC=1"};
+  std::lock_guard<std::mutex> lock(process_options_mutex());
+  opts.insert(opts.end(), process_options().begin(), process_options().end());
+  return opts;
 }
 
 std::string nvrtc_version_string() {

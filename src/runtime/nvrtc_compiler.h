@@ -25,8 +25,14 @@ struct CompiledKernels {
 // Compiles with NVRTC; throws flashkv::Error with the key and the full NVRTC log on failure.
 CompiledKernels nvrtc_compile(const CompileRequest& req);
 
-// The options every compile uses (std, arch, fast math choices): part of the cache key.
+// The options every compile uses (std, arch, fast math choices, the process-wide extras below):
+// part of the cache key.
 std::vector<std::string> base_nvrtc_options(const std::string& arch);
+
+// Adds an option to every later compile of this process, e.g. a profiling build's define
+// (`flashkv bench decode --decode-timeline` adds -DFLASHKV_DECODE_TIMELINE). Being part of the
+// cache key, it never mixes with the normal entries. Call before the kernels it affects load.
+void add_process_nvrtc_option(const std::string& option);
 
 // "13.0"
 std::string nvrtc_version_string();
