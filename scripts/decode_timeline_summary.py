@@ -2,11 +2,12 @@
 """Summarizes `flashkv bench decode --decode-timeline FILE`: per configuration, the spread over CTAs
 (p0/p50/p90/max, microseconds) of each phase of the decode kernel (kernels/attention/decode_timeline.cuh):
 CTA start and end, start -> first item read, item read -> first KV tile in shared memory (the ramp),
-the tile loop, and the tail (epilogue, partial write, merge of split tiles)."""
+the tile loop, the epilogue (warps merged, output or partial state written), the arrival of a split
+tile's partial state (fence + atomic) and the merge run by the tile's last CTA."""
 import json
 import sys
 
-ITEMS = 15  # kDecodeTimelineItems
+ITEMS, EVENTS = 10, 6  # kDecodeTimelineItems, events per item
 
 
 def pct(xs, q):
@@ -24,15 +25,15 @@ def spread(xs):
 def main(path):
     for t in json.load(open(path)):
         ctas = [c for c in t["ctas"] if c[0] >= 0]
-        start, end, first, ramp, loop, tail, counts = [], [], [], [], [], [], []
+        start, end, first, ramp, loop, epi, arrive, merge, counts = [], [], [], [], [], [], [], [], []
         for c in ctas:
-            items = [c[1 + 4 * i:5 + 4 * i] for i in range(ITEMS) if c[1 + 4 * i] >= 0]
+            items = [c[1 + EVENTS * i:1 + EVENTS * (i + 1)] for i in range(ITEMS) if c[1 + EVENTS * i] >= 0]
             counts.append(len(items))
             start.append(c[0])
             if not items:
                 end.append(c[0])
                 continue
-            end.append(items[-1][3])
+            end.append(items[-1][5])
             first.append(items[0][0] - c[0])
             for it in items:
                 if it[1] >= 0:
@@ -40,11 +41,16 @@ def main(path):
                 if it[2] >= 0 and it[1] >= 0:
                     loop.append(it[2] - it[1])
                 if it[3] >= 0 and it[2] >= 0:
-                    tail.append(it[3] - it[2])
+                    epi.append(it[3] - it[2])
+                if it[4] >= 0 and it[3] >= 0:
+                    arrive.append(it[4] - it[3])
+                if it[5] >= 0 and it[4] >= 0 and it[5] - it[4] > 100:  # the last CTA merged
+                    merge.append(it[5] - it[4])
         print(f"{t['workload']} {t['shape']} {t['dtype']} {t['kernel']}: {len(ctas)} CTAs, "
               f"{min(counts)}-{max(counts)} items per CTA (us)")
         for name, xs in [("CTA start", start), ("CTA end", end), ("start->item", first),
-                         ("item->tile0", ramp), ("tile loop", loop), ("tail", tail)]:
+                         ("item->tile0", ramp), ("tile loop", loop), ("epilogue", epi),
+                         ("arrival", arrive), ("merge", merge)]:
             print(f"  {name:12s} {spread(xs)}")
 
 

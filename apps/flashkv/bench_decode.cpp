@@ -69,16 +69,18 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   nlohmann::json timelines = nlohmann::json::array();
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan (plan() time; run()'s host time, not timed on the GPU)");
-  // The scheduler settings to sweep: every (alpha, min_chunk, balanced bound) combination.
+  // The scheduler settings to sweep: every (alpha, min_chunk, balanced bound, tail) combination.
   struct SchedulerSetting {
     double alpha;
     int min_chunk;
     bool balance;
+    bool tail;
   };
   std::vector<SchedulerSetting> settings;
   for (double alpha : o.alphas)
     for (int min_chunk : o.min_chunks)
-      for (int balance : o.balance) settings.push_back({alpha, min_chunk, balance != 0});
+      for (int balance : o.balance)
+        for (int tail : o.tail) settings.push_back({alpha, min_chunk, balance != 0, tail != 0});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -91,7 +93,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
-        for (const auto& [alpha, min_chunk, balance] : settings) {
+        for (const auto& [alpha, min_chunk, balance, tail] : settings) {
           const int D = o.head_dim;
           BatchDecodeConfig cfg{st.B, st.Hq, D};
           cfg.ctas_per_sm = o.ctas_per_sm;
@@ -101,6 +103,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           po.work_item_cost_tokens = alpha;
           po.min_chunk_tokens = min_chunk;
           po.balance_chunk_bound = balance;
+          po.balance_tail = tail;
           po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
                        : o.backend == "tc" ? DecodeBackend::kTensorCores
                                            : DecodeBackend::kAuto;
@@ -144,6 +147,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                 " alpha " + std::to_string(int(alpha)) + " min_chunk " + std::to_string(min_chunk);
           }
           if (!balance) sweep += " plain-bound";
+          if (tail) sweep += " tail-balanced";
           std::printf(
               "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, plan %.1f us, "
               "run host %.1f us%s\n",
@@ -169,7 +173,8 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                           {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"},
                           {"work_item_cost_tokens", alpha},
                           {"min_chunk_tokens", min_chunk},
-                          {"balanced_chunk_bound", balance}});
+                          {"balanced_chunk_bound", balance},
+                          {"balance_tail", tail}});
         }
       }
     }

@@ -23,6 +23,8 @@ struct DecodeBenchOptions {
   std::vector<double> alphas = {0.0};      // DecodePlanOptions.work_item_cost_tokens (0: default)
   std::vector<int> min_chunks = {0};       // DecodePlanOptions.min_chunk_tokens (0: default)
   std::vector<int> balance = {1};          // DecodePlanOptions.balance_chunk_bound (1 / 0)
+  // DecodePlanOptions.balance_tail (1 / 0); default: the library's default.
+  std::vector<int> tail = {DecodePlanOptions{}.balance_tail ? 1 : 0};
   std::string workloads_file;
   std::string timeline_file;  // non-empty: per-CTA phase timestamps of each configuration (JSON)
 };

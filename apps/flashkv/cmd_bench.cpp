@@ -195,6 +195,10 @@ void add_bench_command(CLI::App& app) {
                   "decode scheduler sweep: 1 balanced chunk bound, 0 the paper's plain L_kv")
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
+  cmd->add_option("--decode-tail", a->decode.tail,
+                  "decode scheduler sweep: 1 balanced last round (balance_tail), 0 the greedy's")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
   cmd->add_option("--decode-timeline", a->decode.timeline_file,
                   "profiling build of the decode kernels: per-CTA phase timestamps of every "
                   "configuration into this JSON file (kernels/attention/decode_timeline.cuh)");

@@ -52,6 +52,12 @@ struct DecodePlanOptions {
   // with the smallest greedy makespan when some CTAs would run two chunks (scheduler/
   // decode_scheduler.h). false: always L_kv, the paper's rule.
   bool balance_chunk_bound = true;
+  // Dynamic splitting with num_kv_heads dividing the CTA count: cut the last, partial round of
+  // whole chunks and pour it over the least-loaded CTAs so all end near the mean load
+  // (scheduler/decode_scheduler.h, balance_tail). Off by default: on the H200 the extra split
+  // items and merges cost more than the ragged round (GQA D5 92.8 -> 90.9 % of the read
+  // ceiling, D6 unchanged; NOTES.md), and plan() takes a few us more.
+  bool balance_tail = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
@@ -122,15 +128,16 @@ class BatchDecode {
                 const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
                 const DecodeStepOptions& step, Stream stream = nullptr);
 
-  // A CUDA graph that captured run() keeps its q/out/lse/indices pointers, kernel and sm_scale, so
-  // plan() refuses a batch or configuration the captured graph cannot run. Call this after
+  // A CUDA graph that captured run() keeps its q/out/lse/indices pointers, kernel, sm_scale and
+  // how its CTAs share work items (by num_kv_heads, when that divides the CTA count), so plan()
+  // refuses a batch or configuration the captured graph cannot run. Call this after
   // destroying every graph that captured this object's run() to lift those limits.
   void forget_captured_graphs();
 
   // Statistics of the last plan (for benchmarks and tests).
   struct PlanInfo {
     int num_ctas = 0;
-    int num_work_items = 0;
+    int num_work_items = 0;  // items the CTAs run (per KV head; stored once per block)
     int num_split_tiles = 0;
     int64_t chunk_bound = 0;
     double plan_us = 0.0;       // CPU time of the last plan()

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/decode_params.cuh"
+#include "attention/decode_timeline.cuh"
 #include "attention/split_merge.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/types.cuh"
@@ -111,9 +112,12 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
     const int g = v / (C::kHeadDim / 4);
     const int col = (v % (C::kHeadDim / 4)) * 4;
     float acc[4];
-    const float lse2 = merge_split_slots4(p.plan.partial_o + (long long)g * C::kHeadDim + col,
-                                          (long long)C::kGroup * C::kHeadDim, p.plan.partial_lse + g,
-                                          C::kGroup, item.slot_begin, item.slot_end, acc);
+    // 16 slots in flight per thread: one long request split over every CTA (benchmark D4: 33
+    // slots per tile) is merged in 3 dependent rounds of L2 reads instead of 5.
+    const long long first = (long long)item.slot_begin * C::kGroup + g;
+    const float lse2 = merge_split_slots4<16>(
+        p.plan.partial_o + first * C::kHeadDim + col, (long long)item.slot_stride * C::kGroup * C::kHeadDim,
+        p.plan.partial_lse + first, (long long)item.slot_stride * C::kGroup, 0, item.num_slots, acc);
     const int qo_head = item.kv_head * C::kGroup + g;
     typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
                           (long long)qo_head * p.o_stride_h + col;
@@ -139,17 +143,19 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
 
 // After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
 // merge the tile here (one launch for decode and merge; no CTA ever waits for another).
+// timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
 template <class C>
-__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w) {
+__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, int timeline = -1) {
   __shared__ int is_last;
   __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
   __syncthreads();
   if (threadIdx.x == 0) {
     const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
     const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
-    is_last = arrived == item.slot_end - item.slot_begin;
+    is_last = arrived == item.num_slots;
   }
   __syncthreads();
+  if (timeline >= 0) decode_timeline_stamp(timeline + 4);
   if (is_last) {
     __threadfence();  // acquire: see the other CTAs' partial states
     const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];

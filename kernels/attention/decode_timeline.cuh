@@ -5,8 +5,9 @@
 //
 // Layout: CTA c's stamps are flashkv_decode_timeline[c * kDecodeTimelineEvents + e], in
 // %globaltimer nanoseconds: e = 0 the CTA's start, then per work item i < kDecodeTimelineItems
-// four events at 1 + 4 i + {0: item read, 1: first KV tile in shared memory, 2: last tile
-// done, 3: item finished (output or partial state written, and merged if this CTA was last)}.
+// six events at 1 + 6 i + {0: item read, 1: first KV tile in shared memory, 2: last tile
+// done, 3: output or partial state written, 4: a split tile's partial state counted (fence and
+// arrival atomic), 5: item finished (merged if this CTA was the tile's last)}.
 #pragma once
 
 #include "primitives/types.cuh"
@@ -18,8 +19,8 @@ __device__ unsigned long long* flashkv_decode_timeline = nullptr;
 
 namespace flashkv {
 
-constexpr int kDecodeTimelineItems = 15;
-constexpr int kDecodeTimelineEvents = 1 + 4 * kDecodeTimelineItems;
+constexpr int kDecodeTimelineItems = 10;
+constexpr int kDecodeTimelineEvents = 1 + 6 * kDecodeTimelineItems;
 
 // Event `e` of this CTA, stamped by thread 0 (after a barrier where the phase needs all threads).
 __device__ __forceinline__ void decode_timeline_stamp(int e) {
@@ -36,7 +37,7 @@ __device__ __forceinline__ void decode_timeline_stamp(int e) {
 
 // The first event of work item i of a CTA (-1: not recorded).
 __device__ __forceinline__ int decode_timeline_item(int i) {
-  return i < kDecodeTimelineItems ? 1 + 4 * i : -1;
+  return i < kDecodeTimelineItems ? 1 + 6 * i : -1;
 }
 
 }  // namespace flashkv

@@ -10,11 +10,12 @@ namespace flashkv {
 
 // Merges 4 columns of one row over slots [slot_begin, slot_end): the row's state in slot s is at
 // o[s * o_slot_stride] (4 floats) and lse[s * lse_slot_stride]. Writes the normalized result to
-// acc and returns its base-2 LSE (-inf when no slot saw a key: acc is then 0).
+// acc and returns its base-2 LSE (-inf when no slot saw a key: acc is then 0). kBatch partial
+// states are read per step (kBatch L2 reads in flight, not 1; 5 registers each).
+template <int kBatch = 8>
 __device__ __forceinline__ float merge_split_slots4(const float* o, long long o_slot_stride,
                                                     const float* lse, long long lse_slot_stride,
                                                     int slot_begin, int slot_end, float (&acc)[4]) {
-  constexpr int kBatch = 8;  // partial states read per step: 8 L2 reads in flight, not 1
   float m = neg_inf(), d = 0.f;
 #pragma unroll
   for (int e = 0; e < 4; ++e) acc[e] = 0.f;

@@ -102,6 +102,7 @@ struct BatchDecode::Impl {
     float sm_scale = 0.f;
     int64_t step_rows = -1;  // a captured run_step: rows of new_k / new_v / pos_ids (-1: none)
     VariantArgsBlock variant_args{};  // the variant's arguments, by value in the graph
+    int ctas_per_unit = 0;  // DecodePlanPtrs::ctas_per_unit, by value in the graph
   } captured;
   // The plan in force.
   bool planned = false;
@@ -110,6 +111,7 @@ struct BatchDecode::Impl {
   DecodePlanOptions opts;
   float sm_scale = 0.f;
   unsigned grid = 0;
+  int ctas_per_unit = 1;  // the schedule's: CTAs share a unit's stored items (decode_plan.cuh)
   DecodeGeometry geometry{};
   CUfunction decode_fn = nullptr;
   std::string kernel_id;
@@ -228,6 +230,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   if (opts.work_item_cost_tokens > 0.0) so.cost.alpha = opts.work_item_cost_tokens;
   if (opts.min_chunk_tokens > 0) so.min_chunk_tokens = opts.min_chunk_tokens;
   so.balance_chunk_bound = opts.balance_chunk_bound;
+  so.balance_tail = opts.balance_tail;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
   scheduler::DecodeSchedule& s = m.schedule;
@@ -327,6 +330,12 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     check(ops::same_variant_args(variant_args, c.variant_args),
           "plan: a captured CUDA graph holds the variant arguments of its capture (values and "
           "tensor pointers); this plan's differ. Capture a new graph for new variant arguments.");
+    // Block mode (num_kv_heads dividing the CTA count) runs each unit's items on ctas_per_unit
+    // CTAs, a kernel parameter the graph holds.
+    check(s.ctas_per_unit == c.ctas_per_unit, "plan: a captured CUDA graph runs its work items ",
+          "in units of ", c.ctas_per_unit, " CTA(s); this plan (num_kv_heads = ", num_kv_heads,
+          ", ", s.num_ctas, " CTAs) needs units of ", s.ctas_per_unit,
+          ". Capture a new graph for a new configuration.");
   }
 
   // Into the workspace, in stream order after the last run() (on whatever stream) read it.
@@ -334,9 +343,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.upload.copy(m.ws.plan_device_ptr(), 0, plan_bytes, stream);
   m.upload.end(stream);
 
-  int used_ctas = 0;
-  for (int c = 0; c < s.num_ctas; ++c)
-    used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
+  // Without CUDA graphs the grid ends with the last unit that has work (all its CTAs).
+  int used_units = 0;
+  for (int u = 0; u < s.num_units; ++u)
+    used_units = s.unit_work_indptr[u + 1] > s.unit_work_indptr[u] ? u + 1 : used_units;
+  const int used_ctas = used_units * s.ctas_per_unit;
   // With CUDA graphs the grids must be the same at every replay: launch the full fixed grid.
   m.grid =
       opts.enable_cuda_graph ? static_cast<unsigned>(s.num_ctas) : static_cast<unsigned>(used_ctas);
@@ -353,8 +364,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.variant_args = variant_args;
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
+  m.ctas_per_unit = s.ctas_per_unit;
   m.info.num_ctas = s.num_ctas;
-  m.info.num_work_items = s.num_work_items;
+  m.info.num_work_items = static_cast<int>(s.num_cta_work_items());  // what the CTAs run
   m.info.num_split_tiles = static_cast<int>(s.merge.size());
   m.info.chunk_bound = s.chunk_bound;
   m.planned = true;
@@ -510,6 +522,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.num_pages = kv.num_pages();
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
+  p.plan.ctas_per_unit = m.ctas_per_unit;
   p.step = step;
   p.variant = variant_args;
   void* args[] = {&p};
@@ -522,6 +535,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
         true,        q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1, kv.indices.size(0),
         m.kernel_id, m.sm_scale};
     m.captured.variant_args = variant_args;
+    m.captured.ctas_per_unit = m.ctas_per_unit;
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)

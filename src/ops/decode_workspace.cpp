@@ -73,11 +73,12 @@ int DecodeWorkspace::slot_capacity(int group, int head_dim) const {
 DecodePlanPtrs DecodeWorkspace::plan_ptrs() const {
   DecodePlanPtrs p{};
   p.header = reinterpret_cast<const DecodePlanHeader*>(base_ + layout_.header);
-  p.cta_work_indptr = reinterpret_cast<const int*>(base_ + layout_.cta_work_indptr);
+  p.unit_work_indptr = reinterpret_cast<const int*>(base_ + layout_.cta_work_indptr);
   p.work = reinterpret_cast<const DecodeWorkItem*>(base_ + layout_.work);
   p.partial_lse = reinterpret_cast<float*>(base_ + lse_offset_);
   p.partial_o = reinterpret_cast<float*>(base_ + o_offset_);
   p.merge_arrivals = reinterpret_cast<int*>(base_ + arrivals_offset_);
+  p.ctas_per_unit = 1;  // the plan's, set at each launch
   return p;
 }
 

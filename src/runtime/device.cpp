@@ -1,4 +1,6 @@
 // The public runtime surface (include/flashkv/runtime.h) on top of the dlopen'ed driver.
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "flashkv/error.h"
@@ -185,27 +187,34 @@ namespace {
 constexpr unsigned kDefaultDynamicSmem = 46 * 1024;
 }  // namespace
 
+namespace {
+// Raises f's dynamic shared memory limit to `bytes` once, not at every launch: a driver call per
+// run() is launch latency. (Functions live as long as their modules: the process, here.)
+void raise_smem_limit(CUfunction f, unsigned bytes, const std::string& what) {
+  static std::mutex mu;
+  // Leaked on purpose, like the contexts (driver.cpp): used until the process exits.
+  static auto& raised = *new std::unordered_map<CUfunction, unsigned>;
+  std::lock_guard<std::mutex> lock(mu);
+  unsigned& limit = raised[f];
+  if (limit >= bytes) return;
+  check_cu(driver().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
+           "cuFuncSetAttribute(" + what + ", " + std::to_string(bytes) + " bytes of shared memory)");
+  limit = bytes;
+}
+}  // namespace
+
 void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args,
             const std::string& what) {
-  const Driver& d = driver();
-  if (c.smem_bytes > kDefaultDynamicSmem) {
-    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, c.smem_bytes),
-             "cuFuncSetAttribute(" + what + ", " + std::to_string(c.smem_bytes) +
-                 " bytes of shared memory)");
-  }
-  check_cu(d.cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
-                            c.smem_bytes, stream, args, nullptr),
+  if (c.smem_bytes > kDefaultDynamicSmem) raise_smem_limit(f, c.smem_bytes, what);
+  check_cu(driver().cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
+                                   c.smem_bytes, stream, args, nullptr),
            "launch of " + what);
 }
 
 int max_active_ctas_per_sm(CUfunction f, unsigned block_x, unsigned smem_bytes,
                            const std::string& what) {
   const Driver& d = driver();
-  if (smem_bytes > kDefaultDynamicSmem) {
-    check_cu(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
-             "cuFuncSetAttribute(" + what + ", " + std::to_string(smem_bytes) +
-                 " bytes of shared memory)");
-  }
+  if (smem_bytes > kDefaultDynamicSmem) raise_smem_limit(f, smem_bytes, what);
   int n = 0;
   check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(block_x),
                                                          smem_bytes),

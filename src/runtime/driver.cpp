@@ -88,11 +88,16 @@ void ensure_context(int device) {
   CUcontext ctx = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu);
-    int count = 0;
-    check_cu(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    // The device count is read once: this runs on every run() (a driver call there costs
+    // launch latency).
+    if (contexts.empty()) {
+      int count = 0;
+      check_cu(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+      contexts.resize(count, nullptr);
+    }
+    const int count = static_cast<int>(contexts.size());
     check(device >= 0 && device < count, "device: expected 0 <= device < ", count, ", got ",
           device);
-    if (contexts.empty()) contexts.resize(count, nullptr);
     if (!contexts[device]) {
       CUdevice dev;
       check_cu(d.cuDeviceGet(&dev, device), "cuDeviceGet");

@@ -1,4 +1,6 @@
 // The decode plan's byte image (plan_image.h): its layout in the workspace and the serializer.
+// The indptr is over units of ctas_per_unit CTAs (decode_plan.cuh), and the header's fourth field
+// carries ctas_per_unit, so a kernel can check it against its launch parameter.
 #include "scheduler/decode_scheduler.h"
 
 namespace flashkv::scheduler {
@@ -12,13 +14,11 @@ size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout
                                  std::byte* dst) {
   // Items written by plan_decode to work_out are copied from there (not at all when work_out is
   // this image's work array: they are in place).
-  const std::span<const DecodeWorkItem> work =
-      s.work_out != nullptr
-          ? std::span<const DecodeWorkItem>(s.work_out, static_cast<size_t>(s.num_work_items))
-          : std::span<const DecodeWorkItem>(s.work);
+  DecodePlanHeader h{};
+  h.ctas_per_unit = s.ctas_per_unit;
   return write_plan_image<DecodePlanHeader, DecodeWorkItem, DecodeMergeItem>(
-      "serialize_decode_schedule", layout, s.num_ctas, s.cta_work_indptr, work, s.merge,
-      DecodePlanHeader{}, dst);
+      "serialize_decode_schedule", layout, s.num_ctas, s.ctas_per_unit, s.unit_work_indptr,
+      s.stored_work(), s.merge, h, dst);
 }
 
 }  // namespace flashkv::scheduler

@@ -30,6 +30,13 @@ struct CostModel {
 // whole. An empty tile gets one empty work item. Chunks are assigned, longest (= costliest, as
 // cost.beta > 0) first, ties by (request, kv_start, kv_head), to the least-loaded CTA (ties to the
 // lower CTA index); so no CTA's cost exceeds the mean CTA cost plus the largest chunk cost.
+//
+// Block mode (block_units, and num_kv_heads > 1 divides num_ctas): the greedy runs over blocks of
+// num_kv_heads CTAs, each request chunk (its num_kv_heads tiles' chunks) to one block, head h on
+// the block's CTA h; each block's items are stored once, as head-0 templates (decode_plan.cuh,
+// "Units"). For positive costs this is exactly the CTA greedy above (decode_scheduler.cpp); a
+// zero-cost chunk (alpha 0 and an empty request) goes to the least-loaded block where the CTA
+// greedy would put it on the least-loaded CTA alone.
 struct DecodeScheduleOptions {
   int num_ctas = 0;  // fixed grid size (k x #SM); > 0 required
   int num_kv_heads = 1;
@@ -41,8 +48,19 @@ struct DecodeScheduleOptions {
   // cut the longest tile into fewer pieces and keep the one with the smallest greedy makespan
   // (decode_scheduler.cpp, balanced_chunk_bound). false: always L_kv.
   bool balance_chunk_bound = true;
+  // Dynamic splitting, units of one greedy chunk per request chunk (block mode, or one KV head):
+  // the chunks that would overflow the average load (the last, partial round of the greedy) are
+  // cut to fill the least-loaded units up to a common level instead of landing whole on some of
+  // them (decode_scheduler.cpp, "Tail balancing"); kept only when its makespan is smaller. A
+  // tile's chunks may then differ in length (each still <= chunk_bound; cut pieces have >=
+  // min_chunk_tokens). false: the plain greedy's schedule, exactly. (BatchDecode leaves it off
+  // unless DecodePlanOptions::balance_tail asks: measured slower on the H200, NOTES.md.)
+  bool balance_tail = true;
+  // Block mode where num_kv_heads divides num_ctas (above). false: one unit per CTA, final items
+  // (for tests and A/B runs; plan() always uses blocks where it can).
+  bool block_units = true;
   int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
-  int max_work_items = 0;         // capacity of the work-item array; > 0 required
+  int max_work_items = 0;         // capacity of the work-item array (items stored); > 0 required
   CostModel cost{};
   // The op's fields of each work item, filled in the same pass that writes the items (a second
   // pass over thousands of items is a good part of plan()'s time). Empty spans: page_base 0,
@@ -57,18 +75,39 @@ struct DecodeScheduleOptions {
   DecodeWorkItem* work_out = nullptr;
 };
 
+// CTA c belongs to unit c / ctas_per_unit and runs that unit's stored items, expanded for its
+// head (decode_plan.cuh "Units"; expand_work_item below gives them on the host).
 struct DecodeSchedule {
   int num_ctas = 0;
-  std::vector<int> cta_work_indptr;    // [num_ctas + 1]
-  std::vector<DecodeWorkItem> work;    // grouped by CTA (empty when written to work_out)
-  int num_work_items = 0;              // items in work or work_out
+  int ctas_per_unit = 1;                     // num_kv_heads in block mode, else 1
+  int num_units = 0;                         // num_ctas / ctas_per_unit
+  std::vector<int> unit_work_indptr;         // [num_units + 1] into the stored items
+  std::vector<DecodeWorkItem> work;          // stored items, grouped by unit (empty with work_out)
+  int num_work_items = 0;                    // items stored in work or work_out
   const DecodeWorkItem* work_out = nullptr;  // where the items are when `work` is empty
-  std::vector<DecodeMergeItem> merge;  // one per split tile
-  int num_slots = 0;                   // partial slots used
-  int64_t chunk_bound = 0;             // L_kv: no chunk is longer (tokens); with
-                                       // disable_split_kv, the longest request
-  std::vector<double> cta_cost;        // [num_ctas] total cost assigned to each CTA
+  std::vector<DecodeMergeItem> merge;        // one per split tile, in (request, kv_head) order
+  int num_slots = 0;                         // partial slots used
+  int64_t chunk_bound = 0;                   // L_kv: no chunk is longer (tokens); with
+                                             // disable_split_kv, the longest request
+  std::vector<double> cta_cost;              // [num_ctas] total cost assigned to each CTA
+
+  // The stored items (work, or work_out's first num_work_items).
+  std::span<const DecodeWorkItem> stored_work() const {
+    return work_out != nullptr
+               ? std::span<const DecodeWorkItem>(work_out, static_cast<size_t>(num_work_items))
+               : std::span<const DecodeWorkItem>(work);
+  }
+  // The items the CTAs run, all together (PlanInfo::num_work_items).
+  int64_t num_cta_work_items() const { return int64_t{num_work_items} * ctas_per_unit; }
 };
+
+// The items CTA `cta` runs: cta_work_count of them; the i-th is expand_work_item(s, cta, i), with
+// its final kv_head, slot and merge (what the kernel derives from the unit's template).
+int cta_work_count(const DecodeSchedule& s, int cta);
+DecodeWorkItem expand_work_item(const DecodeSchedule& s, int cta, int i);
+// The same schedule with one unit per CTA (ctas_per_unit 1): every CTA's items written out, in
+// work (work_out null), all else as in `s`.
+DecodeSchedule expand_to_ctas(const DecodeSchedule& s);
 
 // kv_lens[i] is the KV length of request i (0 allowed). Throws flashkv::Error if the schedule
 // would need more slots or work items than the capacities in `opts` (naming which, and how many).
@@ -81,9 +120,10 @@ void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& 
 
 // Upper bounds used to size the workspace (see DESIGN.md): with dynamic splitting the number of
 // partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
-// max_batch * num_kv_heads + num_ctas (proof in decode_scheduler.cpp). fixed_split_size has no
-// such bound (its chunk count follows the KV lengths, not num_ctas): size for the longest batch,
-// or let plan_decode throw. Both throw flashkv::Error on non-positive arguments or int overflow.
+// max_batch * num_kv_heads + num_ctas (proof in decode_scheduler.cpp; block mode stores
+// num_kv_heads times fewer). fixed_split_size has no such bound (its chunk count follows the KV
+// lengths, not num_ctas): size for the longest batch, or let plan_decode throw. Both throw
+// flashkv::Error on non-positive arguments or int overflow.
 int max_decode_slots(int num_ctas);
 int max_decode_work_items(int max_batch, int num_kv_heads, int num_ctas);
 // Every merge item owns >= 2 slots, so a workspace of max_slots slots needs at most max_slots / 2.
@@ -91,14 +131,15 @@ int max_decode_merge_items(int max_slots);
 
 // Serialized plan: the byte image copied to the device workspace, with the offsets of each array.
 // The arrays lie one after another in this order, each starting at a 16-byte aligned offset:
-//   int cta_work_indptr[num_ctas + 1]; DecodeWorkItem work[max_work_items];
-//   int num_merge_items; DecodeMergeItem merge[max_merge_items].
+//   DecodePlanHeader; int unit_work_indptr[num_ctas + 1] (num_units + 1 used);
+//   DecodeWorkItem work[max_work_items]; DecodeMergeItem merge[max_merge_items].
 using DecodePlanLayout = PlanLayout;  // plan_image.h
 DecodePlanLayout decode_plan_layout(int num_ctas, int max_work_items, int max_merge_items);
-// Writes `s` into `dst` (layout.bytes long) compactly: header, indptr, the used work items, then
-// the used merge items at header.merge_offset. A schedule planned with work_out = the image's
-// work array (dst + layout.work) has its items in place already. Returns the number of bytes
-// written, so plan() copies only those. Throws flashkv::Error if `s` does not fit the layout.
+// Writes `s` into `dst` (layout.bytes long) compactly: header, unit indptr, the stored work
+// items, then the used merge items at header.merge_offset. A schedule planned with work_out =
+// the image's work array (dst + layout.work) has its items in place already. Returns the number
+// of bytes written, so plan() copies only those. Throws flashkv::Error if `s` does not fit the
+// layout.
 size_t serialize_decode_schedule(const DecodeSchedule& s, const DecodePlanLayout& layout,
                                  std::byte* dst);
 

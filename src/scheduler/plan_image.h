@@ -1,5 +1,7 @@
 // The byte image of a plan (decode and prefill alike), as the kernels read it from the workspace:
 //   [Header][cta_work_indptr: num_ctas + 1 ints][used work items][used merge items]
+// (decode's block mode uses only the first num_ctas / ctas_per_unit + 1 indptr entries: one per
+// unit of CTAs, decode_plan.cuh)
 // each piece 16-byte aligned; Header holds num_merge_items, merge_offset (bytes from the start,
 // where the merge items follow the used work items) and num_work_items, plus one field of the
 // op's own. Only the bytes used are copied to the device at each plan().
@@ -17,7 +19,7 @@ namespace flashkv::scheduler {
 
 struct PlanLayout {
   size_t header = 0;           // offsets in bytes from the start of the region
-  size_t cta_work_indptr = 0;  // [num_ctas + 1] ints
+  size_t cta_work_indptr = 0;  // [num_ctas + 1] ints (decode: its unit_work_indptr)
   size_t work = 0;             // used work items, then (16-byte aligned) the used merge items
   size_t bytes = 0;            // capacity of the region for the largest schedule
   int num_ctas = 0;            // the capacities the layout was made for
@@ -59,16 +61,21 @@ PlanLayout plan_image_layout(const char* what, int num_ctas, int max_work_items,
 }
 
 // Writes the image into dst (layout.bytes long) and returns the bytes used. `h` carries the op's
-// own header field; the counts and merge_offset are filled here.
+// own header field; the counts and merge_offset are filled here. The CTAs run in units of
+// ctas_per_unit (decode's block mode, decode_plan.cuh): the indptr has num_ctas / ctas_per_unit
+// + 1 entries, the first ones of the region's num_ctas + 1 (the rest is not read).
 template <class Header, class Work, class Merge>
-size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas,
-                        std::span<const int> cta_work_indptr, std::span<const Work> work,
+size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas, int ctas_per_unit,
+                        std::span<const int> unit_work_indptr, std::span<const Work> work,
                         std::span<const Merge> merge, Header h, std::byte* dst) {
   check(dst != nullptr, what, ": dst is null");
   check(num_ctas == layout.num_ctas, what, ": the schedule has ", num_ctas,
         " CTAs but the layout was made for ", layout.num_ctas);
-  check(cta_work_indptr.size() == static_cast<size_t>(num_ctas) + 1, what, ": cta_work_indptr has ",
-        cta_work_indptr.size(), " entries, expected num_ctas + 1 = ", num_ctas + 1);
+  check(ctas_per_unit >= 1 && num_ctas % ctas_per_unit == 0, what, ": ", ctas_per_unit,
+        " CTAs per unit do not divide the ", num_ctas, " CTAs");
+  const int units = num_ctas / ctas_per_unit;
+  check(unit_work_indptr.size() == static_cast<size_t>(units) + 1, what, ": the work indptr has ",
+        unit_work_indptr.size(), " entries, expected num_ctas / ctas_per_unit + 1 = ", units + 1);
   check(work.size() <= static_cast<size_t>(layout.max_work_items), what, ": ", work.size(),
         " work items exceed the layout's ", layout.max_work_items);
   check(merge.size() <= static_cast<size_t>(layout.max_merge_items), what, ": ", merge.size(),
@@ -78,7 +85,7 @@ size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas
   h.merge_offset = static_cast<int>(merge_offset);
   h.num_work_items = static_cast<int>(work.size());
   std::memcpy(dst + layout.header, &h, sizeof(h));
-  std::memcpy(dst + layout.cta_work_indptr, cta_work_indptr.data(), cta_work_indptr.size_bytes());
+  std::memcpy(dst + layout.cta_work_indptr, unit_work_indptr.data(), unit_work_indptr.size_bytes());
   // (Items the scheduler wrote into the image itself are in place: no copy onto themselves.)
   const void* in_place = dst + layout.work;
   if (!work.empty() && work.data() != in_place) {
@@ -86,6 +93,15 @@ size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas
   }
   if (!merge.empty()) std::memcpy(dst + merge_offset, merge.data(), merge.size_bytes());
   return merge_offset + merge.size_bytes();
+}
+
+// One unit per CTA (prefill): cta_work_indptr has num_ctas + 1 entries.
+template <class Header, class Work, class Merge>
+size_t write_plan_image(const char* what, const PlanLayout& layout, int num_ctas,
+                        std::span<const int> cta_work_indptr, std::span<const Work> work,
+                        std::span<const Merge> merge, Header h, std::byte* dst) {
+  return write_plan_image<Header, Work, Merge>(what, layout, num_ctas, 1, cta_work_indptr, work,
+                                               merge, h, dst);
 }
 
 }  // namespace flashkv::scheduler

@@ -7,28 +7,41 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 namespace flashkv::test {
 
-// `cost(item)` is the cost model applied to one work item.
-template <class Schedule, class CostFn>
-void expect_balanced_cta_loads(const Schedule& s, int ctas, const CostFn& cost) {
+// CTA c runs work[indptr[c], indptr[c + 1]) (a decode schedule in block mode: expanded to CTAs
+// first); `cost(item)` is the cost model applied to one work item.
+template <class Item, class CostFn>
+void expect_balanced_cta_loads(std::span<const int> indptr, std::span<const Item> work,
+                               std::span<const double> cta_cost, int ctas, const CostFn& cost) {
+  ASSERT_EQ(indptr.size(), static_cast<size_t>(ctas) + 1);
+  ASSERT_EQ(cta_cost.size(), static_cast<size_t>(ctas));
   double total = 0, max_item = 0, max_load = 0;
   for (int c = 0; c < ctas; ++c) {
     double load = 0;
-    for (int i = s.cta_work_indptr[c]; i < s.cta_work_indptr[c + 1]; ++i) {
-      const double ci = cost(s.work[i]);
-      if (i > s.cta_work_indptr[c]) {
-        ASSERT_LE(ci, cost(s.work[i - 1]));
+    for (int i = indptr[c]; i < indptr[c + 1]; ++i) {
+      const double ci = cost(work[i]);
+      if (i > indptr[c]) {
+        ASSERT_LE(ci, cost(work[i - 1]));
       }
       load += ci;
       max_item = std::max(max_item, ci);
     }
-    EXPECT_DOUBLE_EQ(load, s.cta_cost[c]) << "CTA " << c;
+    EXPECT_DOUBLE_EQ(load, cta_cost[c]) << "CTA " << c;
     total += load;
     max_load = std::max(max_load, load);
   }
   EXPECT_LE(max_load, total / ctas + max_item + 1e-9 * std::max(1.0, total));
+}
+
+// A schedule with one list per CTA: cta_work_indptr, work, cta_cost.
+template <class Schedule, class CostFn>
+void expect_balanced_cta_loads(const Schedule& s, int ctas, const CostFn& cost) {
+  using Item = typename decltype(s.work)::value_type;
+  expect_balanced_cta_loads<Item>(s.cta_work_indptr, s.work, s.cta_cost, ctas, cost);
 }
 
 }  // namespace flashkv::test

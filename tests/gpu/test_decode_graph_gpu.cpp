@@ -229,8 +229,9 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
   EXPECT_EQ(alone, c) << "output changed between eager and graph replay";
 }
 
-// A captured graph holds fixed q/out/indices pointers, kernel and sm_scale: a later plan it could
-// not run is refused before the workspace changes; forget_captured_graphs() lifts the limits.
+// A captured graph holds fixed q/out/indices pointers, kernel, sm_scale and CTA units: a later
+// plan it could not run is refused before the workspace changes; forget_captured_graphs() lifts
+// the limits.
 TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   const DType dt = DType::f16;
   BatchDecodeConfig cfg{8, kHqo, kD};
@@ -247,6 +248,7 @@ TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
   Stream s = create_stream();
   dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s);
+  const int ctas = dec.plan_info().num_ctas;
   const auto& d = driver();
   check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
   // plan() inside a capture is refused too.
@@ -269,6 +271,15 @@ TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   EXPECT_NE(error_of([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, other, s); })
                 .find("sm_scale"),
             std::string::npos);
+  // The graph's CTAs share work items in blocks of num_kv_heads CTAs where that divides the grid
+  // (decode_plan.cuh): half the heads (the same group, so the same kernel) need other blocks.
+  const auto ctas_per_unit = [&](int heads) { return ctas % heads == 0 ? heads : 1; };
+  if (ctas_per_unit(kHkv / 2) != ctas_per_unit(kHkv)) {
+    EXPECT_NE(error_of([&] {
+                dec.plan(ip, lp, 2, kHqo / 2, kHkv / 2, kD, kPage, dt, dt, dt, opts, s);
+              }).find("units of"),
+              std::string::npos);
+  }
   d.cuGraphDestroy(g);
   dec.forget_captured_graphs();
   EXPECT_NO_THROW(dec.plan(bigger.indptr.view().data_as<int32_t>(),
