@@ -141,23 +141,31 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
   }
 }
 
+// atomicAdd with acquire-release semantics at GPU scope: the release publishes the writes that
+// precede it (cumulatively: also other threads' writes ordered before it by a barrier), the acquire
+// makes the writes released by earlier adders visible to this thread (and, after a barrier, to
+// its CTA). One round trip where a fence and then an atomic took two.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* address, int value) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(address), "r"(value) : "memory");
+  return old;
+}
+
 // After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
 // merge the tile here (one launch for decode and merge; no CTA ever waits for another).
 // timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
 template <class C>
 __device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, int timeline = -1) {
   __shared__ int is_last;
-  __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
-  __syncthreads();
+  __syncthreads();  // every thread's partial-state writes precede thread 0's release below
   if (threadIdx.x == 0) {
-    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
-    const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
-    is_last = arrived == item.num_slots;
+    const int num_slots = decode_merge_items(p.plan)[w.merge].num_slots;
+    const int arrived = atomic_add_acq_rel_gpu(p.plan.merge_arrivals + w.merge, 1) + 1;
+    is_last = arrived == num_slots;
   }
-  __syncthreads();
+  __syncthreads();  // after thread 0's acquire: the other CTAs' partial states are visible to all
   if (timeline >= 0) decode_timeline_stamp(timeline + 4);
   if (is_last) {
-    __threadfence();  // acquire: see the other CTAs' partial states
     const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
     decode_merge_tile<C>(p, item);
     if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
