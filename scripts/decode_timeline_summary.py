@@ -7,7 +7,7 @@ tile's partial state (fence + atomic) and the merge run by the tile's last CTA."
 import json
 import sys
 
-ITEMS, EVENTS = 10, 6  # kDecodeTimelineItems, events per item
+EVENTS = 6  # per work item (decode_timeline.cuh); a CTA row is 1 + EVENTS * items long
 
 
 def pct(xs, q):
@@ -27,7 +27,7 @@ def main(path):
         ctas = [c for c in t["ctas"] if c[0] >= 0]
         start, end, first, ramp, loop, epi, arrive, merge, counts = [], [], [], [], [], [], [], [], []
         for c in ctas:
-            items = [c[1 + EVENTS * i:1 + EVENTS * (i + 1)] for i in range(ITEMS) if c[1 + EVENTS * i] >= 0]
+            items = [c[1 + EVENTS * i:1 + EVENTS * (i + 1)] for i in range((len(c) - 1) // EVENTS) if c[1 + EVENTS * i] >= 0]
             counts.append(len(items))
             start.append(c[0])
             if not items:

@@ -1,6 +1,7 @@
 // The decode plan's byte image (plan_image.h): its layout in the workspace and the serializer.
-// The indptr is over units of ctas_per_unit CTAs (decode_plan.cuh), and the header's fourth field
-// carries ctas_per_unit, so a kernel can check it against its launch parameter.
+// The indptr is over units of ctas_per_unit CTAs (decode_plan.cuh); the header's fourth field
+// carries ctas_per_unit so the image describes itself (the kernels take it as a launch parameter,
+// known before any load; the serialization tests read it back).
 #include "scheduler/decode_scheduler.h"
 
 namespace flashkv::scheduler {
