@@ -69,18 +69,24 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   nlohmann::json timelines = nlohmann::json::array();
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan (plan() time; run()'s host time, not timed on the GPU)");
-  // The scheduler settings to sweep: every (alpha, min_chunk, balanced bound, tail) combination.
+  // The settings to sweep: every (alpha, min_chunk, balanced bound, tail, stages, warps)
+  // combination of the scheduler's options and the tensor-core kernel's shape.
   struct SchedulerSetting {
     double alpha;
     int min_chunk;
     bool balance;
     bool tail;
+    int stages;
+    int warps;
   };
   std::vector<SchedulerSetting> settings;
   for (double alpha : o.alphas)
     for (int min_chunk : o.min_chunks)
       for (int balance : o.balance)
-        for (int tail : o.tail) settings.push_back({alpha, min_chunk, balance != 0, tail != 0});
+        for (int tail : o.tail)
+          for (int stages : o.stages)
+            for (int warps : o.warps)
+              settings.push_back({alpha, min_chunk, balance != 0, tail != 0, stages, warps});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -93,7 +99,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
-        for (const auto& [alpha, min_chunk, balance, tail] : settings) {
+        for (const auto& [alpha, min_chunk, balance, tail, stages, warps] : settings) {
           const int D = o.head_dim;
           BatchDecodeConfig cfg{st.B, st.Hq, D};
           cfg.ctas_per_sm = o.ctas_per_sm;
@@ -104,6 +110,8 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           po.min_chunk_tokens = min_chunk;
           po.balance_chunk_bound = balance;
           po.balance_tail = tail;
+          po.tc_stages = stages;
+          po.tc_warps = warps;
           po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
                        : o.backend == "tc" ? DecodeBackend::kTensorCores
                                            : DecodeBackend::kAuto;
@@ -131,8 +139,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           if (!o.timeline_file.empty()) {
             const auto pi = dec.plan_info();
             nlohmann::json tl = capture_decode_timeline(
-                dt, D, st.Hq / sh.num_kv_heads, o.page_size, pi.tensor_cores,
-                static_cast<unsigned>(pi.num_ctas),
+                pi.kernel_id, static_cast<unsigned>(pi.num_ctas),
                 [&] { dec.run(qview(0), caches[0], out, TensorView(), s); }, s);
             tl["workload"] = w.id;
             tl["shape"] = sh.name;
@@ -148,11 +155,14 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           }
           if (!balance) sweep += " plain-bound";
           if (tail) sweep += " tail-balanced";
+          if (stages > 0 || warps > 0)
+            sweep += " stages " + std::to_string(stages) + " warps " + std::to_string(warps);
           std::printf(
-              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %d items/%d split, plan %.1f us, "
+              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %dx%dw %d items/%d split, plan %.1f us, "
               "run host %.1f us%s\n",
               w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
-              100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc",
+              100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc", info.ctas_per_sm,
+              info.warps,
               info.num_work_items, info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str());
           std::fflush(stdout);
           rows.push_back({{"workload", w.id},
@@ -174,7 +184,11 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                           {"work_item_cost_tokens", alpha},
                           {"min_chunk_tokens", min_chunk},
                           {"balanced_chunk_bound", balance},
-                          {"balance_tail", tail}});
+                          {"balance_tail", tail},
+                          {"tc_stages", stages},
+                          {"tc_warps", warps},
+                          {"ctas_per_sm", info.ctas_per_sm},
+                          {"warps", info.warps}});
         }
       }
     }

@@ -26,7 +26,7 @@ struct VariantsBenchOptions {
   int head_dim = 128;
   int page_size = 16;
   int reps = 30;
-  int ctas_per_sm = 2;
+  int ctas_per_sm = 0;  // 0: the libraries' defaults
   std::string workloads_file;
 };
 

@@ -7,6 +7,7 @@
 
 #include "bench_cascade.h"
 #include "bench_decode.h"
+#include "flashkv/prefill.h"
 #include "bench_prefill.h"
 #include "bench_step.h"
 #include "bench_util.h"
@@ -29,7 +30,8 @@ struct BenchArgs {
   // The selection both decode and prefill take.
   std::vector<std::string> workloads, shapes, dtypes = {"f16", "bf16"};
   std::string workloads_file;
-  int reps = 30, page_size = 16, ctas_per_sm = 2;
+  int reps = 30, page_size = 16;
+  int ctas_per_sm = 0;  // 0: each library's default (decode: auto; prefill: 2)
   DecodeBenchOptions decode;
   PrefillBenchOptions prefill;
   StepBenchOptions step;
@@ -51,7 +53,8 @@ struct BenchArgs {
     decode.workloads_file = prefill.workloads_file = workloads_file;
     decode.reps = prefill.reps = reps;
     decode.page_size = prefill.page_size = page_size;
-    decode.ctas_per_sm = prefill.ctas_per_sm = ctas_per_sm;
+    decode.ctas_per_sm = ctas_per_sm;
+    prefill.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : BatchPrefillConfig{}.ctas_per_sm;
     step.dtype = dts.empty() ? DType::f16 : dts.front();
     step.reps = reps;
     step.page_size = page_size;
@@ -64,7 +67,7 @@ struct BenchArgs {
     variants.workloads_file = workloads_file;
     variants.reps = reps;
     variants.page_size = page_size;
-    variants.ctas_per_sm = ctas_per_sm;
+    variants.ctas_per_sm = ctas_per_sm;  // decode as given; prefill: see bench_variants_prefill
   }
 };
 
@@ -175,7 +178,7 @@ void add_bench_command(CLI::App& app) {
   auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
   cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")->capture_default_str();
   cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
-  cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM (decode and prefill)")
+  cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
       ->capture_default_str();
   cmd->add_option("--prefill-tile-rows", a->prefill.tile_rows,
                   "prefill query-tile rows (16, 32, 64, 128; 0: the planner's heuristic)")
@@ -198,6 +201,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-tail", a->decode.tail,
                   "decode scheduler sweep: 1 balanced last round (balance_tail), 0 the greedy's")
       ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+  cmd->add_option("--decode-stages", a->decode.stages,
+                  "decode sweep: tensor-core kernel pipeline stages (0: default, 2-8)")
+      ->capture_default_str();
+  cmd->add_option("--decode-warps", a->decode.warps,
+                  "decode sweep: tensor-core kernel warps per CTA (0: default, 2, 4, 8)")
       ->capture_default_str();
   cmd->add_option("--decode-timeline", a->decode.timeline_file,
                   "profiling build of the decode kernels: per-CTA phase timestamps of every "

@@ -6,9 +6,6 @@
 #include <vector>
 
 #include "flashkv/error.h"
-#include "flashkv/variant_spec.h"
-#include "ops/kernel_specs.h"
-#include "ops/variant_jit.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc_compiler.h"
@@ -20,14 +17,15 @@ constexpr int kEvents = 61;  // kDecodeTimelineEvents in decode_timeline.cuh
 
 void enable_decode_timeline() { runtime::add_process_nvrtc_option("-DFLASHKV_DECODE_TIMELINE"); }
 
-nlohmann::json capture_decode_timeline(DType dtype, int head_dim, int group, int page_size,
-                                       bool tensor_cores, unsigned grid,
+nlohmann::json capture_decode_timeline(const std::string& kernel_id, unsigned grid,
                                        const std::function<void()>& run, Stream s) {
   using runtime::check_cu;
   using runtime::driver;
-  const ops::KernelSpec spec = ops::decode_kernel_spec(dtype, dtype, head_dim, group, page_size,
-                                                       tensor_cores, ops::variant_jit(Variant{}));
-  const runtime::LoadedModule& mod = runtime::KernelCache::instance().module(spec.id, 0, spec.make);
+  // The plan loaded the module; nothing compiles here.
+  const runtime::LoadedModule& mod =
+      runtime::KernelCache::instance().module(kernel_id, 0, [&]() -> runtime::CompileRequest {
+        fail("decode timeline: kernel ", kernel_id, " is not loaded (plan() first)");
+      });
   CUdeviceptr global = 0;
   size_t global_bytes = 0;
   check_cu(driver().cuModuleGetGlobal(&global, &global_bytes, mod.module, "flashkv_decode_timeline"),
@@ -57,7 +55,7 @@ nlohmann::json capture_decode_timeline(DType dtype, int head_dim, int group, int
     }
     ctas.push_back(std::move(row));
   }
-  return {{"kernel", spec.id}, {"ctas", std::move(ctas)}};
+  return {{"kernel", kernel_id}, {"ctas", std::move(ctas)}};
 }
 
 }  // namespace flashkv::cli

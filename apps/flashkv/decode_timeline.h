@@ -16,10 +16,10 @@ namespace flashkv::cli {
 // decode kernel loads.
 void enable_decode_timeline();
 
-// Runs `run` once with the decode kernel of the given configuration recording into a buffer of
-// `grid` CTAs; returns {"ctas": [[stamps in ns, relative to the earliest CTA start; -1 unset]...]}.
-nlohmann::json capture_decode_timeline(DType dtype, int head_dim, int group, int page_size,
-                                       bool tensor_cores, unsigned grid,
+// Runs `run` once with the decode kernel `kernel_id` (BatchDecode::PlanInfo::kernel_id: loaded by
+// the plan `run` runs) recording into a buffer of `grid` CTAs; returns
+// {"kernel": id, "ctas": [[stamps in ns, relative to the earliest CTA start; -1 unset]...]}.
+nlohmann::json capture_decode_timeline(const std::string& kernel_id, unsigned grid,
                                        const std::function<void()>& run, Stream s);
 
 }  // namespace flashkv::cli

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "flashkv/attention.h"
 #include "flashkv/paged_kv.h"
@@ -31,7 +32,12 @@ struct BatchDecodeConfig {
   int head_dim = 128;     // at most
   int device = 0;
   int num_sms_to_use = 0;  // 0: all SMs; fewer leaves room for overlapped work
-  int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k)
+  // Persistent CTAs per SM (the paper's k). 0 (auto): each plan picks 2 CTAs of 4 warps per SM,
+  // or, for batches with >= 896 KV tokens per CTA (no splitting needed), 4 CTAs of 2 warps, whose
+  // item ramps hide behind each other (BatchDecode::plan; the workspace is sized for 4). With
+  // enable_cuda_graph or fixed_split_size auto keeps 2 x 4 warps: a captured graph holds its kernel
+  // and grid, and batch invariance needs one kernel whatever the batch.
+  int ctas_per_sm = 0;
 };
 
 // Which decode kernel runs. kAuto picks tensor cores wherever their accumulators fit in
@@ -60,6 +66,12 @@ struct DecodePlanOptions {
   bool balance_tail = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
+  // The tensor-core kernel's shape (0: the defaults, 3 stages and 4 warps at head_dim <= 128):
+  // KV pipeline stages (2-8) and warps per CTA (2, 4 or 8; a warp takes 16 tokens of each stage).
+  // Deeper or wider CTAs need more shared memory: with BatchDecodeConfig.ctas_per_sm CTAs that
+  // do not fit one SM together the grid runs in waves (correct, slower). A benchmark knob.
+  int tc_stages = 0;
+  int tc_warps = 0;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
   // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
   // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.
@@ -143,6 +155,9 @@ class BatchDecode {
     double plan_us = 0.0;       // CPU time of the last plan()
     double schedule_us = 0.0;   // of which the scheduler (chunking, assignment, work items)
     bool tensor_cores = false;  // which kernel the plan runs
+    int ctas_per_sm = 0;        // the grid's CTAs per SM
+    int warps = 0;              // per CTA
+    std::string kernel_id;      // the kernel's entry in the JIT cache (profiling tools look it up)
   };
   PlanInfo plan_info() const;
 

@@ -13,6 +13,7 @@
 
 #include "attention/decode_common.cuh"
 #include "attention/decode_prologue.cuh"
+#include "attention/decode_shape.cuh"
 #include "attention/decode_step.cuh"
 #include "attention/decode_timeline.cuh"
 #include "primitives/cp_async.cuh"
@@ -22,25 +23,29 @@
 
 namespace flashkv {
 
-template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE>
+// STAGES, WARPS: the pipeline depth and warps per CTA; CTAS: the CTAs per SM the grid is sized
+// for (0: the defaults; decode_shape.cuh).
+template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE, int STAGES = 0, int WARPS = 0,
+          int CTAS = 0>
 struct DecodeTCConfig {
   using q_t = QT;
   using kv_t = KVT;
   using o_t = QT;
+  static constexpr DecodeTCShape kShape = decode_tc_shape(HEAD_DIM, GROUP, STAGES, WARPS, CTAS);
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
-  static constexpr int kRowTiles = (GROUP + 15) / 16;     // 16-row MMA tiles of query rows
-  static constexpr int kWarps = HEAD_DIM <= 128 ? 4 : 2;  // 32 KB of K+V per stage either way
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kTile = 16 * kWarps;                // KV tokens per stage
-  static constexpr int kStages = 3;
+  static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles of query rows
+  static constexpr int kWarps = kShape.warps;
+  static constexpr int kThreads = kShape.threads;
+  static constexpr int kTile = kShape.tile;            // KV tokens per stage
+  static constexpr int kStages = kShape.stages;
+  static constexpr int kMinCtas = kShape.min_ctas;
   static constexpr int kChunks = HEAD_DIM / 8;             // 16-byte chunks per row
   static constexpr int kStageElems = kTile * HEAD_DIM;
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
   static constexpr int kQElems = kRowTiles * 16 * HEAD_DIM;
-  // Q, then kStages of K and of V.
-  static constexpr int kSmemBytes = (kQElems + 2 * kStages * kStageElems) * 2;
+  static constexpr int kSmemBytes = kShape.smem_bytes;  // Q, then kStages of K and of V
   static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of the output
   // Stage layout: rows XOR-swizzled by 16-byte chunk, so ldmatrix reads are bank-conflict free.
   __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) {
@@ -49,6 +54,8 @@ struct DecodeTCConfig {
 
   static_assert(sizeof(QT) == 2 && sizeof(KVT) == 2, "tensor-core decode takes 16-bit q and kv");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim must be 64, 128 or 256");
+  static_assert(decode_tc_shape_valid(STAGES, WARPS), "2-8 stages, 2, 4 or 8 warps");
+  static_assert(kSmemBytes == (kQElems + 2 * kStages * kStageElems) * 2, "shape and layout agree");
   // 64 f32 accumulators per thread: more spills to local memory (seen with ptxas: head_dim 256
   // used 255 registers and a 360-byte stack), so larger shapes use the CUDA-core kernel.
   static_assert(kRowTiles * kDTiles * 4 <= 64, "output accumulators would not fit in registers");
@@ -340,7 +347,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 }
 
 template <class Config, class V = DefaultVariant>
-__global__ void __launch_bounds__(Config::kThreads, 2) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
   typedef DecodeWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
   decode_timeline_stamp(0);

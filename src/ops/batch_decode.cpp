@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "attention/decode_params.cuh"
+#include "attention/decode_shape.cuh"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
+#include "ops/decode_shape_choice.h"
 #include "ops/decode_step.h"
 #include "ops/decode_workspace.h"
 #include "ops/jit_util.h"
@@ -22,27 +24,30 @@
 namespace flashkv {
 namespace {
 
-std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size, bool tc) {
+std::string decode_config_type(DType q, DType kv, int head_dim, int group, int page_size, bool tc,
+                               ops::DecodeTCTuning tuning) {
   const std::string qt = ops::device_type_name(q, "q");
   const std::string kvt = ops::device_type_name(kv, "kv");
   const std::string dims =
       std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
-  return tc ? "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + ">"
+  const std::string shape = tuning == ops::DecodeTCTuning{}
+                                ? ""
+                                : ", " + std::to_string(tuning.stages) + ", " + std::to_string(tuning.warps) +
+                                      ", " + std::to_string(tuning.ctas);
+  return tc ? "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + shape + ">"
             : "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
 }
 
-// Launch geometry of a config (mirrors kThreads / kSmemBytes in decode.cuh and decode_tc.cuh).
+// Launch geometry of a config: the tensor-core kernel's from decode_shape.cuh (the function its
+// config reads); the CUDA-core kernel's mirrors kThreads / kSmemBytes in decode.cuh.
 struct DecodeGeometry {
   unsigned threads, smem;
 };
-DecodeGeometry decode_geometry(DType kv, int head_dim, int group, bool tc) {
+DecodeGeometry decode_geometry(DType kv, int head_dim, int group, bool tc, ops::DecodeTCTuning tuning) {
   const int elem = static_cast<int>(dtype_size(kv));
   if (tc) {
-    const int warps = head_dim <= 128 ? 4 : 2, tile = 16 * warps, stages = 3;
-    const int row_tiles = (group + 15) / 16;
-    return {
-        static_cast<unsigned>(warps * 32),
-        static_cast<unsigned>((row_tiles * 16 * head_dim + 2 * stages * tile * head_dim) * elem)};
+    const DecodeTCShape s = decode_tc_shape(head_dim, group, tuning.stages, tuning.warps, tuning.ctas);
+    return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
   }
   const int tile = 4096 / head_dim * (2 / elem);
   return {128u, static_cast<unsigned>(2 * 4 * tile * head_dim * elem)};
@@ -57,21 +62,27 @@ bool decode_tc_supported(int head_dim, int group) {
 }
 
 std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group,
-                               int page_size, bool tc, const VariantJit& variant) {
+                               int page_size, bool tc, const VariantJit& variant, DecodeTCTuning tuning) {
+  if (!tc) tuning = {};
   return (tc ? "flashkv::batch_decode_tc_kernel<" : "flashkv::batch_decode_kernel<") +
-         decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc) + ", " +
+         decode_config_type(q_dtype, kv_dtype, head_dim, group, page_size, tc, tuning) + ", " +
          variant.type + ">";
 }
 
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size,
-                              bool tc, const VariantJit& variant) {
+                              bool tc, const VariantJit& variant, DecodeTCTuning tuning) {
+  if (!tc) tuning = {};
+  const std::string tuned = tuning == DecodeTCTuning{} ? ""
+                                                       : ",s" + std::to_string(tuning.stages) + ",w" +
+                                                             std::to_string(tuning.warps) + ",c" +
+                                                             std::to_string(tuning.ctas);
   const std::string id = std::string(tc ? "decode_tc<" : "decode<") + dtype_name(q_dtype) + "," +
                          dtype_name(kv_dtype) + ",d" + std::to_string(head_dim) + ",g" +
-                         std::to_string(group) + ",p" + std::to_string(page_size) +
+                         std::to_string(group) + ",p" + std::to_string(page_size) + tuned +
                          (variant.id.empty() ? "" : "," + variant.id) + ">";
   const std::string header = tc ? "attention/decode_tc.cuh" : "attention/decode.cuh";
   const std::string kernel =
-      decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, variant);
+      decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, variant, tuning);
   const std::string extra = variant.source;
   return {id, [id, header, kernel, extra] { return make_request(id, header, {kernel}, extra); }};
 }
@@ -83,6 +94,7 @@ struct KernelKey {
   DType q{}, kv{};
   int head_dim = 0, group = 0, page_size = 0;
   bool tensor_cores = false;
+  ops::DecodeTCTuning tuning;  // tensor-core kernel only
   std::string variant;  // VariantJit::id
   bool operator==(const KernelKey&) const = default;
 };
@@ -195,6 +207,10 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   check(o_dtype == q_dtype, "o_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
         dtype_name(o_dtype));
   check(opts.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", opts.fixed_split_size);
+  check(decode_tc_shape_valid(opts.tc_stages, 0), "DecodePlanOptions.tc_stages: expected 0 (default) or 2-8, got ",
+        opts.tc_stages);
+  check(decode_tc_shape_valid(0, opts.tc_warps),
+        "DecodePlanOptions.tc_warps: expected 0 (default), 2, 4 or 8, got ", opts.tc_warps);
   check(opts.sm_scale >= 0.0f && std::isfinite(opts.sm_scale),
         "sm_scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), got ", opts.sm_scale);
   check(kv_indptr[0] == 0 || batch_size == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
@@ -220,8 +236,40 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     }
   }
 
+  // The kernel's shape: CTAs per SM and warps per CTA (ops/decode_shape_choice.cpp says why).
+  ops::DecodeShapeInputs shape_in;
+  shape_in.config_ctas_per_sm = m.cfg.ctas_per_sm;
+  shape_in.sms = m.ws.sms();
+  shape_in.head_dim = head_dim;
+  shape_in.num_kv_heads = num_kv_heads;
+  shape_in.kv_lens = m.kv_lens;
+  shape_in.enable_cuda_graph = opts.enable_cuda_graph;
+  shape_in.fixed_split_size = opts.fixed_split_size;
+  shape_in.tc_stages = opts.tc_stages;
+  shape_in.tc_warps = opts.tc_warps;
+  const ops::DecodeShapeChoice shape = ops::choose_decode_shape(shape_in);
+  const int ctas_per_sm = shape.ctas_per_sm;
+  ops::DecodeTCTuning tuning = shape.tuning;
+  const bool tc_ok = ops::decode_tc_supported(head_dim, group);
+  check(opts.backend != DecodeBackend::kTensorCores || tc_ok,
+        "DecodePlanOptions.backend: the tensor-core ", "decode kernel does not support head_dim ",
+        head_dim, " with a GQA group of ", group);
+  // The tensor-core kernel needs ~100 KB of shared memory at head_dim 128: more than some GPUs
+  // (sm_86/sm_89) allow per block; auto falls back to CUDA cores there.
+  const bool tc_fits =
+      decode_geometry(kv_dtype, head_dim, group, true, tuning).smem <= static_cast<unsigned>(m.max_smem);
+  check(opts.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",
+        "tensor-core decode kernel needs more shared memory than this GPU allows per block");
+  check((opts.tc_stages == 0 && opts.tc_warps == 0) || tc_fits, "DecodePlanOptions.tc_stages / tc_warps: ",
+        decode_geometry(kv_dtype, head_dim, group, true, tuning).smem,
+        " bytes of shared memory per block; this GPU allows ", m.max_smem);
+  const bool tc = opts.backend == DecodeBackend::kTensorCores ||
+                  (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
+  if (!tc) tuning = {};
+
   scheduler::DecodeScheduleOptions so;
-  so.num_ctas = m.ws.num_ctas();
+  // The CUDA-core kernel runs 2 CTAs per SM unless told otherwise.
+  so.num_ctas = m.ws.sms() * (tc || m.cfg.ctas_per_sm > 0 ? ctas_per_sm : 2);
   so.num_kv_heads = num_kv_heads;
   so.fixed_split_size = opts.fixed_split_size;
   so.disable_split_kv = opts.disable_split_kv;
@@ -262,18 +310,6 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.max_kv_len = batch_size > 0 ? *std::max_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;
 
   // JIT: compile (first use only) at plan time so run() never compiles.
-  const bool tc_ok = ops::decode_tc_supported(head_dim, group);
-  check(opts.backend != DecodeBackend::kTensorCores || tc_ok,
-        "DecodePlanOptions.backend: the tensor-core ", "decode kernel does not support head_dim ",
-        head_dim, " with a GQA group of ", group);
-  // The tensor-core kernel needs ~100 KB of shared memory at head_dim 128: more than some GPUs
-  // (sm_86/sm_89) allow per block; auto falls back to CUDA cores there.
-  const bool tc_fits =
-      decode_geometry(kv_dtype, head_dim, group, true).smem <= static_cast<unsigned>(m.max_smem);
-  check(opts.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",
-        "tensor-core decode kernel needs more shared memory than this GPU allows per block");
-  const bool tc = opts.backend == DecodeBackend::kTensorCores ||
-                  (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
   // Same kernel as the last plan (the common case, every generation step): skip building its
   // id and the cache lookup.
   // The variant (plain attention unless opts.variant says otherwise): a built-in's flags or a
@@ -292,19 +328,23 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   const VariantArgsBlock variant_args = ops::pack_variant_args(
       kernel_variant, {"BatchDecode::plan", Device::cuda(cfg.device), batch_size, batch_size,
                        num_qo_heads, head_dim, batch_size == 1 ? m.kv_lens[0] : -1});
-  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, vj.id};
+  const ops::DecodeTCTuning kernel_tuning = tc ? tuning : ops::DecodeTCTuning{};
+  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, kernel_tuning, vj.id};
   if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
-    const ops::KernelSpec spec =
-        ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group, page_size, tc, vj);
+    const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group,
+                                                         page_size, tc, vj, kernel_tuning);
     const runtime::LoadedModule& mod =
         runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
     m.decode_fn = mod.function(
-        ops::decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, vj));
-    m.geometry = decode_geometry(kv_dtype, head_dim, group, tc);
+        ops::decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, vj, kernel_tuning));
+    m.geometry = decode_geometry(kv_dtype, head_dim, group, tc, kernel_tuning);
     m.kernel_id = spec.id;
     m.kernel_key = key;
   }
   m.info.tensor_cores = tc;
+  m.info.ctas_per_sm = so.num_ctas / m.ws.sms();
+  m.info.warps = static_cast<int>(m.geometry.threads / 32);
+  m.info.kernel_id = m.kernel_id;
 
   // A captured graph keeps its q/out/lse/indices pointers, kernel and sm_scale: refuse a plan it
   // cannot run (before anything in the workspace changes).

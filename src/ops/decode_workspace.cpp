@@ -10,7 +10,7 @@ size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
 DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
-  check(cfg.ctas_per_sm >= 1, "BatchDecodeConfig.ctas_per_sm: expected >= 1, got ",
+  check(cfg.ctas_per_sm >= 0, "BatchDecodeConfig.ctas_per_sm: expected >= 0 (0: auto), got ",
         cfg.ctas_per_sm);
   check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
   check(cfg.num_qo_heads > 0, "BatchDecodeConfig.num_qo_heads: expected > 0, got ",
@@ -25,7 +25,8 @@ DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
   const int sms =
       cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
   Sizes s{};
-  s.num_ctas = sms * cfg.ctas_per_sm;
+  s.sms = sms;
+  s.num_ctas = sms * (cfg.ctas_per_sm > 0 ? cfg.ctas_per_sm : kAutoCtasPerSm);
   s.partial_rows = 2ull * s.num_ctas * cfg.num_qo_heads;
   // Work items: one per unsplit tile plus one per partial slot (group 1 is the worst case).
   s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(s.partial_rows);
@@ -48,6 +49,7 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
   check(bytes >= s.total, "workspace: expected at least ", s.total,
         " bytes (BatchDecode::workspace_bytes), got ", bytes);
   base_ = static_cast<std::byte*>(base);
+  sms_ = s.sms;
   num_ctas_ = s.num_ctas;
   max_work_items_ = s.max_work_items;
   partial_rows_ = s.partial_rows;

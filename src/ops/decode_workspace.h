@@ -23,7 +23,10 @@ class DecodeWorkspace {
   DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_t bytes);
   static size_t required_bytes(const BatchDecodeConfig& cfg);
 
-  int num_ctas() const { return num_ctas_; }
+  // BatchDecodeConfig.ctas_per_sm = 0 (auto): room for this many CTAs per SM.
+  static constexpr int kAutoCtasPerSm = 4;
+  int num_ctas() const { return num_ctas_; }  // the most a plan may use
+  int sms() const { return sms_; }
   int max_work_items() const { return max_work_items_; }
   int slot_capacity(int group, int head_dim) const;
   const scheduler::DecodePlanLayout& plan_layout() const { return layout_; }
@@ -32,14 +35,14 @@ class DecodeWorkspace {
 
  private:
   struct Sizes {
-    int num_ctas, max_work_items, max_merge_items;
+    int sms, num_ctas, max_work_items, max_merge_items;
     scheduler::DecodePlanLayout layout;
     size_t lse_offset, o_offset, arrivals_offset, partial_rows, total;
   };
   static Sizes sizes(const BatchDecodeConfig& cfg);
 
   std::byte* base_ = nullptr;
-  int num_ctas_ = 0, max_work_items_ = 0;
+  int sms_ = 0, num_ctas_ = 0, max_work_items_ = 0;
   size_t partial_rows_ = 0, lse_offset_ = 0, o_offset_ = 0, arrivals_offset_ = 0;
   int max_merge_items_ = 0;
   int max_head_dim_ = 0;

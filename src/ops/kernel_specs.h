@@ -18,13 +18,28 @@ struct KernelSpec {
 KernelSpec merge_kernel_spec(DType t);
 
 
+// The tensor-core decode kernel's pipeline stages, warps and the CTAs per SM its grid is sized
+// for (0: the defaults of kernels/attention/decode_shape.cuh); ignored by the CUDA-core kernel.
+struct DecodeTCTuning {
+  int stages = 0;
+  int warps = 0;
+  int ctas = 0;
+  bool operator==(const DecodeTCTuning&) const = default;
+};
+// The shapes BatchDecode's auto mode (BatchDecodeConfig.ctas_per_sm = 0) picks besides the default
+// at head_dim <= 128 (ops/decode_shape_choice.cpp says when): 4 CTAs of 2 warps per SM, 1 of 8.
+inline constexpr DecodeTCTuning kDecodeTCSmallCtas{0, 2, 4};
+inline constexpr DecodeTCTuning kDecodeTCOneCta{0, 8, 1};
+
 // The batch decode kernel (and its merge stage) for one configuration.
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
                               int page_size, bool tensor_cores = false,
-                              const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+                              const VariantJit& variant = {"", "flashkv::DefaultVariant"},
+                              DecodeTCTuning tuning = {});
 // The name expression of that kernel (its function in the compiled module).
 std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
-                               int page_size, bool tensor_cores, const VariantJit& variant);
+                               int page_size, bool tensor_cores, const VariantJit& variant,
+                               DecodeTCTuning tuning = {});
 // Whether the tensor-core decode kernel supports this shape (its accumulators fit in registers).
 bool decode_tc_supported(int head_dim, int group_size);
 

@@ -17,8 +17,14 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
           for (int g : opts.group_sizes)
             for (int p : opts.page_sizes) {
               specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, false));
-              if (ops::decode_tc_supported(d, g))
+              if (ops::decode_tc_supported(d, g)) {
                 specs.push_back(ops::decode_kernel_spec(t, t, d, g, p, true));
+                // The other shapes BatchDecode's auto mode picks.
+                if (d <= 128)
+                  for (const auto& shape : {ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta})
+                    specs.push_back(ops::decode_kernel_spec(
+                        t, t, d, g, p, true, {"", "flashkv::DefaultVariant"}, shape));
+              }
             }
     } else if (op == "prefill") {
       for (DType t : opts.dtypes)

@@ -11,6 +11,9 @@ PrefillPlanLayout prefill_plan_layout(int num_ctas, int max_work_items, int max_
 
 size_t serialize_prefill_schedule(const PrefillSchedule& s, const PrefillPlanLayout& layout,
                                   std::byte* dst) {
+  // Prefill launches the layout's full grid: every CTA reads its indptr entries.
+  check(s.num_ctas == layout.num_ctas, "serialize_prefill_schedule: the schedule has ", s.num_ctas,
+        " CTAs but the layout was made for ", layout.num_ctas);
   PrefillPlanHeader h{};
   h.tile_rows = s.tile_rows;
   return write_plan_image<PrefillPlanHeader, PrefillWorkItem, PrefillMergeItem>(

@@ -858,6 +858,13 @@ TEST(DecodeScheduler, SerializationRoundTrips) {
     const DecodePlanLayout other = decode_plan_layout(132, o.max_work_items, 16);
     EXPECT_NE(error_of([&] { serialize_decode_schedule(s, other, bytes.data()); }).find("CTAs"),
               std::string::npos);
+    // A layout made for more CTAs holds it (decode's auto shapes: 1, 2 or 4 CTAs per SM in a
+    // workspace made for 4), with the same bytes up to the stored items.
+    const DecodePlanLayout larger = decode_plan_layout(528, o.max_work_items, l.max_merge_items);
+    std::vector<std::byte> big(larger.bytes);
+    EXPECT_GT(serialize_decode_schedule(s, larger, big.data()), 0u);
+    EXPECT_EQ(0, std::memcmp(big.data() + larger.cta_work_indptr, bytes.data() + l.cta_work_indptr,
+                             s.unit_work_indptr.size() * sizeof(int)));
     const DecodePlanLayout few_merges = decode_plan_layout(264, o.max_work_items, 1);
     EXPECT_NE(error_of([&] {
                 serialize_decode_schedule(s, few_merges, bytes.data());

@@ -27,8 +27,8 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
   o.group_sizes = {4};
   o.page_sizes = {16};
   const auto first = precompile(o);
-  // merge x 2 dtypes, decode (CUDA cores and tensor cores) x 2 dtypes.
-  ASSERT_EQ(first.size(), 6u);
+  // merge x 2 dtypes, decode (CUDA cores, tensor cores in 3 shapes) x 2 dtypes.
+  ASSERT_EQ(first.size(), 10u);
   // Second time: every entry is found (memory or disk), nothing recompiles.
   for (const auto& k : precompile(o)) EXPECT_FALSE(k.compiled) << k.id;
   // Warm lookup (memory hit) cost, printed for the record; the goal is <= 10 us.
@@ -50,6 +50,23 @@ TEST(Jit, EveryDecodeShapeCompiles) {
         if (tc && !ops::decode_tc_supported(d, g)) continue;
         const ops::KernelSpec spec =
             ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1, tc);
+        runtime::CompileRequest req = spec.make();
+        req.arch = "sm_90a";
+        EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
+      }
+    }
+  }
+}
+
+TEST(Jit, DecodeKernelShapesCompile) {
+  // The tensor-core kernel's stages / warps / CTAs-per-SM shapes (DecodePlanOptions.tc_stages,
+  // tc_warps; BatchDecodeConfig.ctas_per_sm), at the head dims and groups they change most.
+  const ops::DecodeTCTuning tunings[] = {ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta, {3, 4, 3}, {8, 2, 0}};
+  for (int d : {64, 128}) {
+    for (int g : {1, 16}) {
+      for (const auto& t : tunings) {
+        const ops::KernelSpec spec = ops::decode_kernel_spec(
+            DType::f16, DType::f16, d, g, 16, true, {"", "flashkv::DefaultVariant"}, t);
         runtime::CompileRequest req = spec.make();
         req.arch = "sm_90a";
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;

@@ -16,7 +16,8 @@ std::string DecodeCase::str() const {
   os << "] fixed_split " << opts.fixed_split_size << (opts.disable_split_kv ? " nosplit" : "")
      << (opts.backend == DecodeBackend::kCudaCores     ? " cuda-cores"
          : opts.backend == DecodeBackend::kTensorCores ? " tensor-cores"
-                                                       : " auto");
+                                                       : " auto")
+     << (ctas_per_sm ? " ctas_per_sm " + std::to_string(ctas_per_sm) : "");
   return os.str();
 }
 
@@ -47,6 +48,7 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   cfg.max_batch = std::max<int>(1, static_cast<int>(B));
   cfg.num_qo_heads = c.num_qo_heads;
   cfg.head_dim = c.head_dim;
+  cfg.ctas_per_sm = c.ctas_per_sm;
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
   Stream s = create_stream();

@@ -16,6 +16,7 @@ struct DecodeCase {
   DType dtype = DType::f16;
   bool interleaved = false;
   DecodePlanOptions opts{};
+  int ctas_per_sm = 0;  // BatchDecodeConfig.ctas_per_sm (0: auto)
   uint64_t seed = 1;
   std::string str() const;
 };

@@ -36,8 +36,20 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
           c.layout = (seed % 2) ? KVLayout::HND : KVLayout::NHD;
           c.interleaved = (seed % 3) == 0;
           c.seed = seed++;
-          // Auto (tensor cores where supported), then the CUDA-core kernel on the same case.
-          expect_decode_ok(c, run_decode_case(c));
+          // Auto (tensor cores where supported; 2 CTAs of 4 warps per SM for this small batch),
+          // the other shapes auto picks (4 CTAs of 2 warps, 1 of 8; ops/decode_shape_choice.cpp),
+          // then the CUDA-core kernel on the same case.
+          const DecodeOutcome o = run_decode_case(c);
+          expect_decode_ok(c, o);
+          EXPECT_EQ(o.plan.ctas_per_sm, 2) << c.str();
+          for (auto [ctas, warps] : {std::pair{4, 2}, {1, 8}}) {
+            c.ctas_per_sm = ctas;
+            const DecodeOutcome shaped = run_decode_case(c);
+            expect_decode_ok(c, shaped);
+            EXPECT_EQ(shaped.plan.ctas_per_sm, ctas) << c.str();
+            if (shaped.plan.tensor_cores && d <= 128) EXPECT_EQ(shaped.plan.warps, warps) << c.str();
+          }
+          c.ctas_per_sm = 0;
           c.opts.backend = DecodeBackend::kCudaCores;
           expect_decode_ok(c, run_decode_case(c));
         }
@@ -93,6 +105,34 @@ TEST_F(DecodeGpu, VeryLongRequestSplitsAcrossTheGpu) {
     EXPECT_EQ(o.plan.tensor_cores, b == DecodeBackend::kTensorCores);
     EXPECT_GT(o.plan.num_split_tiles, 0) << "one long request must be split (split-KV)";
     EXPECT_GE(o.plan.num_work_items, o.plan.num_ctas / 2);
+  }
+}
+
+// Auto's kernel shape (ops/decode_shape_choice.cpp): 4 CTAs of 2 warps per SM where every CTA has
+// work enough (>= 896 KV tokens each), 1 of 8 warps for few equal pairs, else 2 of 4; always the
+// default under CUDA graphs or fixed_split_size.
+TEST_F(DecodeGpu, AutoShapeFollowsTheWork) {
+  struct Expect {
+    std::vector<int64_t> lens;
+    bool graph;
+    int fixed_split;
+    int ctas_per_sm, warps;
+  };
+  const std::vector<int64_t> large(48, 2048);  // 786K token-heads: 1490 per small CTA
+  const std::vector<int64_t> equal(4, 3000), unequal{3000, 1000, 2000, 17};  // 32 pairs
+  for (const Expect& e : {Expect{large, false, 0, 4, 2}, Expect{equal, false, 0, 1, 8},
+                          Expect{unequal, false, 0, 2, 4}, Expect{large, true, 0, 2, 4},
+                          Expect{equal, true, 0, 2, 4}, Expect{large, false, 512, 2, 4}}) {
+    DecodeCase c;
+    c.kv_lens = e.lens;
+    c.opts.enable_cuda_graph = e.graph;
+    c.opts.fixed_split_size = e.fixed_split;
+    c.seed = 60 + e.lens.size() + e.fixed_split + e.graph;
+    const DecodeOutcome o = run_decode_case(c);
+    expect_decode_ok(c, o);
+    EXPECT_TRUE(o.plan.tensor_cores);
+    EXPECT_EQ(o.plan.ctas_per_sm, e.ctas_per_sm) << c.str();
+    EXPECT_EQ(o.plan.warps, e.warps) << c.str();
   }
 }
 

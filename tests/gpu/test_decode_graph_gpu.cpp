@@ -328,6 +328,19 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   DecodePlanOptions neg_scale;
   neg_scale.sm_scale = -1.f;
   expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, neg_scale); }, "sm_scale");
+  DecodePlanOptions bad_shape;
+  bad_shape.tc_stages = 1;
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "tc_stages");
+  bad_shape = {};
+  bad_shape.tc_warps = 3;
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "tc_warps");
+  bad_shape = {};
+  bad_shape.tc_stages = 8;
+  bad_shape.tc_warps = 8;  // 8 stages of 128 tokens: 1 MB of shared memory
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "shared memory");
+  BatchDecodeConfig neg_ctas = cfg;
+  neg_ctas.ctas_per_sm = -1;
+  expect_error([&] { (void)BatchDecode::workspace_bytes(neg_ctas); }, "ctas_per_sm");
   DecodePlanOptions check_idx;
   std::vector<int32_t> bad_idx = {0, 1, 99, 3};
   check_idx.kv_indices_host = bad_idx.data();
