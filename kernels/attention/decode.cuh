@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __
     decode_timeline_stamp(timeline);
     decode_work_item<C>(p, w, k_smem, v_smem, timeline);
     if (timeline >= 0) decode_timeline_stamp(timeline + 3);
-    if (w.slot >= 0) decode_arrive<C>(p, w, timeline);
+    if (w.slot >= 0) decode_arrive<C>(p, w, smem, timeline);
     if (timeline >= 0) decode_timeline_stamp(timeline + 5);
   }
 }

@@ -103,41 +103,94 @@ __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const De
   }
 }
 
-// The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
-// written to the output. Run by the CTA that wrote the tile's last partial state.
+// Writes 4 merged columns [col, col + 4) of query head g of a split tile (base-2 LSE lse2).
 template <class C>
-__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item) {
+__device__ __forceinline__ void decode_merge_write(const DecodeParams& p, const DecodeMergeItem& item, int g,
+                                                   int col, float (&acc)[4], float lse2) {
+  const int qo_head = item.kv_head * C::kGroup + g;
+  typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
+                        (long long)qo_head * p.o_stride_h + col;
+  // Without softmax every partial state has lse 0, so ⊕ averaged them: the sum is that times
+  // the number of states, 2^lse2.
+  if constexpr (!C::Traits::kUseSoftmax) {
+    const float n = lse2 == neg_inf() ? 0.f : exp2f(lse2);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= n;
+  }
+  if constexpr (C::Traits::kOutputTransform) {
+    const VariantRow row{item.request, item.request, 0, 1, item.kv_len, qo_head, item.kv_head};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, acc[e]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
+  if (C::Traits::kUseSoftmax && p.lse != nullptr && col == 0)
+    p.lse[(long long)item.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+}
+
+// The merge stage of one split (request, kv_head) tile: ⊕ of its partial states in KV order,
+// written to the output. Run by the CTA that wrote the tile's last partial state. A thread merges
+// one float4 of the tile over the slots; where the CTA has more threads than the tile has float4s
+// (small groups, 8-warp CTAs), kParts threads share each float4, each merging a contiguous share
+// of the slots, and the shares' states meet (⊕) in `scratch` (kThreads * 5 floats of shared
+// memory): one round of L2 reads instead of two for a tile split 17 ways on 8 warps (GQA D4).
+template <class C>
+__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item,
+                                                  float* scratch) {
   constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
-  for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
+  constexpr int kParts = kVecs >= C::kThreads ? 1 : C::kThreads / kVecs;
+  const long long o_stride = (long long)item.slot_stride * C::kGroup * C::kHeadDim;
+  const long long lse_stride = (long long)item.slot_stride * C::kGroup;
+  if constexpr (kParts == 1) {
+    for (int v = threadIdx.x; v < kVecs; v += C::kThreads) {
+      const int g = v / (C::kHeadDim / 4);
+      const int col = (v % (C::kHeadDim / 4)) * 4;
+      float acc[4];
+      // 16 slots in flight per thread: one long request split over every CTA is merged in few
+      // dependent rounds of L2 reads.
+      const long long first = (long long)item.slot_begin * C::kGroup + g;
+      const float lse2 = merge_split_slots4<16>(p.plan.partial_o + first * C::kHeadDim + col, o_stride,
+                                                p.plan.partial_lse + first, lse_stride, 0, item.num_slots, acc);
+      decode_merge_write<C>(p, item, g, col, acc, lse2);
+    }
+  } else {
+    const int v = threadIdx.x % kVecs, part = threadIdx.x / kVecs;
     const int g = v / (C::kHeadDim / 4);
     const int col = (v % (C::kHeadDim / 4)) * 4;
-    float acc[4];
-    // 16 slots in flight per thread: one long request split over every CTA (benchmark D4: 33
-    // slots per tile) is merged in 3 dependent rounds of L2 reads instead of 5.
-    const long long first = (long long)item.slot_begin * C::kGroup + g;
-    const float lse2 = merge_split_slots4<16>(
-        p.plan.partial_o + first * C::kHeadDim + col, (long long)item.slot_stride * C::kGroup * C::kHeadDim,
-        p.plan.partial_lse + first, (long long)item.slot_stride * C::kGroup, 0, item.num_slots, acc);
-    const int qo_head = item.kv_head * C::kGroup + g;
-    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
-                          (long long)qo_head * p.o_stride_h + col;
-    // Without softmax every partial state has lse 0, so ⊕ averaged them: the sum is that times
-    // the number of states, 2^lse2.
-    if constexpr (!C::Traits::kUseSoftmax) {
-      const float n = lse2 == neg_inf() ? 0.f : exp2f(lse2);
+    if (part < kParts) {
+      float acc[4];
+      const long long first = (long long)item.slot_begin * C::kGroup + g;
+      const float lse2 = merge_split_slots4<16>(
+          p.plan.partial_o + first * C::kHeadDim + col, o_stride, p.plan.partial_lse + first, lse_stride,
+          part * item.num_slots / kParts, (part + 1) * item.num_slots / kParts, acc);
+      float* mine = scratch + (part * kVecs + v) * 5;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] *= n;
+      for (int e = 0; e < 4; ++e) mine[e] = acc[e];
+      mine[4] = lse2;
     }
-    if constexpr (C::Traits::kOutputTransform) {
-      const VariantRow row{item.request, item.request, 0, 1, item.kv_len, qo_head, item.kv_head};
+    __syncthreads();
+    if (part == 0) {  // ⊕ of the shares' normalized states, in slot order
+      float m = neg_inf();
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, acc[e]);
+      for (int q = 0; q < kParts; ++q) m = fmaxf(m, scratch[(q * kVecs + v) * 5 + 4]);
+      float acc[4] = {0.f, 0.f, 0.f, 0.f}, d = 0.f;
+      if (m != neg_inf()) {
+#pragma unroll
+        for (int q = 0; q < kParts; ++q) {
+          const float* st = scratch + (q * kVecs + v) * 5;
+          const float w = fast_exp2(st[4] - m);  // 0 for an empty share (lse -inf)
+          d += w;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[e] += w * st[e];
+        }
+      }
+      const float inv = d > 0.f ? 1.f / d : 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= inv;
+      decode_merge_write<C>(p, item, g, col, acc, d > 0.f ? m + log2f(d) : neg_inf());
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
-    if (C::Traits::kUseSoftmax && p.lse != nullptr && col == 0)
-      p.lse[(long long)item.request * p.lse_stride_n + qo_head] = lse2 * kLn2;
+    __syncthreads();  // the scratch is the next work item's shared memory
   }
 }
 
@@ -154,8 +207,10 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* address, int value) {
 // After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
 // merge the tile here (one launch for decode and merge; no CTA ever waits for another).
 // timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
+// smem: the kernel's dynamic shared memory (free between work items), the merge's scratch.
 template <class C>
-__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, int timeline = -1) {
+__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, unsigned char* smem,
+                                              int timeline = -1) {
   __shared__ int is_last;
   __syncthreads();  // every thread's partial-state writes precede thread 0's release below
   if (threadIdx.x == 0) {
@@ -167,7 +222,7 @@ __device__ __forceinline__ void decode_arrive(const DecodeParams& p, const Decod
   if (timeline >= 0) decode_timeline_stamp(timeline + 4);
   if (is_last) {
     const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
-    decode_merge_tile<C>(p, item);
+    decode_merge_tile<C>(p, item, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
   }
 }

@@ -59,7 +59,7 @@ struct DecodeTCConfig {
   // 64 f32 accumulators per thread: more spills to local memory (seen with ptxas: head_dim 256
   // used 255 registers and a 360-byte stack), so larger shapes use the CUDA-core kernel.
   static_assert(kRowTiles * kDTiles * 4 <= 64, "output accumulators would not fit in registers");
-  static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 2) * 4 <= 2 * kStages * kStageElems * 2,
+  static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 4 + 2) * 4 <= 2 * kStages * kStageElems * 2,
                 "the cross-warp merge must fit in the pipeline's shared memory");
 };
 
@@ -277,26 +277,32 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   }
   if (timeline >= 0) decode_timeline_stamp(timeline + 2);
 
-  // Merge the warps' states (⊕) through shared memory, then write rows < kGroup.
-  float* o_sm = reinterpret_cast<float*>(k_smem);  // [kWarps][R*16][kHeadDim]
-  float* md_sm = o_sm + C::kWarps * R * 16 * C::kHeadDim;  // [kWarps][R*16][2]
+  // Merge the warps' states (⊕) through shared memory, then write rows < kGroup. Only real rows
+  // (< kGroup) are staged: padding rows are zeros no one reads, and staging them was most of the
+  // epilogue's shared-memory traffic (16 rows per warp for GQA-4's 4, MHA's 1).
+  // Rows padded by 4 floats: the 8 rows a warp's float2 stores hit per column pair fall on
+  // distinct banks (a row stride of kHeadDim floats put them all on one).
+  constexpr int kOStride = C::kHeadDim + 4;
+  float* o_sm = reinterpret_cast<float*>(k_smem);  // [kWarps][R*16][kOStride]
+  float* md_sm = o_sm + C::kWarps * R * 16 * kOStride;  // [kWarps][R*16][2]
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if (r * 16 + 8 * h >= C::kGroup) continue;  // 8 padding rows (compile time)
       const int row = r * 16 + lane / 4 + 8 * h;
       float dsum = d[r][h];
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
       dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      if (row >= C::kGroup) continue;  // the quad's row is padding (no shuffles below)
       if (lane % 4 == 0) {
         md_sm[(warp * R * 16 + row) * 2] = m[r][h];
         md_sm[(warp * R * 16 + row) * 2 + 1] = dsum;
       }
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
-        float* dst = o_sm + (warp * R * 16 + row) * C::kHeadDim + n * 8 + 2 * (lane % 4);
-        dst[0] = o[r][n][h * 2];
-        dst[1] = o[r][n][h * 2 + 1];
+        float* dst = o_sm + (warp * R * 16 + row) * kOStride + n * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(dst) = make_float2(o[r][n][h * 2], o[r][n][h * 2 + 1]);
       }
     }
   }
@@ -312,7 +318,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     if constexpr (!Tr::kUseSoftmax) {  // unnormalized sums; partial states carry lse 0
 #pragma unroll
       for (int wv = 0; wv < C::kWarps; ++wv) {
-        const float* src = o_sm + (wv * R * 16 + row) * C::kHeadDim + col;
+        const float* src = o_sm + (wv * R * 16 + row) * kOStride + col;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += src[e];
       }
@@ -325,7 +331,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         const float wm = md_sm[(wv * R * 16 + row) * 2];
         const float sc = wm == neg_inf() ? 0.f : fast_exp2(wm - mm);
         dd += sc * md_sm[(wv * R * 16 + row) * 2 + 1];
-        const float* src = o_sm + (wv * R * 16 + row) * C::kHeadDim + col;
+        const float* src = o_sm + (wv * R * 16 + row) * kOStride + col;
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += sc * src[e];
       }
@@ -360,7 +366,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas) batch_deco
     decode_timeline_stamp(timeline);
     decode_tc_work_item<C>(p, w, smem, timeline);
     if (timeline >= 0) decode_timeline_stamp(timeline + 3);
-    if (w.slot >= 0) decode_arrive<C>(p, w, timeline);
+    if (w.slot >= 0) decode_arrive<C>(p, w, smem, timeline);
     if (timeline >= 0) decode_timeline_stamp(timeline + 5);
   }
 }
