@@ -206,6 +206,8 @@ class PyBatchDecode {
     d["plan_us"] = i.plan_us;
     d["schedule_us"] = i.schedule_us;
     d["tensor_cores"] = i.tensor_cores;
+    d["ctas_per_sm"] = i.ctas_per_sm;  // the kernel's shape (auto picks it per plan)
+    d["warps"] = i.warps;
     return d;
   }
 

@@ -183,6 +183,27 @@ def test_batch_decode(dtype, layout, interleaved, page_size, heads_dim):
         check_lse(lse[i], ref_lse[0])
 
 
+@pytest.mark.parametrize("lens_shape", [([3000] * 4, (1, 8)), ([2048] * 48, (4, 2)),
+                                        ([3000, 1000, 2000, 17], (2, 4))])
+def test_batch_decode_kernel_shape_follows_the_batch(lens_shape):
+    # The C++ auto rule (src/ops/decode_shape_choice.cpp), seen through plan_info(): one CTA of 8
+    # warps per SM for a few equal requests, 4 of 2 warps for a large batch, else 2 of 4.
+    kv_lens, (ctas, warps) = lens_shape
+    g = gen(29)
+    hq, hk, d, ps, dtype = 32, 8, 128, 16, "float16"
+    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
+    q = rand((len(kv_lens), hq, d), dtype, g)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD")
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           q_data_type=tdtype(dtype))
+    info = w.plan_info()
+    assert (info["ctas_per_sm"], info["warps"]) == (ctas, warps)
+    out = w.run(q, cache.cache(False))
+    for i in range(0, len(kv_lens), 7):
+        ref, _ = sdpa_ref(q[i:i + 1], *cache.gather(i))
+        check_out(out[i], ref[0], dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("interleaved", [False, True])
