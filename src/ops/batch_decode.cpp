@@ -247,7 +247,13 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   shape_in.fixed_split_size = opts.fixed_split_size;
   shape_in.tc_stages = opts.tc_stages;
   shape_in.tc_warps = opts.tc_warps;
-  const ops::DecodeShapeChoice shape = ops::choose_decode_shape(shape_in);
+  ops::DecodeShapeChoice shape = ops::choose_decode_shape(shape_in);
+  // A GPU with less shared memory per block than the H200 (sm_86/sm_89: ~100 KB) cannot run the
+  // one-CTA shape (132 KB at head_dim 128): auto falls back to its default there.
+  if (m.cfg.ctas_per_sm == 0 && opts.tc_stages == 0 && opts.tc_warps == 0 &&
+      decode_geometry(kv_dtype, head_dim, group, true, shape.tuning).smem > static_cast<unsigned>(m.max_smem)) {
+    shape = {2, {}};
+  }
   const int ctas_per_sm = shape.ctas_per_sm;
   ops::DecodeTCTuning tuning = shape.tuning;
   const bool tc_ok = ops::decode_tc_supported(head_dim, group);
