@@ -136,10 +136,10 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           dec.run(qview(0), caches[0], out, TensorView(), s);
           synchronize(s);
           const double err = check_sampled(st, 0.f);
+          const auto info = dec.plan_info();
           if (!o.timeline_file.empty()) {
-            const auto pi = dec.plan_info();
             nlohmann::json tl = capture_decode_timeline(
-                pi.kernel_id, static_cast<unsigned>(pi.num_ctas),
+                info.kernel_id, static_cast<unsigned>(info.num_ctas),
                 [&] { dec.run(qview(0), caches[0], out, TensorView(), s); }, s);
             tl["workload"] = w.id;
             tl["shape"] = sh.name;
@@ -147,7 +147,6 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
             timelines.push_back(std::move(tl));
           }
           const double tbps = st.bytes_moved / (t.median_us * 1e-6) / 1e12;
-          const auto info = dec.plan_info();
           std::string sweep;
           if (alpha > 0 || min_chunk > 0) {
             sweep +=

@@ -241,41 +241,38 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   shape_in.config_ctas_per_sm = m.cfg.ctas_per_sm;
   shape_in.sms = m.ws.sms();
   shape_in.head_dim = head_dim;
+  shape_in.group = group;
   shape_in.num_kv_heads = num_kv_heads;
+  shape_in.max_smem_bytes = m.max_smem;
   shape_in.kv_lens = m.kv_lens;
   shape_in.enable_cuda_graph = opts.enable_cuda_graph;
   shape_in.fixed_split_size = opts.fixed_split_size;
   shape_in.tc_stages = opts.tc_stages;
   shape_in.tc_warps = opts.tc_warps;
-  ops::DecodeShapeChoice shape = ops::choose_decode_shape(shape_in);
-  // A GPU with less shared memory per block than the H200 (sm_86/sm_89: ~100 KB) cannot run the
-  // one-CTA shape (132 KB at head_dim 128): auto falls back to its default there.
-  if (m.cfg.ctas_per_sm == 0 && opts.tc_stages == 0 && opts.tc_warps == 0 &&
-      decode_geometry(kv_dtype, head_dim, group, true, shape.tuning).smem > static_cast<unsigned>(m.max_smem)) {
-    shape = {2, {}};
-  }
-  const int ctas_per_sm = shape.ctas_per_sm;
+  const ops::DecodeShapeChoice shape = ops::choose_decode_shape(shape_in);
+  int ctas_per_sm = shape.ctas_per_sm;
   ops::DecodeTCTuning tuning = shape.tuning;
   const bool tc_ok = ops::decode_tc_supported(head_dim, group);
   check(opts.backend != DecodeBackend::kTensorCores || tc_ok,
         "DecodePlanOptions.backend: the tensor-core ", "decode kernel does not support head_dim ",
         head_dim, " with a GQA group of ", group);
-  // The tensor-core kernel needs ~100 KB of shared memory at head_dim 128: more than some GPUs
-  // (sm_86/sm_89) allow per block; auto falls back to CUDA cores there.
-  const bool tc_fits =
-      decode_geometry(kv_dtype, head_dim, group, true, tuning).smem <= static_cast<unsigned>(m.max_smem);
+  // The tensor-core kernel needs ~68 KB of shared memory at head_dim 128: more than some GPUs
+  // allow per block; auto falls back to CUDA cores there.
+  const unsigned tc_smem = decode_geometry(kv_dtype, head_dim, group, true, tuning).smem;
+  const bool tc_fits = tc_smem <= static_cast<unsigned>(m.max_smem);
   check(opts.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",
         "tensor-core decode kernel needs more shared memory than this GPU allows per block");
   check((opts.tc_stages == 0 && opts.tc_warps == 0) || tc_fits, "DecodePlanOptions.tc_stages / tc_warps: ",
-        decode_geometry(kv_dtype, head_dim, group, true, tuning).smem,
-        " bytes of shared memory per block; this GPU allows ", m.max_smem);
+        tc_smem, " bytes of shared memory per block; this GPU allows ", m.max_smem);
   const bool tc = opts.backend == DecodeBackend::kTensorCores ||
                   (opts.backend == DecodeBackend::kAuto && tc_ok && tc_fits);
-  if (!tc) tuning = {};
+  if (!tc) {
+    tuning = {};
+    if (m.cfg.ctas_per_sm == 0) ctas_per_sm = 2;  // the CUDA-core kernel's default grid
+  }
 
   scheduler::DecodeScheduleOptions so;
-  // The CUDA-core kernel runs 2 CTAs per SM unless told otherwise.
-  so.num_ctas = m.ws.sms() * (tc || m.cfg.ctas_per_sm > 0 ? ctas_per_sm : 2);
+  so.num_ctas = m.ws.sms() * ctas_per_sm;
   so.num_kv_heads = num_kv_heads;
   so.fixed_split_size = opts.fixed_split_size;
   so.disable_split_kv = opts.disable_split_kv;
@@ -348,7 +345,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     m.kernel_key = key;
   }
   m.info.tensor_cores = tc;
-  m.info.ctas_per_sm = so.num_ctas / m.ws.sms();
+  m.info.ctas_per_sm = ctas_per_sm;
   m.info.warps = static_cast<int>(m.geometry.threads / 32);
   m.info.kernel_id = m.kernel_id;
 

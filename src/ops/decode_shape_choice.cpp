@@ -20,10 +20,14 @@
 //   granularity of 2 CTAs per SM to balance.
 // - Else 2 CTAs of 4 warps, the default.
 // A captured CUDA graph holds its kernel and grid, and fixed_split_size promises bitwise batch
-// invariance (the warps' share of a chunk sets the order of the sums): both keep the default.
+// invariance (the warps' share of a chunk sets the order of the sums): both keep the default. So
+// does a GPU whose per-block shared memory the chosen shape exceeds (the one-CTA shape needs
+// 132 KB at head_dim 128; sm_86/sm_89 allow ~100).
 #include "ops/decode_shape_choice.h"
 
 #include <algorithm>
+
+#include "attention/decode_shape.cuh"
 
 namespace flashkv::ops {
 
@@ -39,11 +43,14 @@ DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in) {
       tokens *= in.num_kv_heads;
       const auto [lo, hi] = std::minmax_element(in.kv_lens.begin(), in.kv_lens.end());
       const int64_t pairs = static_cast<int64_t>(in.kv_lens.size()) * in.num_kv_heads;
+      DecodeTCTuning pick{};
       if (tokens >= kDecodeSmallCtaMinTokens * in.sms * kDecodeTCSmallCtas.ctas) {
-        ctas = kDecodeTCSmallCtas.ctas;
+        pick = kDecodeTCSmallCtas;
       } else if (*lo == *hi && *hi > 0 && pairs <= in.sms) {
-        ctas = kDecodeTCOneCta.ctas;
+        pick = kDecodeTCOneCta;
       }
+      const DecodeTCShape s = decode_tc_shape(in.head_dim, in.group, in.tc_stages, pick.warps, pick.ctas);
+      if (pick.ctas > 0 && s.smem_bytes <= in.max_smem_bytes) ctas = pick.ctas;
     }
   }
   // Warps keep ~8 per SM (0: decode_shape.cuh's default, 4 at head_dim <= 128, 2 above).

@@ -13,7 +13,9 @@ struct DecodeShapeInputs {
   int config_ctas_per_sm = 0;  // BatchDecodeConfig.ctas_per_sm (0: auto)
   int sms = 0;                 // SMs the grid spans
   int head_dim = 128;
+  int group = 1;               // query heads per KV head
   int num_kv_heads = 1;
+  int max_smem_bytes = 227 * 1024;  // the GPU's opt-in shared memory per block
   std::span<const int64_t> kv_lens;  // the keys each request's row sees
   bool enable_cuda_graph = false;
   int fixed_split_size = 0;

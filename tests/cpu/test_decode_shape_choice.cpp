@@ -58,6 +58,14 @@ TEST(DecodeShapeChoice, OneCtaNeedsEqualPairsNoMoreThanSms) {
   EXPECT_EQ(choose({}, 8).ctas_per_sm, 2);
 }
 
+TEST(DecodeShapeChoice, AShapeTheGpuCannotFitKeepsTheDefault) {
+  // The one-CTA shape needs 132 KB at head_dim 128; a GPU allowing ~100 KB per block keeps 2 x 4.
+  const std::vector<int64_t> d1(16, 1024);
+  expect_shape(choose(d1, 8, [](DecodeShapeInputs& in) { in.max_smem_bytes = 100 * 1024; }), 2, {});
+  expect_shape(choose(d1, 8, [](DecodeShapeInputs& in) { in.max_smem_bytes = 132 * 1024; }), 1,
+               kDecodeTCOneCta);
+}
+
 TEST(DecodeShapeChoice, GraphsFixedSplitsWideHeadsAndExplicitSettingsKeepTheirShape) {
   const std::vector<int64_t> d1(16, 1024), d6(256, 2048);
   for (const auto& lens : {d1, d6}) {
