@@ -188,6 +188,9 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   PrefillPlanOptions po;
   po.causal = true;
   po.tile_rows = o.tile_rows;
+  po.backend = o.backend == "mma"     ? PrefillBackend::kMmaSync
+               : o.backend == "wgmma" ? PrefillBackend::kWgmma
+                                      : PrefillBackend::kAuto;
   auto plan = [&] {
     pf.plan(st.qo_indptr.data(), st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq,
             sh.num_kv_heads, D, o.page_size, dt, dt, dt, po, s);
@@ -222,10 +225,10 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   const double pct16 = pct(tflops, ceil.gemm_f16_tflops);
   const auto info = pf.plan_info();
   std::printf(
-      "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s tile %d, %d CTAs, %d items/%d "
+      "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s %s, tile %d, %d CTAs, %d items/%d "
       "split, plan %.1f us\n",
       w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tflops, pct16, rc.err, rc.bound,
-      rc.pass ? "ok" : "FAIL", info.tile_rows, info.num_ctas, info.num_work_items,
+      rc.pass ? "ok" : "FAIL", info.wgmma ? "wgmma" : "mma.sync", info.tile_rows, info.num_ctas, info.num_work_items,
       info.num_split_tiles, plan_us[plan_us.size() / 2]);
   std::fflush(stdout);
   return {{"workload", w.id},
@@ -254,6 +257,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
           {"plan_us_min", plan_us.front()},
           {"plan_us_first", plan_first_us},
           {"tile_rows", info.tile_rows},
+          {"kernel", info.wgmma ? "wgmma" : "mma.sync"},
           {"ctas", info.num_ctas},
           {"work_items", info.num_work_items},
           {"split_tiles", info.num_split_tiles},

@@ -21,6 +21,7 @@ struct PrefillBenchOptions {
   int reps = 30;
   int ctas_per_sm = 2;  // BatchPrefillConfig.ctas_per_sm
   int tile_rows = 0;    // PrefillPlanOptions.tile_rows; 0: the planner's heuristic
+  std::string backend = "auto";  // PrefillPlanOptions.backend: auto, mma (mma.sync) or wgmma
   std::string workloads_file;
 };
 

@@ -180,6 +180,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
   cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
       ->capture_default_str();
+  cmd->add_option("--prefill-backend", a->prefill.backend,
+                  "prefill kernel: auto (wgmma on sm_90a where it applies), mma (mma.sync) or wgmma")
+      ->check(CLI::IsMember({"auto", "mma", "wgmma"}))
+      ->capture_default_str();
   cmd->add_option("--prefill-tile-rows", a->prefill.tile_rows,
                   "prefill query-tile rows (16, 32, 64, 128; 0: the planner's heuristic)")
       ->check(CLI::IsMember({0, 16, 32, 64, 128}))

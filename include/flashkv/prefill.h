@@ -50,6 +50,11 @@ struct BatchPrefillConfig {
                            // does not fit that many, e.g. head_dim 256)
 };
 
+// Which kernel a plan runs. kAuto: the Hopper wgmma kernel where it applies (an sm_90a GPU,
+// 128-row query tiles, plain attention), else the mma.sync kernel. kWgmma where it does not apply
+// makes plan() throw, naming why.
+enum class PrefillBackend : uint8_t { kAuto, kMmaSync, kWgmma };
+
 struct PrefillPlanOptions {
   bool causal = false;
   float sm_scale = 0.0f;     // 0: 1/sqrt(head_dim)
@@ -67,6 +72,7 @@ struct PrefillPlanOptions {
   // reads outside the cache: out-of-range ids read as zeros.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;
+  PrefillBackend backend = PrefillBackend::kAuto;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
   // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan(), its
   // arguments packed at each run(). A built-in's causal / sm_scale apply when causal is false /
@@ -81,6 +87,7 @@ struct PrefillPlanInfo {
   int num_split_tiles = 0;
   int tile_rows = 0;
   int64_t chunk_bound = 0;  // the longest KV chunk a work item may take (tokens; the split bound)
+  bool wgmma = false;       // the plan runs the Hopper wgmma kernel (else mma.sync)
   double plan_us = 0.0;  // CPU time of the last plan()
 };
 

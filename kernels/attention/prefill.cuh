@@ -52,6 +52,13 @@ struct PrefillConfig {
   static constexpr int kStages = kShape.stages;
   static constexpr int kSmemBytes = kShape.smem_bytes;
 
+  // Where 16-byte chunk `chunk` of row `row` of a kTileRows-row tile (Q, or K/V of a stage) lives:
+  // rows of kChunks chunks, XOR-swizzled for ldmatrix.
+  template <int kTileRows>
+  __device__ __forceinline__ static u32 smem_offset(int row, int chunk) {
+    return swizzled_offset<kChunks>(row, chunk);
+  }
+
   static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
   static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV, "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");

@@ -1,6 +1,7 @@
 // The prefill kernel's loaders: a query tile (GQA rows gathered from the ragged q) and KV tiles
 // gathered from a paged cache (any page size, 1 included) or from ragged contiguous KV, into
-// contiguous XOR-swizzled shared memory with cp.async. C is the kernel config (prefill.cuh).
+// contiguous XOR-swizzled shared memory with cp.async. C is the kernel config (prefill.cuh,
+// prefill_hopper.cuh): its smem_offset<tile rows>(row, chunk) is the tile layout its MMAs read.
 #pragma once
 
 #include "attention/prefill_params.cuh"
@@ -29,7 +30,7 @@ __device__ __forceinline__ void prefill_load_q(const PrefillParams& p, const Pre
     const q_t* src = valid ? q + (long long)(w.q_base + w.q_start + tok) * p.q_stride_n +
                                  (long long)(w.kv_head * p.group + head) * p.q_stride_h
                            : q;
-    cp_async_16(q_smem + swizzled_offset<C::kChunks>(row, threadIdx.x % C::kChunks), src, valid);
+    cp_async_16(q_smem + C::template smem_offset<C::kRows>(row, threadIdx.x % C::kChunks), src, valid);
     tok += step_tok;
     head += step_head;
     if (head >= p.group) {
@@ -100,7 +101,7 @@ __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p, co
       off = (long long)(valid ? a.page[j] : 0) * p.page_stride + slot * p.token_stride;
     }
     off = valid ? off : 0;
-    const u32 so = swizzled_offset<C::kChunks>(L::row(j), L::chunk());
+    const u32 so = C::template smem_offset<C::kTile>(L::row(j), L::chunk());
     cp_async_16(k_stage + so, kg + off, valid);
     cp_async_16(v_stage + so, vg + off, valid);
   }

@@ -1,6 +1,7 @@
-// The prefill kernel's geometry as a function of (head_dim, query-tile rows): warps, KV tile,
-// pipeline depth, shared memory. One constexpr function read by both the kernel config
-// (prefill.cuh) and the host launch (src/ops), so the two can never disagree. Includes nothing.
+// The prefill kernels' geometry as a function of (head_dim, query-tile rows): warps, KV tile,
+// pipeline depth, shared memory. One constexpr function per kernel (mma.sync: prefill.cuh; Hopper
+// wgmma: prefill_hopper.cuh), read by both the kernel config and the host launch (src/ops), so
+// the two can never disagree. Includes nothing.
 #pragma once
 
 namespace flashkv {
@@ -47,6 +48,27 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows) {
   const int kv_bytes = 2 * s.stages * s.stage_bytes;
   const int merge_bytes = s.warps_kv > 1 ? s.warps * 16 * (head_dim + 2) * 4 : 0;
   s.smem_bytes = s.q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
+  return s;
+}
+
+// The Hopper kernel (prefill_hopper.cuh): a 128-row query tile, two warpgroups of 64 rows, one
+// CTA per SM (its accumulators take most of the register file). KV tiles of 128 tokens (64 at
+// head_dim 256, where O alone is 128 accumulators per thread) and as many stages as keep about
+// 128 KB of K+V in flight. Tiles start 1024-byte aligned (the 128-byte swizzle atom): the
+// dynamic shared memory gets 1 KB of slack to align its base.
+constexpr PrefillShape prefill_hopper_shape(int head_dim) {
+  PrefillShape s{};
+  s.row_tiles = 1;
+  s.warp_rows = 16;
+  s.warps_q = 8;
+  s.warps_kv = 1;
+  s.warps = 8;
+  s.threads = 256;
+  s.tile = head_dim <= 128 ? 128 : 64;
+  s.q_bytes = 128 * head_dim * 2;
+  s.stage_bytes = s.tile * head_dim * 2;
+  s.stages = 2 * s.stage_bytes * 4 <= 128 * 1024 ? 4 : 2;
+  s.smem_bytes = 1024 + s.q_bytes + 2 * s.stages * s.stage_bytes;
   return s;
 }
 

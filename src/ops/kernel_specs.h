@@ -48,6 +48,13 @@ bool decode_tc_supported(int head_dim, int group_size);
 // With a variant (ops/variant_jit.h) its id joins the kernel id and its source the module.
 KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source,
                                const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh) for one (dtype, head_dim, KV
+// source); its query tile is always 128 rows and it runs plain attention only.
+KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source);
+// Whether that kernel can run a plan: an sm_90a target, 128-row query tiles (two warpgroups of 64
+// rows) and plain attention (variants keep the mma.sync kernel). Empty when it can, else why not
+// (the error of PrefillPlanOptions.backend = kWgmma names it).
+std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention);
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);

@@ -31,6 +31,10 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
         for (int d : opts.head_dims)
           for (int rows : {16, 32, 64, 128})
             for (int kv : {0, 1, 2}) specs.push_back(ops::prefill_kernel_spec(t, d, rows, kv));
+      if (ops::prefill_wgmma_unsupported(opts.arch, 128, true).empty())  // the Hopper kernel too
+        for (DType t : opts.dtypes)
+          for (int d : opts.head_dims)
+            for (int kv : {0, 1, 2}) specs.push_back(ops::prefill_hopper_kernel_spec(t, d, kv));
     } else if (op == "cascade") {  // the gather / merge kernels around the levels' passes
       for (DType t : opts.dtypes) specs.push_back(ops::cascade_kernel_spec(t));
     } else if (op == "kv") {  // RoPE, KV append, get_batch_indices_positions

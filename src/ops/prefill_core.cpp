@@ -46,6 +46,30 @@ KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_sourc
             return make_request(id, "attention/prefill.cuh", {kernel}, extra);
           }};
 }
+
+std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention) {
+  if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
+  if (rows != 128) return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
+  if (!plain_attention) return "it runs plain attention (this plan has a variant)";
+  return {};
+}
+
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv) {
+  return std::string("flashkv::batch_prefill_hopper_kernel<flashkv::PrefillHopperConfig<") +
+         device_type_name(dtype, "q") + ", " + std::to_string(head_dim) + ", " +
+         std::to_string(static_cast<int>(kv)) + ">, flashkv::DefaultVariant>";
+}
+
+KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source) {
+  check(kv_source >= 0 && kv_source <= 2, "prefill_hopper_kernel_spec: kv_source 0, 1 or 2, got ",
+        kv_source);
+  static const char* kNames[] = {"ragged", "paged", "paged_any"};
+  const auto kv = static_cast<PrefillKV>(kv_source);
+  const std::string id = std::string("prefill_wgmma<") + dtype_name(dtype) + ",d" +
+                         std::to_string(head_dim) + "," + kNames[kv_source] + ">";
+  const std::string kernel = prefill_hopper_kernel_name(dtype, head_dim, kv);
+  return {id, [id, kernel] { return make_request(id, "attention/prefill_hopper.cuh", {kernel}, ""); }};
+}
 }  // namespace ops
 
 namespace detail {
@@ -58,17 +82,20 @@ PrefillCore::PrefillCore(const BatchPrefillConfig& c, void* workspace, size_t by
 }
 
 void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
-                              const ops::VariantJit& variant) {
+                              const ops::VariantJit& variant, bool wgmma) {
   if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd &&
-      kernel.rows == rows && kernel.kv == kv && kernel.variant == variant.id)
+      kernel.rows == rows && kernel.kv == kv && kernel.variant == variant.id && kernel.wgmma == wgmma)
     return;
   const ops::KernelSpec spec =
-      ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv), variant);
+      wgmma ? ops::prefill_hopper_kernel_spec(dtype, hd, static_cast<int>(kv))
+            : ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv), variant);
   const runtime::LoadedModule& mod =
       runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
   Kernel k;
-  k.fn = mod.function(ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
-  k.geometry = ops::prefill_geometry(hd, rows);
+  k.fn = mod.function(wgmma ? ops::prefill_hopper_kernel_name(dtype, hd, kv)
+                            : ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
+  k.geometry = ops::prefill_geometry(hd, rows, wgmma);
+  k.wgmma = wgmma;
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
         " bytes of shared memory per block, more than this GPU offers");
@@ -164,7 +191,12 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   // use only) so run() never compiles.
   ops::VariantJit vj = ops::variant_jit(o.variant);
   const int rows = o.tile_rows > 0 ? o.tile_rows : ops::default_prefill_tile_rows(qo_lens, group);
-  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj);
+  if (arch.empty()) arch = runtime::device_arch(cfg.device);  // once: plan() stays on the CPU
+  const std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty());
+  check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
+        "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
+  const bool wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
+  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj, wgmma);
   const int num_ctas = ws.max_ctas() / cfg.ctas_per_sm * kernel.ctas_per_sm;
 
   // A built-in description's causal flag and sm_scale apply where the options set none.
@@ -259,6 +291,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   info.num_work_items = static_cast<int>(s.work.size());
   info.num_split_tiles = static_cast<int>(s.merge.size());
   info.tile_rows = rows;
+  info.wgmma = kernel.wgmma;
   info.chunk_bound = s.chunk_bound;
   planned = true;
   info.plan_us =

@@ -37,6 +37,7 @@ struct PrefillCore {
   bool paged = true;
   const char* name;  // "BatchPrefillPaged" / "BatchPrefillRagged", for messages
   ops::PrefillWorkspace ws;
+  std::string arch;  // the device's compile target ("sm_90a"), read at the first plan()
   runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
 
   // The plan in force.
@@ -61,6 +62,7 @@ struct PrefillCore {
     CUfunction fn = nullptr;
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
+    bool wgmma = false;  // the Hopper kernel (attention/prefill_hopper.cuh)
     std::string id;
   } kernel;
 
@@ -80,7 +82,7 @@ struct PrefillCore {
 
  private:
   void load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv,
-                   const ops::VariantJit& variant);
+                   const ops::VariantJit& variant, bool wgmma);
 };
 
 }  // namespace flashkv::detail

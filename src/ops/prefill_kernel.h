@@ -16,10 +16,11 @@ struct PrefillGeometry {
 };
 
 // The launch geometry, from the same constexpr function the kernel's config reads.
-inline PrefillGeometry prefill_geometry(int head_dim, int rows) {
-  const PrefillShape s = prefill_shape(head_dim, rows);
+inline PrefillGeometry prefill_geometry(int head_dim, int rows, bool wgmma = false) {
+  const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim) : prefill_shape(head_dim, rows);
   return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
 }
+
 
 // The query tile plan() uses when PrefillPlanOptions.tile_rows is 0: the paper's heuristic
 // (scheduler::choose_query_tile_rows). Kept as the op's own entry point so a measured
@@ -39,5 +40,7 @@ std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV k
 // The kernel's name expression: flashkv::batch_prefill_kernel<config, variant type>.
 std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
                                 const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+// The Hopper kernel's: flashkv::batch_prefill_hopper_kernel<PrefillHopperConfig<...>, variant>.
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv);
 
 }  // namespace flashkv::ops

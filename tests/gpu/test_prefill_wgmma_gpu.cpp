@@ -1,0 +1,157 @@
+// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh) vs the CPU reference, forced with
+// PrefillPlanOptions.backend = kWgmma on 128-row query tiles: head_dim 64/128/256, GQA groups
+// 1/4/8/16 and MQA, page sizes 1/5/16/64, NHD/HND/interleaved, f16/bf16, causal and not, paged
+// and ragged KV, split-KV with its merge, empty and length-1 requests and long KV. Also which
+// kernel kAuto picks, and the errors of kWgmma where the kernel cannot run. Skipped (with the
+// reason) on GPUs other than sm_90a. Tolerance: tests/common/test_util.h, as for every prefill test.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashkv/error.h"
+#include "gpu/prefill_case.h"
+#include "runtime/kernel_cache.h"  // device_arch
+
+namespace flashkv::test {
+namespace {
+
+class PrefillWgmmaGpu : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    const std::string arch = runtime::device_arch(0);
+    if (arch != "sm_90a") GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU; this is " << arch;
+  }
+};
+
+using Requests = std::vector<std::pair<int64_t, int64_t>>;  // (qo_len, kv_len) per request
+
+void set_requests(PrefillCase& c, const Requests& reqs) {
+  c.qo_lens.clear();
+  c.kv_lens.clear();
+  for (auto [qo, kv] : reqs) {
+    c.qo_lens.push_back(qo);
+    c.kv_lens.push_back(kv);
+  }
+}
+
+PrefillPlanOptions wgmma_opts(const PrefillCase& c) {
+  PrefillPlanOptions o = c.opts;
+  o.tile_rows = 128;
+  o.backend = PrefillBackend::kWgmma;
+  return o;
+}
+
+// Prompts, appends, a decode row, empty requests both ways, qo > kv (causal: rows see nothing),
+// lengths off every tile and page boundary, and one request whose KV spans many 128-token tiles.
+const Requests kMixed = {{17, 17}, {1, 300}, {113, 500}, {0, 9}, {7, 0}, {250, 250}, {40, 13}, {1, 1}, {300, 1400}};
+
+TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
+  const int pages[] = {1, 5, 16, 64};
+  // 16 query heads over 16, 4, 2, 1 KV heads: groups 1, 4, 8 and 16 (MQA).
+  const int kv_heads[] = {16, 4, 2, 1};
+  int i = 0;
+  uint64_t seed = 9100;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (int d : {64, 128, 256}) {
+      for (int hkv : kv_heads) {
+        for (bool causal : {false, true}) {
+          PrefillCase c;
+          set_requests(c, kMixed);
+          c.num_qo_heads = 16;
+          c.num_kv_heads = hkv;
+          c.head_dim = d;
+          c.dtype = dt;
+          c.page_size = pages[(i / 2) % 4];
+          c.layout = (i / 8) % 2 ? KVLayout::HND : KVLayout::NHD;
+          c.interleaved = (i / 2) % 3 == 0;
+          c.opts.causal = causal;
+          c.seed = seed++;
+          ++i;
+          const PrefillInputs in = make_prefill_inputs(c);
+          for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
+            const PrefillOutcome o = run_prefill(in, kv, wgmma_opts(c));
+            expect_prefill_ok(in, o, prefill_kv_name(kv));
+            EXPECT_TRUE(o.plan.wgmma) << c.str();
+          }
+        }
+      }
+    }
+  }
+}
+
+// Dynamic split-KV, fixed_split_size and no split: the partial states of 128-row tiles and their
+// merge, on one batch.
+TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
+  PrefillCase c;
+  set_requests(c, {{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}});
+  c.opts.causal = true;
+  c.seed = 9200;
+  const PrefillInputs in = make_prefill_inputs(c);
+  for (int split : {0, 1, 2}) {
+    PrefillPlanOptions opts = wgmma_opts(c);
+    opts.fixed_split_size = split == 1 ? 1000 : 0;
+    opts.disable_split_kv = split == 2;
+    const std::string what = split == 1 ? "fixed_split 1000" : split == 2 ? "nosplit" : "dynamic";
+    const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, opts);
+    expect_prefill_ok(in, o, what);
+    EXPECT_TRUE(o.plan.wgmma) << what;
+    if (split == 1) EXPECT_GT(o.plan.num_split_tiles, 0) << what;
+    if (split == 2) EXPECT_EQ(o.plan.num_split_tiles, 0) << what;
+  }
+}
+
+// kAuto: 128-row tiles of plain attention take the wgmma kernel, smaller tiles and kMmaSync the
+// mma.sync kernel; both answer the same batch within the tolerance.
+TEST_F(PrefillWgmmaGpu, AutoPicksWgmmaForFullTiles) {
+  PrefillCase c;
+  set_requests(c, {{200, 200}, {33, 700}, {1, 50}});
+  c.opts.causal = true;
+  c.seed = 9300;
+  const PrefillInputs in = make_prefill_inputs(c);
+  for (int tile : {0, 64, 128}) {
+    for (PrefillBackend b : {PrefillBackend::kAuto, PrefillBackend::kMmaSync}) {
+      PrefillPlanOptions opts = c.opts;
+      opts.tile_rows = tile;
+      opts.backend = b;
+      const std::string what = "tile_rows " + std::to_string(tile) +
+                               (b == PrefillBackend::kAuto ? " auto" : " mma.sync");
+      const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, opts);
+      expect_prefill_ok(in, o, what);
+      EXPECT_EQ(o.plan.wgmma, b == PrefillBackend::kAuto && o.plan.tile_rows == 128) << what;
+    }
+  }
+}
+
+// kWgmma where the kernel cannot run: a smaller query tile, or a variant. plan() names why.
+TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
+  PrefillCase c;
+  set_requests(c, {{20, 40}});
+  c.seed = 9400;
+  const PrefillInputs in = make_prefill_inputs(c);
+  PrefillPlanOptions opts = wgmma_opts(c);
+  opts.tile_rows = 64;
+  try {
+    run_prefill(in, PrefillKV::kPaged, opts);
+    ADD_FAILURE() << "tile_rows 64 with backend kWgmma: expected flashkv::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("PrefillPlanOptions.backend"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("128-row"), std::string::npos) << e.what();
+  }
+  opts = wgmma_opts(c);
+  AttentionVariant soft_cap;
+  soft_cap.logits_soft_cap = 30.f;
+  opts.variant = Variant::builtin(soft_cap);
+  try {
+    run_prefill(in, PrefillKV::kPaged, opts);
+    ADD_FAILURE() << "a variant with backend kWgmma: expected flashkv::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("variant"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flashkv::test
