@@ -9,7 +9,7 @@ Run: python3 scripts/gen_wgmma.py > kernels/primitives/wgmma_ops.cuh
 """
 
 TYPES = [("half_t", "f16"), ("bf16_t", "bf16")]
-SS_N = [64, 128]        # S = Q K^T: N = KV tokens per tile
+SS_N = [32, 64, 128]    # S = Q K^T: N = KV tokens per tile
 RS_N = [64, 128, 256]   # O += P V: N = head_dim
 
 

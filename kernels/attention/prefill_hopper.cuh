@@ -3,7 +3,8 @@
 // matrix products moved to wgmma. Why a second kernel: on mma.sync every K/V fragment passes
 // through registers (ldmatrix) and the kernel is latency-bound at 255 registers with the tensor
 // pipe ~47 % busy (NOTES.md, "Profile at e3957d3"); wgmma reads K and V straight from shared
-// memory, 64 rows x a whole KV tile per instruction, asynchronously.
+// memory, 64 rows x a whole KV tile per instruction, asynchronously, so one tile's softmax runs
+// while the previous tile's P·V is on the tensor cores.
 //
 // A CTA is two warpgroups; warpgroup g owns rows [64 g, 64 g + 64) of the 128-row query tile, and
 // warp w of the CTA rows [16 w, 16 w + 16): wgmma's accumulator layout gives each warp the
@@ -11,7 +12,8 @@
 // mma.sync kernel apply unchanged (kRowTiles = 1, kWarpRows = 16). Per KV tile and warpgroup:
 //   S = Q Kᵀ    wgmma, Q and K from shared memory (K-major, 128-byte swizzle)
 //   softmax     per warp, in registers; P packed to 16 bits as the A fragment
-//   O += P V    wgmma, P from registers, V from shared memory (MN-major: transposed by wgmma)
+//   O += P V    wgmma, P from registers, V from shared memory (MN-major: transposed by wgmma),
+//               issued in the next tile's step, after its S = Q Kᵀ, to overlap its softmax
 // The KV pipeline is the mma.sync kernel's cp.async gather (any page size); only the shared
 // layout differs (wgmma.cuh). Plain attention only: variants keep the mma.sync kernel.
 #pragma once
@@ -49,7 +51,9 @@ struct PrefillHopperConfig {
   static constexpr int kLoads = kTile * kChunks / kThreads;
   static constexpr int kQBytes = kShape.q_bytes;
   static constexpr int kStageBytes = kShape.stage_bytes;
-  static constexpr int kStages = kShape.stages;
+  static constexpr int kStages = kShape.stages;        // V stages; the loads run kStages - 1 ahead
+  static constexpr int kKStages = kShape.stages - 1;  // K is free once S = Q Kᵀ lands: one fewer
+  static constexpr int kQBuffers = kShape.q_buffers;
   static constexpr int kSmemBytes = kShape.smem_bytes;
 
   // wgmma's 128-byte-swizzled column blocks (wgmma.cuh).
@@ -65,46 +69,175 @@ struct PrefillHopperConfig {
   static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "tiles on swizzle-atom boundaries");
 };
 
-// S[64 x kTile] of warpgroup `wg` = Q(its rows) · K(stage)ᵀ, over head_dim in k-steps of 16.
+// Issues S[64 x kTile] of warpgroup `wg` = Q(its rows) · K(stage)ᵀ, over head_dim in k-steps of
+// 16, as one wgmma group (the caller waits).
 template <class C>
 __device__ __forceinline__ void prefill_hopper_qk(u32 q_smem, u32 k_stage, int wg, float (&s)[C::kTile / 2]) {
+  // Each k-step's descriptors are the first ones plus a constant (addresses stay below 2^18, so
+  // adding to the 14-bit address field never carries out of it).
+  const u64 a0 = sw128_desc(q_smem + wg * 64 * 128, 16, 1024);
+  const u64 b0 = sw128_desc(k_stage, 16, 1024);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
     const u32 col = (ks / 4), byte = (ks % 4) * 32;
-    const u64 a = sw128_desc(q_smem + col * (C::kRows * 128) + wg * 64 * 128 + byte, 16, 1024);
-    const u64 b = sw128_desc(k_stage + col * (C::kTile * 128) + byte, 16, 1024);
-    wgmma_ss<typename C::kv_t, C::kTile>(s, a, b, ks > 0);
+    wgmma_ss<typename C::kv_t, C::kTile>(s, a0 + ((col * (C::kRows * 128) + byte) >> 4),
+                                         b0 + ((col * (C::kTile * 128) + byte) >> 4), ks > 0);
   }
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(s);
 }
 
-// O[64 x head_dim] of warpgroup's rows += P · V(stage), over the tile's tokens in k-steps of 16.
+// Issues O[64 x head_dim] of the warpgroup's rows += P · V(stage), over the tile's tokens in
+// k-steps of 16, as one wgmma group (the caller waits).
 template <class C>
 __device__ __forceinline__ void prefill_hopper_pv(const u32 (&pa)[1][C::kNT / 2][4], u32 v_stage,
                                                   float (&o)[C::kHeadDim / 2]) {
-  wgmma_fence();  // the softmax rescaled o with ordinary instructions
+  const u64 b0 = sw128_desc(v_stage, C::kTile * 128, 1024);
+  wgmma_fence();  // o was rescaled with ordinary instructions
 #pragma unroll
   for (int j = 0; j < C::kTile / 16; ++j)
-    wgmma_rs_tb<typename C::kv_t, C::kHeadDim>(o, pa[0][j], sw128_desc(v_stage + j * 16 * 128, C::kTile * 128, 1024), 1);
+    wgmma_rs_tb<typename C::kv_t, C::kHeadDim>(o, pa[0][j], b0 + ((j * 16 * 128) >> 4), 1);
   wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(o);
 }
 
-// C: a PrefillWithVariant<PrefillHopperConfig, DefaultVariant>. `smem`: the 1024-aligned base.
+// Waits until at most n (0 <= n < kMax) committed cp.async groups are in flight.
+template <int kMax>
+__device__ __forceinline__ void cp_async_wait_at_most(int n) {
+  if constexpr (kMax > 1) {
+    if (n >= kMax - 1) {
+      cp_async_wait<kMax - 1>();
+      return;
+    }
+    cp_async_wait_at_most<kMax - 1>(n);
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
+// The CTA's load cursor over its work items' KV tiles, run ahead of the compute across item
+// boundaries, so the next item's query tile and first KV tiles land while this one finishes (with
+// one CTA per SM nothing else would hide them). Global tile g (the CTA's g-th KV tile, items in
+// order) goes to K stage g % kKStages and V stage g % kStages, as its own commit group (V stays
+// in use until the next tile's step, K not: one stage fewer); an item's query tile joins the group
+// of its first KV tile, into buffer (item's sequence number among the items with KV) % kQBuffers.
+template <class C>
+struct PrefillHopperLoader {
+  int wi;      // the work item being loaded
+  int end;     // one past the CTA's last work item
+  int tile;    // its next tile to issue
+  int tiles;   // its tile count
+  int seq;     // items with KV tiles entered so far
+  int issued;  // tiles issued so far (all items)
+  PrefillWorkItem w;
+  PrefillTilePages<C> pages;  // page ids of `tile`, read ahead
+
+  __device__ __forceinline__ void init(int begin, int end_) {
+    wi = begin - 1;
+    end = end_;
+    tile = tiles = 0;
+    seq = issued = 0;
+  }
+
+  // Issues tiles until `target` are issued, entering a new item only while its query buffer is
+  // free: the item's sequence number is below `compute_seq` (the item being computed) + kQBuffers.
+  __device__ __forceinline__ void issue_until(const PrefillParams& p, int target, int compute_seq, u32 q_smem,
+                                              u32 k_smem, u32 v_smem) {
+    while (issued < target) {
+      if (tile == tiles) {  // the next item with KV tiles, if its query buffer is free
+        if (seq >= compute_seq + C::kQBuffers) return;
+        int n = 0;
+        while (n == 0 && wi + 1 < end) {
+          w = p.plan.work[++wi];
+          n = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+        }
+        if (n == 0) return;  // no more KV to load
+        tiles = n;
+        tile = 0;
+        prefill_load_q<C>(p, w, (w.q_end - w.q_start) * p.group, q_smem + (seq % C::kQBuffers) * C::kQBytes);
+        ++seq;
+        prefill_tile_pages<C>(p, w, 0, pages);
+      }
+      prefill_issue_kv_tile<C>(p, w, tile, pages, k_smem + (issued % C::kKStages) * C::kStageBytes,
+                               v_smem + (issued % C::kStages) * C::kStageBytes);
+      cp_async_commit();
+      ++issued;
+      if (++tile < tiles) prefill_tile_pages<C>(p, w, tile, pages);
+    }
+  }
+};
+
+// One KV tile's step of a work item: global tile g (the item's tile `tile`) has its S = Q Kᵀ
+// issued, then (kPendingPV) the previous tile's P·V with the P in `pa`; the softmax of S runs
+// while that P·V is on the tensor cores, and O is rescaled once it lands; `pa` then holds this
+// tile's P, its P·V left to the next step (or the item's end).
+template <class C, bool kPendingPV>
+__device__ __forceinline__ void prefill_hopper_step(const PrefillParams& p, const PrefillWorkItem& w,
+                                                    PrefillHopperLoader<C>& ld, int g, int tile, int seq,
+                                                    u32 q_smem, u32 k_smem, u32 v_smem, int wg,
+                                                    const int (&lim)[1][2], int warp_min,
+                                                    PrefillWarpState<C>& st, u32 (&pa)[1][C::kNT / 2][4]) {
+  const int lane = threadIdx.x % 32;
+  float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
+  // One barrier per step, so the warpgroups may drift apart by up to a step (one's softmax under
+  // the other's wgmma). Before it, another warpgroup may still be in step g-1 (reading K(g-1),
+  // V(g-2)); after it, every warp is past step g-1. Tile t takes K stage t % kKStages and V stage
+  // t % kStages, so before the barrier only tile g itself may be issued (if it is not yet: at the
+  // start, or when its item's query buffer was busy), after it tiles up to g + kStages - 2.
+  if constexpr (!kPendingPV && C::kQBuffers == 1) {
+    __syncthreads();  // the previous item's last S = Q Kᵀ is done in every warp: Q may be refilled
+  }
+  ld.issue_until(p, g + 1, seq, q_smem, k_smem, v_smem);
+  cp_async_wait_at_most<C::kStages>(ld.issued - g - 1);  // tile g and the Q with it landed
+  fence_proxy_async_shared();  // written by cp.async; read by wgmma
+  __syncthreads();
+  ld.issue_until(p, g + C::kStages - 1, seq, q_smem, k_smem, v_smem);
+  float s[1][C::kNT][4];
+  float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
+  const u32 q_buf = q_smem + (seq % C::kQBuffers) * C::kQBytes;  // this item's query tile
+  prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
+  if constexpr (kPendingPV) {
+    prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
+    wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_operands(sf);
+  float rescale[1][2];
+  u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
+  const int first = w.kv_start + tile * C::kTile;
+  const int pos0 = first + 2 * (lane % 4);
+  if (first + C::kTile - 1 <= warp_min) {
+    prefill_softmax<C, false, false>(st, s, pos0, lim, p.sm_scale_log2, pa_new, rescale);
+  } else {
+    prefill_softmax<C, true, false>(st, s, pos0, lim, p.sm_scale_log2, pa_new, rescale);
+  }
+  if constexpr (kPendingPV) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+  }
+  // pa = pa_new, as asm after the wait: a plain copy would be folded into the softmax, defining
+  // the in-flight P·V's operand registers early (ptxas then serializes every wgmma).
+#pragma unroll
+  for (int j = 0; j < C::kNT / 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
+  // Once a row's maximum settles its factor is 1: skip the head_dim / 2 multiplies per row
+  // when every row of the warp has it.
+  if (__any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) prefill_rescale_o(st, 0, h, rescale[0][h]);
+  }
+}
+
+// One work item's compute: its tiles are the CTA's global tiles [g0, g0 + tiles); its query tile
+// is in buffer seq % kQBuffers. C: a PrefillWithVariant<PrefillHopperConfig, DefaultVariant>.
 template <class C>
 __device__ __forceinline__ void prefill_hopper_work_item(const PrefillParams& p, const PrefillWorkItem& w,
-                                                         u32 smem) {
+                                                         PrefillHopperLoader<C>& ld, int g0, int seq,
+                                                         u32 q_smem, u32 k_smem, u32 v_smem) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
-  const u32 q_smem = smem;
-  const u32 k_smem = q_smem + C::kQBytes;
-  const u32 v_smem = k_smem + C::kStages * C::kStageBytes;
   const int valid_rows = (w.q_end - w.q_start) * p.group;
-  const int len = w.kv_end - w.kv_start;
-  const int num_tiles = (len + C::kTile - 1) / C::kTile;
+  const int num_tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
 
   // The last KV position tile row `row` sees; it never decreases with the row.
   const auto row_lim = [&](int row) {
@@ -123,55 +256,24 @@ __device__ __forceinline__ void prefill_hopper_work_item(const PrefillParams& p,
   }
 #pragma unroll
   for (int off = 16; off >= 1; off /= 2) warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
-  // wgmma runs per warpgroup, so skipping a tile must be uniform over its 64 rows: the last
-  // position its last real row sees (-1: no real row).
-  const int wg_row0 = wg * 64;
-  const int wg_max = wg_row0 < valid_rows ? row_lim(min(wg_row0 + 63, valid_rows - 1)) : -1;
 
   PrefillWarpState<C> st;
   st.init();
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
-  PrefillTilePages<C> pages;
-  prefill_load_q<C>(p, w, valid_rows, q_smem);  // joins the first stage's commit group
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < num_tiles) {
-      prefill_tile_pages<C>(p, w, s, pages);
-      prefill_issue_kv_tile<C>(p, w, s, pages, k_smem + s * C::kStageBytes, v_smem + s * C::kStageBytes);
-    }
-    cp_async_commit();
+  // Per tile: S = Q Kᵀ of this tile is issued, then P·V of the previous tile (whose P is ready),
+  // and this tile's softmax runs while that P·V is on the tensor cores; O is rescaled once it
+  // lands. So the previous tile's V stage is in use until the middle of this tile's step. Every
+  // warpgroup runs every tile of the item (rows that see none of it get P = 0): wgmma issued
+  // under a condition makes ptxas serialize the pipeline.
+  u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
+  if (num_tiles > 0) {
+    prefill_hopper_step<C, false>(p, w, ld, g0, 0, seq, q_smem, k_smem, v_smem, wg, lim, warp_min, st, pa);
+    for (int tile = 1; tile < num_tiles; ++tile)
+      prefill_hopper_step<C, true>(p, w, ld, g0 + tile, tile, seq, q_smem, k_smem, v_smem, wg, lim, warp_min, st, pa);
+    prefill_hopper_pv<C>(pa, v_smem + ((g0 + num_tiles - 1) % C::kStages) * C::kStageBytes, o);
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
   }
-  if (C::kStages - 1 < num_tiles) prefill_tile_pages<C>(p, w, C::kStages - 1, pages);
-
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int next = tile + C::kStages - 1;
-    if (next < num_tiles) {
-      const int ns = next % C::kStages;
-      prefill_issue_kv_tile<C>(p, w, next, pages, k_smem + ns * C::kStageBytes, v_smem + ns * C::kStageBytes);
-    }
-    cp_async_commit();
-    if (next + 1 < num_tiles) prefill_tile_pages<C>(p, w, next + 1, pages);
-    cp_async_wait<C::kStages - 1>();
-    fence_proxy_async_shared();  // the tile was written by cp.async; wgmma reads it
-    __syncthreads();
-    const int stage = tile % C::kStages;
-    const int first = w.kv_start + tile * C::kTile;
-    if (first <= wg_max) {  // else no row of this warpgroup sees any of the tile
-      float s[1][C::kNT][4];
-      prefill_hopper_qk<C>(q_smem, k_smem + stage * C::kStageBytes, wg,
-                           reinterpret_cast<float(&)[C::kTile / 2]>(s));
-      u32 pa[1][C::kNT / 2][4];
-      const int pos0 = first + 2 * (lane % 4);
-      if (first + C::kTile - 1 <= warp_min) {
-        prefill_softmax<C, false>(st, s, pos0, lim, p.sm_scale_log2, pa);
-      } else {
-        prefill_softmax<C, true>(st, s, pos0, lim, p.sm_scale_log2, pa);
-      }
-      prefill_hopper_pv<C>(pa, v_smem + stage * C::kStageBytes, o);
-    }
-    __syncthreads();  // this stage is refilled by a later iteration
-  }
-  cp_async_wait<0>();  // the Q load of an item with no KV tiles, and trailing empty groups
   prefill_write_warp<C>(p, w, st, warp, valid_rows);
 }
 
@@ -184,14 +286,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                     !Tr::kSink && !Tr::kOutputTransform && Tr::kUseSoftmax,
                 "the Hopper prefill kernel runs plain attention; variants take the mma.sync kernel");
   extern __shared__ __align__(1024) unsigned char smem[];
-  const u32 base = (smem_addr(smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const u32 q_smem = (smem_addr(smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const u32 k_smem = q_smem + C::kQBuffers * C::kQBytes;
+  const u32 v_smem = k_smem + C::kKStages * C::kStageBytes;
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
+  PrefillHopperLoader<C> ld;
+  ld.init(begin, end);
+  int g = 0, seq = 0;  // the CTA's tiles and items with KV computed so far
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
-    prefill_hopper_work_item<C>(p, w, base);
+    const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+    prefill_hopper_work_item<C>(p, w, ld, g, seq, q_smem, k_smem, v_smem);
+    g += tiles;
+    seq += tiles > 0;
     if (w.slot >= 0) prefill_arrive<C>(p, w);
   }
+  cp_async_wait<0>();
 }
 
 }  // namespace flashkv

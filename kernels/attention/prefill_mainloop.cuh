@@ -69,14 +69,26 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
   }
 }
 
+// O of row half (r, h) (rows lane/4 + 8h of row tile r) times `rescale`.
+template <class C>
+__device__ __forceinline__ void prefill_rescale_o(PrefillWarpState<C>& st, int r, int h, float rescale) {
+#pragma unroll
+  for (int n = 0; n < C::kDTiles; ++n) {
+    st.o[r][n][h * 2] *= rescale;
+    st.o[r][n][h * 2 + 1] *= rescale;
+  }
+}
+
 // The online-softmax update of row half (r, h) (rows lane/4 + 8h of row tile r) from this
 // thread's logits s[r][*][2h..2h+1], already masked (-inf), whose maximum is `mx` (this thread's
 // part; reduced across the quad here). Logits are in base 2 after multiplying by `scale_log2`
 // (> 0; 1 for logits already scaled). Leaves P in s. Shared by the plain and the variant softmax.
-template <class C>
-__device__ __forceinline__ void prefill_online_update(PrefillWarpState<C>& st,
-                                                      float (&s)[C::kRowTiles][C::kNT][4], int r, int h,
-                                                      float mx, float scale_log2) {
+// Returns the factor the row's O is rescaled by; with kRescaleO false the caller applies it
+// (the Hopper kernel, whose O is still being written by the previous tile's wgmma).
+template <class C, bool kRescaleO = true>
+__device__ __forceinline__ float prefill_online_update(PrefillWarpState<C>& st,
+                                                       float (&s)[C::kRowTiles][C::kNT][4], int r, int h,
+                                                       float mx, float scale_log2) {
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(st.m[r][h], mx * scale_log2);
@@ -94,11 +106,8 @@ __device__ __forceinline__ void prefill_online_update(PrefillWarpState<C>& st,
       sum += pr;
     }
   st.d[r][h] = st.d[r][h] * rescale + sum;  // quad-partial: reduced across the quad at the end
-#pragma unroll
-  for (int n = 0; n < C::kDTiles; ++n) {
-    st.o[r][n][h * 2] *= rescale;
-    st.o[r][n][h * 2 + 1] *= rescale;
-  }
+  if constexpr (kRescaleO) prefill_rescale_o(st, r, h, rescale);
+  return rescale;
 }
 
 // P of row tile r (in s) as the A operand of P·V: the C-fragment layout of S is the A-fragment
@@ -118,12 +127,14 @@ __device__ __forceinline__ void prefill_pack_p(const float (&s)[C::kRowTiles][C:
 // Online softmax over one tile's logits. pos0: KV position of this thread's first column
 // (token 2*(lane%4) of the warp's slice); lim[r][h]: the last KV position row (r, h) may see
 // (-1: none). With kMask false every logit is visible (the caller checked the whole slice is).
-// Writes P as the A operand of P·V.
-template <class C, bool kMask>
+// Writes P as the A operand of P·V. With kRescaleO false O is left as it is and `rescale` gets
+// each row half's factor for it.
+template <class C, bool kMask, bool kRescaleO = true>
 __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
                                                 float (&s)[C::kRowTiles][C::kNT][4], int pos0,
                                                 const int (&lim)[C::kRowTiles][2], float scale_log2,
-                                                u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
+                                                u32 (&pa)[C::kRowTiles][C::kNT / 2][4],
+                                                float (*rescale)[2] = nullptr) {
 #pragma unroll
   for (int r = 0; r < C::kRowTiles; ++r) {
 #pragma unroll
@@ -137,7 +148,8 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
           if (kMask && pos0 + nt * 8 + e > lim[r][h]) s[r][nt][h * 2 + e] = neg_inf();
           mx = fmaxf(mx, s[r][nt][h * 2 + e]);
         }
-      prefill_online_update<C>(st, s, r, h, mx, scale_log2);
+      const float f = prefill_online_update<C, kRescaleO>(st, s, r, h, mx, scale_log2);
+      if constexpr (!kRescaleO) rescale[r][h] = f;
     }
     prefill_pack_p<C>(s, r, pa);
   }

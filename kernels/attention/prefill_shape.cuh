@@ -18,6 +18,7 @@ struct PrefillShape {
   int q_bytes;     // shared memory: the query tile,
   int stage_bytes; // K (or V) of one stage,
   int smem_bytes;  // and in all (the warps' merge scratch reuses the KV stages)
+  int q_buffers;   // query tiles in shared memory: 2 lets the next work item's load start early
 };
 
 constexpr PrefillShape prefill_shape(int head_dim, int rows) {
@@ -48,14 +49,20 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows) {
   const int kv_bytes = 2 * s.stages * s.stage_bytes;
   const int merge_bytes = s.warps_kv > 1 ? s.warps * 16 * (head_dim + 2) * 4 : 0;
   s.smem_bytes = s.q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
+  s.q_buffers = 1;
   return s;
 }
 
 // The Hopper kernel (prefill_hopper.cuh): a 128-row query tile, two warpgroups of 64 rows, one
-// CTA per SM (its accumulators take most of the register file). KV tiles of 128 tokens (64 at
-// head_dim 256, where O alone is 128 accumulators per thread) and as many stages as keep about
-// 128 KB of K+V in flight. Tiles start 1024-byte aligned (the 128-byte swizzle atom): the
-// dynamic shared memory gets 1 KB of slack to align its base.
+// CTA per SM (its accumulators take most of the register file). A tile's V stays in use until
+// the next tile's step (its P·V overlaps that tile's softmax), its K not: `stages` V stages and
+// one K stage fewer, the loads running stages - 1 tiles ahead. KV tiles as long as shared memory
+// allows, since every tile costs the same row statistics, barriers and O rescale whatever its
+// length (on the H200 64-token tiles at head_dim 128 lost ~2 points of P4 to 128): 128 tokens at
+// head_dim 64 and 128, 32 at 256 (S of a tile, two P and 128 O accumulators per thread). Two
+// query-tile buffers where they fit (not at 256), so the next work item's loads start while this
+// one computes: with one CTA per SM nothing else hides them. Tiles start 1024-byte aligned (the
+// 128-byte swizzle atom): the dynamic shared memory gets 1 KB of slack to align its base.
 constexpr PrefillShape prefill_hopper_shape(int head_dim) {
   PrefillShape s{};
   s.row_tiles = 1;
@@ -64,11 +71,12 @@ constexpr PrefillShape prefill_hopper_shape(int head_dim) {
   s.warps_kv = 1;
   s.warps = 8;
   s.threads = 256;
-  s.tile = head_dim <= 128 ? 128 : 64;
+  s.tile = head_dim <= 128 ? 128 : 32;
   s.q_bytes = 128 * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
-  s.stages = 2 * s.stage_bytes * 4 <= 128 * 1024 ? 4 : 2;
-  s.smem_bytes = 1024 + s.q_bytes + 2 * s.stages * s.stage_bytes;
+  s.stages = head_dim == 128 ? 3 : 4;
+  s.q_buffers = head_dim <= 128 ? 2 : 1;  // head_dim 128: 2 x 32 + (2 + 3) x 32 KB
+  s.smem_bytes = 1024 + s.q_buffers * s.q_bytes + (2 * s.stages - 1) * s.stage_bytes;
   return s;
 }
 

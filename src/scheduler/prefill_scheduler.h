@@ -71,7 +71,8 @@ struct PrefillSchedule {
   int tile_rows = 0;                    // rows of every query tile
   int tile_tokens = 0;                  // query tokens of a full tile: tile_rows / group
   std::vector<int> cta_work_indptr;     // [num_ctas + 1]
-  std::vector<PrefillWorkItem> work;    // grouped by CTA, each CTA's in assignment order
+  std::vector<PrefillWorkItem> work;    // grouped by CTA, each CTA's in (request, kv_head,
+                                        // q_start, kv_start) order (the CTAs sweep the KV together)
   std::vector<PrefillMergeItem> merge;  // one per split tile, in (request, q_start, kv_head) order
   int num_slots = 0;                    // partial slots used
   int64_t chunk_bound = 0;              // L_kv: no chunk is longer (tokens); with

@@ -1,6 +1,6 @@
 // Checks every scheduler test applies to a schedule (decode and prefill alike): each CTA's items
-// are in non-increasing cost order, its recorded cost is their sum, and the LPT balance bound
-// holds: when the last chunk of the heaviest CTA was handed out, that CTA held the minimum load,
+// are in non-increasing cost order (decode; prefill orders them for the L2 and passes
+// `costliest_first` = false), its recorded cost is their sum, and the LPT balance bound holds: when the last chunk of the heaviest CTA was handed out, that CTA held the minimum load,
 // <= (total - c) / C, so max load <= total / C + max chunk cost.
 #pragma once
 
@@ -16,7 +16,8 @@ namespace flashkv::test {
 // first); `cost(item)` is the cost model applied to one work item.
 template <class Item, class CostFn>
 void expect_balanced_cta_loads(std::span<const int> indptr, std::span<const Item> work,
-                               std::span<const double> cta_cost, int ctas, const CostFn& cost) {
+                               std::span<const double> cta_cost, int ctas, const CostFn& cost,
+                               bool costliest_first = true) {
   ASSERT_EQ(indptr.size(), static_cast<size_t>(ctas) + 1);
   ASSERT_EQ(cta_cost.size(), static_cast<size_t>(ctas));
   double total = 0, max_item = 0, max_load = 0;
@@ -24,7 +25,7 @@ void expect_balanced_cta_loads(std::span<const int> indptr, std::span<const Item
     double load = 0;
     for (int i = indptr[c]; i < indptr[c + 1]; ++i) {
       const double ci = cost(work[i]);
-      if (i > indptr[c]) {
+      if (costliest_first && i > indptr[c]) {
         ASSERT_LE(ci, cost(work[i - 1]));
       }
       load += ci;
@@ -39,9 +40,10 @@ void expect_balanced_cta_loads(std::span<const int> indptr, std::span<const Item
 
 // A schedule with one list per CTA: cta_work_indptr, work, cta_cost.
 template <class Schedule, class CostFn>
-void expect_balanced_cta_loads(const Schedule& s, int ctas, const CostFn& cost) {
+void expect_balanced_cta_loads(const Schedule& s, int ctas, const CostFn& cost,
+                               bool costliest_first = true) {
   using Item = typename decltype(s.work)::value_type;
-  expect_balanced_cta_loads<Item>(s.cta_work_indptr, s.work, s.cta_cost, ctas, cost);
+  expect_balanced_cta_loads<Item>(s.cta_work_indptr, s.work, s.cta_cost, ctas, cost, costliest_first);
 }
 
 }  // namespace flashkv::test

@@ -114,8 +114,13 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
     ASSERT_EQ(w.page_base, 0);
   }
 
-  // Per CTA: costs in assignment order, recorded loads, and the LPT balance bound.
-  test::expect_balanced_cta_loads(s, ctas, [&](const auto& w) { return item_cost(o, w); });
+  // Per CTA: recorded loads and the LPT balance bound; the items in (request, kv_head, q_start,
+  // kv_start) order, so the CTAs sweep the batch's KV together (the L2 order of plan_prefill).
+  test::expect_balanced_cta_loads(s, ctas, [&](const auto& w) { return item_cost(o, w); },
+                                  /*costliest_first=*/false);
+  for (int c = 0; c < ctas; ++c)
+    for (int i = s.cta_work_indptr[c] + 1; i < s.cta_work_indptr[c + 1]; ++i)
+      ASSERT_TRUE(by_tile_then_kv(s.work[i - 1], s.work[i])) << "CTA " << c << " item " << i;
 
   // Expected L_kv in the dynamic mode.
   int64_t visible_total = 0;
@@ -434,7 +439,8 @@ TEST(PrefillScheduler, SplitsOnlyWhereTilesAreFew) {
 TEST(PrefillScheduler, MatchesPlainPriorityQueueGreedy) {
   // Replays the documented greedy with a std::priority_queue of (load, cta): chunks by cost
   // descending, ties by (request, q_start, kv_start, kv_head), each to the least-loaded CTA, ties
-  // to the lower index. The schedule's per-CTA lists must be exactly what the replay gives.
+  // to the lower index. The schedule's per-CTA lists must be exactly what the replay gives, each
+  // then in (request, kv_head, q_start, kv_start) order.
   std::mt19937_64 rng(99);
   for (int t = 0; t < 12; ++t) {
     Batch b = random_batch(rng);
@@ -468,6 +474,7 @@ TEST(PrefillScheduler, MatchesPlainPriorityQueueGreedy) {
       per_cta[c].push_back(w);
     }
     for (int c = 0; c < ctas; ++c) {
+      std::sort(per_cta[c].begin(), per_cta[c].end(), by_tile_then_kv);
       const size_t n = per_cta[c].size();
       ASSERT_EQ(static_cast<size_t>(s.cta_work_indptr[c + 1] - s.cta_work_indptr[c]), n)
           << "CTA " << c;
