@@ -96,16 +96,19 @@ __device__ __forceinline__ float prefill_online_update(PrefillWarpState<C>& st,
   const float m_use = m_new == neg_inf() ? 0.f : m_new;
   const float rescale = fast_exp2(st.m[r][h] - m_use);
   st.m[r][h] = m_new;
-  float sum = 0.f;
+  // Four partial sums: one running sum would be a chain of kNT * 2 dependent adds, and with two
+  // warps per scheduler (the Hopper kernel) nothing hides its latency.
+  float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float pr = fast_exp2(fmaf(s[r][nt][h * 2 + e], scale_log2, -m_use));
       s[r][nt][h * 2 + e] = pr;
-      sum += pr;
+      sum[(nt % 2) * 2 + e] += pr;
     }
-  st.d[r][h] = st.d[r][h] * rescale + sum;  // quad-partial: reduced across the quad at the end
+  // quad-partial: reduced across the quad at the end
+  st.d[r][h] = st.d[r][h] * rescale + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   if constexpr (kRescaleO) prefill_rescale_o(st, r, h, rescale);
   return rescale;
 }
@@ -137,18 +140,22 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
                                                 float (*rescale)[2] = nullptr) {
 #pragma unroll
   for (int r = 0; r < C::kRowTiles; ++r) {
+    // Both row halves' maxima in one pass, two partials each: four independent chains, not one
+    // chain of kNT * 2 dependent max per row half.
+    float mx[2][2] = {{neg_inf(), neg_inf()}, {neg_inf(), neg_inf()}};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = neg_inf();
+    for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < C::kNT; ++nt)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           // Raw logits until the exponent: the scale (> 0) folds into one FFMA per logit there.
           if (kMask && pos0 + nt * 8 + e > lim[r][h]) s[r][nt][h * 2 + e] = neg_inf();
-          mx = fmaxf(mx, s[r][nt][h * 2 + e]);
+          mx[h][e] = fmaxf(mx[h][e], s[r][nt][h * 2 + e]);
         }
-      const float f = prefill_online_update<C, kRescaleO>(st, s, r, h, mx, scale_log2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float f = prefill_online_update<C, kRescaleO>(st, s, r, h, fmaxf(mx[h][0], mx[h][1]), scale_log2);
       if constexpr (!kRescaleO) rescale[r][h] = f;
     }
     prefill_pack_p<C>(s, r, pa);

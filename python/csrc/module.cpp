@@ -111,6 +111,7 @@ nb::dict prefill_info(const PrefillPlanInfo& i) {
   d["num_split_tiles"] = i.num_split_tiles;
   d["tile_rows"] = i.tile_rows;
   d["chunk_bound"] = i.chunk_bound;
+  d["wgmma"] = i.wgmma;
   d["plan_us"] = i.plan_us;
   return d;
 }
@@ -228,10 +229,19 @@ BatchPrefillConfig prefill_config(int max_batch, int64_t max_qo_tokens, int num_
   return cfg;
 }
 
+// FlashInfer's prefill backend names: "fa2" the mma.sync kernel, "fa3" the Hopper wgmma one.
+PrefillBackend prefill_backend(const std::string& b) {
+  if (b == "auto") return PrefillBackend::kAuto;
+  if (b == "fa2") return PrefillBackend::kMmaSync;
+  if (b == "fa3") return PrefillBackend::kWgmma;
+  fail("backend: expected 'auto', 'fa2' or 'fa3', got '", b, "'");
+}
+
 PrefillPlanOptions prefill_options(bool causal, float sm_scale, bool enable_cuda_graph,
                                    int fixed_split_size, bool disable_split_kv, int tile_rows,
-                                   const PyVariant* variant) {
+                                   const PyVariant* variant, const std::string& backend) {
   PrefillPlanOptions o;
+  o.backend = prefill_backend(backend);
   if (variant != nullptr) o.variant = variant->variant;
   o.tile_rows = tile_rows;
   o.causal = causal;
@@ -282,14 +292,15 @@ class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
             int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
             const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
             bool causal, float sm_scale, bool enable_cuda_graph, int fixed_split_size,
-            bool disable_split_kv, int tile_rows, const PyVariant* variant, uintptr_t stream) {
+            bool disable_split_kv, int tile_rows, const PyVariant* variant,
+            const std::string& backend, uintptr_t stream) {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "paged_kv_indptr", batch + 1);
     const int32_t* lp = host_i32(last_page_len, "paged_kv_last_page_len", batch);
     const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
                                                  fixed_split_size, disable_split_kv, tile_rows,
-                                                 variant);
+                                                 variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
@@ -315,13 +326,13 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
             int head_dim, const std::string& q_dtype, const std::string& kv_dtype,
             const std::string& o_dtype, bool causal, float sm_scale, bool enable_cuda_graph,
             int fixed_split_size, bool disable_split_kv, int tile_rows, const PyVariant* variant,
-            uintptr_t stream) {
+            const std::string& backend, uintptr_t stream) {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "kv_indptr", batch + 1);
     const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
                                                  fixed_split_size, disable_split_kv, tile_rows,
-                                                 variant);
+                                                 variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan(qp, kp, batch, num_qo_heads, num_kv_heads, head_dim, qt, kt, ot, o,
@@ -691,7 +702,8 @@ void bind_module(nb::module_& m) {
            arg("last_page_len"), arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"),
            arg("page_size"), arg("q_dtype"), arg("kv_dtype"), arg("o_dtype"), arg("causal"),
            arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
-           arg("disable_split_kv"), arg("tile_rows"), arg("variant").none(), arg("stream"))
+           arg("disable_split_kv"), arg("tile_rows"), arg("variant").none(), arg("backend"),
+           arg("stream"))
       .def("run", &PyBatchPrefillPaged::run, arg("q"), arg("k"), arg("v"), arg("layout"),
            arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
            arg("stream"));
@@ -703,7 +715,7 @@ void bind_module(nb::module_& m) {
            arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("q_dtype"),
            arg("kv_dtype"), arg("o_dtype"), arg("causal"), arg("sm_scale"),
            arg("enable_cuda_graph"), arg("fixed_split_size"), arg("disable_split_kv"),
-           arg("tile_rows"), arg("variant").none(), arg("stream"))
+           arg("tile_rows"), arg("variant").none(), arg("backend"), arg("stream"))
       .def("run", &PyBatchPrefillRagged::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"));
 

@@ -6,7 +6,10 @@ import weakref
 
 from . import _arrays as A
 
-_BACKENDS = ("auto", "fa2")  # flashkv's kernels are FA2-style (mma.sync); "auto" picks them
+_BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
+# Prefill: "fa2" the mma.sync kernel, "fa3" the Hopper wgmma kernel (sm_90a, 128-row query
+# tiles, no variant; plan() raises where it cannot run), "auto" wgmma where it applies.
+PREFILL_BACKENDS = ("auto", "fa2", "fa3")
 
 
 def not_implemented(name: str, value, expected: str):
@@ -34,9 +37,9 @@ def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None
             not_implemented(name, type(value).__name__, "None")
 
 
-def check_backend(backend: str, jit_args=None, jit_kwargs=None):
-    if backend not in _BACKENDS:
-        not_implemented("backend", backend, " or ".join(repr(b) for b in _BACKENDS))
+def check_backend(backend: str, jit_args=None, jit_kwargs=None, allowed=_BACKENDS):
+    if backend not in allowed:
+        not_implemented("backend", backend, " or ".join(repr(b) for b in allowed))
     if jit_args is not None or jit_kwargs:
         not_implemented("jit_args", jit_args if jit_args is not None else jit_kwargs, "None")
 

@@ -153,7 +153,8 @@ class _BatchPrefillBase:
 
     def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
               jit_kwargs, buffers, custom_mask_buf, mask_indptr_buf):
-        C.check_backend(backend, jit_args, jit_kwargs)
+        C.check_backend(backend, jit_args, jit_kwargs, allowed=C.PREFILL_BACKENDS)
+        self._backend = backend  # "auto", "fa2" (mma.sync) or "fa3" (Hopper wgmma)
         self._kv_layout = C.check_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._float_workspace_buffer = float_workspace_buffer
@@ -353,7 +354,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
                 plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
                 plan["o_dtype"], plan["causal"], plan["sm_scale"], self._use_cuda_graph,
                 plan["split"], bool(disable_split_kv), self._tile_rows, plan["variant"],
-                A.cuda_stream(self._float_workspace_buffer))
+                self._backend, A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan
 
@@ -454,7 +455,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         op.plan(plan["qo_indptr"], kv_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"],
                 plan["causal"], plan["sm_scale"], self._use_cuda_graph, plan["split"],
-                bool(disable_split_kv), self._tile_rows, plan["variant"],
+                bool(disable_split_kv), self._tile_rows, plan["variant"], self._backend,
                 A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan

@@ -146,6 +146,13 @@ def test_other_not_implemented():
         flashkv.single_prefill_with_kv_cache(q[None], q[None], q[None], scale_k=0.5)
     with pytest.raises(NotImplementedError, match="backend"):
         flashkv.BatchDecodeWithPagedKVCacheWrapper(WS, backend="trtllm-gen")
+    with pytest.raises(NotImplementedError, match="backend"):  # fa3 is a prefill kernel
+        flashkv.BatchDecodeWithPagedKVCacheWrapper(WS, backend="fa3")
+    with pytest.raises(NotImplementedError, match="'auto' or 'fa2' or 'fa3'"):
+        flashkv.BatchPrefillWithPagedKVCacheWrapper(WS, backend="cudnn")
+    for backend in ("auto", "fa2", "fa3"):  # prefill: mma.sync (fa2), Hopper wgmma (fa3)
+        flashkv.BatchPrefillWithPagedKVCacheWrapper(WS, backend=backend)
+        flashkv.BatchPrefillWithRaggedKVCacheWrapper(WS, backend=backend)
     with pytest.raises(NotImplementedError, match="jit_args"):
         flashkv.BatchPrefillWithRaggedKVCacheWrapper(WS, jit_args=["variant"])
     with pytest.raises(NotImplementedError, match="mask"):

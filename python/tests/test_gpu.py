@@ -229,6 +229,49 @@ def test_batch_prefill_paged(dtype, layout, interleaved, causal):
         check_lse(lse[rows], ref_lse)
 
 
+def _is_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "fa2", "fa3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_prefill_backends(backend, dtype):
+    # fa2: the mma.sync kernel; fa3: the Hopper wgmma kernel (sm_90a, 128-row query tiles: the
+    # heuristic picks them for these lengths); auto: wgmma where it applies. Same answers.
+    if backend == "fa3" and not _is_sm90():
+        pytest.skip("the wgmma prefill kernel needs an sm_90a GPU")
+    g = gen(41)
+    hq, hk, d, ps = 32, 8, 128, 16
+    qo_lens = [300, 77, 1, 512]
+    kv_lens = [300, 900, 60, 2000]
+    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
+    qo_indptr = torch.tensor(np.concatenate([[0], np.cumsum(qo_lens)]), dtype=torch.int32)
+    q = rand((sum(qo_lens), hq, d), dtype, g)
+    w = flashkv.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD", backend=backend)
+    w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           causal=True, q_data_type=tdtype(dtype))
+    info = w.plan_info()
+    assert info["tile_rows"] == 128
+    assert info["wgmma"] == (backend == "fa3" or (backend == "auto" and _is_sm90()))
+    out, lse = w.run(q, cache.cache(False), return_lse=True)
+    for i in range(len(qo_lens)):
+        rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
+        ref, ref_lse = sdpa_ref(q[rows], *cache.gather(i), causal=True)
+        check_out(out[rows], ref, dtype)
+        check_lse(lse[rows], ref_lse)
+
+
+def test_batch_prefill_fa3_refuses_small_tiles():
+    if not _is_sm90():
+        pytest.skip("the wgmma prefill kernel needs an sm_90a GPU")
+    g = gen(42)
+    cache = Paged([40], 16, 8, 128, "float16", "NHD", g)
+    w = flashkv.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD", backend="fa3")
+    with pytest.raises(Exception, match="128-row"):  # 4 tokens x group 4: a 16-row tile
+        w.plan(torch.tensor([0, 4], dtype=torch.int32), cache.indptr, cache.indices,
+               cache.last_page_len, 32, 8, 128, 16, causal=True, q_data_type=torch.float16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("causal", [False, True])
