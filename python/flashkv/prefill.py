@@ -140,7 +140,7 @@ def _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, 
     qo_indptr = np.array([0, qo_len], np.int32)
     kv_indptr = np.array([0, kv_len], np.int32)
     A.call(op.plan, qo_indptr, kv_indptr, hq, hk, d, A.array_dtype(q), A.array_dtype(k),
-           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, stream)
+           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, "auto", stream)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
     A.call(op.run, q, k, v, out, lse, stream)

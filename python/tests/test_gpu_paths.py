@@ -182,9 +182,9 @@ def test_prefill_cuda_graph_pins_tokens_and_tile(fake):
     plan([0, 10, 30])
     op = FakeOp.made[-1]
     assert op.cfg == dict(max_batch=2, max_qo_tokens=30, num_qo_heads=8, head_dim=64)
-    assert op.plans[-1][-3] == 0  # the first plan's tile is the heuristic's...
+    assert op.plans[-1][-4] == 0  # the first plan's tile is the heuristic's...
     plan([0, 1, 20])
-    assert op.plans[-1][-3] == 32  # ...and kept for every later plan (plan_info's tile_rows)
+    assert op.plans[-1][-4] == 32  # ...and kept for every later plan (plan_info's tile_rows)
     assert bufs["qo_indptr_buf"].tolist() == [0, 1, 20]
     with pytest.raises(ValueError, match="max_qo_tokens 31 > 30"):
         plan([0, 1, 31])
@@ -197,8 +197,8 @@ def test_ragged_prefill_plan_arguments(fake):
     op = FakeOp.made[-1]
     assert op.cfg == dict(max_batch=2, max_qo_tokens=8, num_qo_heads=4, head_dim=128)
     (qo, kvp, hq, hk, d, qt, kt, ot, causal, scale, graph, split, no_split, tile, variant,
-     stream) = op.plans[-1]
-    assert (causal, scale, split, tile, variant) == (True, 0.125, 64, 0, None)
+     backend, stream) = op.plans[-1]
+    assert (causal, scale, split, tile, variant, backend) == (True, 0.125, 64, 0, None, "auto")
     q, out = cuda(np.zeros((7, 4, 128), np.float16)), cuda(np.zeros((7, 4, 128), np.float16))
     k = cuda(np.zeros((4, 9, 128), np.float16))  # HND [H, L, D]
     w.run(q, k, k, out=out)
