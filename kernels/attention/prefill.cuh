@@ -17,6 +17,7 @@
 // and output transform in the epilogue. Causal masking stays the kernel's own (tile skipping).
 #pragma once
 
+#include "attention/prefill_config.cuh"
 #include "attention/prefill_epilogue.cuh"
 #include "attention/prefill_loader.cuh"
 #include "attention/prefill_mainloop.cuh"
@@ -27,45 +28,17 @@
 namespace flashkv {
 
 template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE>
-struct PrefillConfig {
-  using q_t = T;
-  using kv_t = T;
-  using o_t = T;
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kRows = ROWS;
-  static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
-  static constexpr PrefillShape kShape = prefill_shape(HEAD_DIM, ROWS);
-  static constexpr int kRowTiles = kShape.row_tiles;
-  static constexpr int kWarpRows = kShape.warp_rows;
-  static constexpr int kWarpsQ = kShape.warps_q;
-  static constexpr int kWarpsKV = kShape.warps_kv;
-  static constexpr int kWarps = kShape.warps;
-  static constexpr int kThreads = kShape.threads;
-  static constexpr int kTile = kShape.tile;
-  static constexpr int kWarpTokens = kTile / kWarpsKV;  // this warp's slice of a KV tile
-  static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
-  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks per row
-  static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of O
-  static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte KV loads per thread per stage
-  static constexpr int kQBytes = kShape.q_bytes;
-  static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
-  static constexpr int kStages = kShape.stages;
-  static constexpr int kSmemBytes = kShape.smem_bytes;
-
+struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false> {
+  typedef PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false> Base;
   // Where 16-byte chunk `chunk` of row `row` of a kTileRows-row tile (Q, or K/V of a stage) lives:
   // rows of kChunks chunks, XOR-swizzled for ldmatrix.
   template <int kTileRows>
   __device__ __forceinline__ static u32 smem_offset(int row, int chunk) {
-    return swizzled_offset<kChunks>(row, chunk);
+    return swizzled_offset<Base::kChunks>(row, chunk);
   }
 
-  static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
-  static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV, "KV source");
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
   static_assert(ROWS == 16 || ROWS == 32 || ROWS == 64 || ROWS == 128, "query tile of 16-128 rows");
-  static_assert(kWarpTokens % 16 == 0, "a warp's KV slice is whole 16-token MMA k-steps");
-  static_assert(kWarpsKV == 1 || kRowTiles == 1, "warps that split KV tiles own one row tile");
-  static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
+  static_assert(Base::kWarpsKV == 1 || Base::kRowTiles == 1, "warps that split KV tiles own one row tile");
 };
 
 // C: a PrefillWithVariant<PrefillConfig, V> (prefill_variant.cuh).

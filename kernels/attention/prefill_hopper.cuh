@@ -18,6 +18,7 @@
 // layout differs (wgmma.cuh). Plain attention only: variants keep the mma.sync kernel.
 #pragma once
 
+#include "attention/prefill_config.cuh"
 #include "attention/prefill_epilogue.cuh"
 #include "attention/prefill_loader.cuh"
 #include "attention/prefill_mainloop.cuh"
@@ -29,32 +30,12 @@
 namespace flashkv {
 
 template <class T, int HEAD_DIM, int KV_SOURCE>
-struct PrefillHopperConfig {
-  using q_t = T;
-  using kv_t = T;
-  using o_t = T;
-  static constexpr int kHeadDim = HEAD_DIM;
-  static constexpr int kRows = 128;
-  static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
-  static constexpr PrefillShape kShape = prefill_hopper_shape(HEAD_DIM);
-  static constexpr int kRowTiles = kShape.row_tiles;  // 1: a warp holds 16 rows of S and O
-  static constexpr int kWarpRows = kShape.warp_rows;
-  static constexpr int kWarpsQ = kShape.warps_q;
-  static constexpr int kWarpsKV = kShape.warps_kv;
-  static constexpr int kWarps = kShape.warps;
-  static constexpr int kThreads = kShape.threads;
-  static constexpr int kTile = kShape.tile;
-  static constexpr int kWarpTokens = kTile;
-  static constexpr int kNT = kTile / 8;
-  static constexpr int kChunks = HEAD_DIM / 8;
-  static constexpr int kDTiles = HEAD_DIM / 8;
-  static constexpr int kLoads = kTile * kChunks / kThreads;
-  static constexpr int kQBytes = kShape.q_bytes;
-  static constexpr int kStageBytes = kShape.stage_bytes;
-  static constexpr int kStages = kShape.stages;        // V stages; the loads run kStages - 1 ahead
-  static constexpr int kKStages = kShape.stages - 1;  // K is free once S = Q Kᵀ lands: one fewer
-  static constexpr int kQBuffers = kShape.q_buffers;
-  static constexpr int kSmemBytes = kShape.smem_bytes;
+struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true> {
+  typedef PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true> Base;
+  // kStages V stages, the loads running kStages - 1 tiles ahead; K is free once S = Q Kᵀ lands,
+  // so it has one stage fewer.
+  static constexpr int kKStages = Base::kStages - 1;
+  static constexpr int kQBuffers = Base::kShape.q_buffers;
 
   // wgmma's 128-byte-swizzled column blocks (wgmma.cuh).
   template <int kTileRows>
@@ -62,11 +43,9 @@ struct PrefillHopperConfig {
     return sw128_offset<kTileRows>(row, chunk);
   }
 
-  static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
-  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
-  static_assert(kWarps == 8 && kRows == 2 * 64, "two warpgroups of 64 rows");
-  static_assert(kTile * kChunks % kThreads == 0 && kRows * kChunks % kThreads == 0, "even loads");
-  static_assert(kQBytes % 1024 == 0 && kStageBytes % 1024 == 0, "tiles on swizzle-atom boundaries");
+  static_assert(Base::kWarps == 8 && Base::kRowTiles == 1 && Base::kWarpsKV == 1,
+                "two warpgroups of 64 rows, a warp's 16 rows over the whole KV tile");
+  static_assert(Base::kQBytes % 1024 == 0 && Base::kStageBytes % 1024 == 0, "tiles on swizzle-atom boundaries");
 };
 
 // Issues S[64 x kTile] of warpgroup `wg` = Q(its rows) · K(stage)ᵀ, over head_dim in k-steps of

@@ -10,6 +10,15 @@
 
 namespace flashkv::test {
 
+void PrefillCase::set_requests(const PrefillRequests& reqs) {
+  qo_lens.clear();
+  kv_lens.clear();
+  for (auto [qo, kv] : reqs) {
+    qo_lens.push_back(qo);
+    kv_lens.push_back(kv);
+  }
+}
+
 int64_t PrefillCase::nnz_qo() const {
   int64_t n = 0;
   for (int64_t l : qo_lens) n += l;

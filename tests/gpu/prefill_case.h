@@ -10,12 +10,16 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_util.h"
 #include "flashkv/prefill.h"
 
 namespace flashkv::test {
+
+// (qo_len, kv_len) per request.
+using PrefillRequests = std::vector<std::pair<int64_t, int64_t>>;
 
 struct PrefillCase {
   std::vector<int64_t> qo_lens, kv_lens;  // per request, same size; 0 allowed in both
@@ -28,6 +32,7 @@ struct PrefillCase {
   uint64_t seed = 1;
 
   int batch() const { return static_cast<int>(qo_lens.size()); }
+  void set_requests(const PrefillRequests& reqs);  // qo_lens and kv_lens from (qo, kv) pairs
   int64_t nnz_qo() const;
   int64_t nnz_kv() const;
   std::string str() const;

@@ -24,16 +24,7 @@ namespace {
 
 class PrefillGpu : public GpuTest {};
 
-using Requests = std::vector<std::pair<int64_t, int64_t>>;  // (qo_len, kv_len) per request
-
-void set_requests(PrefillCase& c, const Requests& reqs) {
-  c.qo_lens.clear();
-  c.kv_lens.clear();
-  for (auto [qo, kv] : reqs) {
-    c.qo_lens.push_back(qo);
-    c.kv_lens.push_back(kv);
-  }
-}
+using Requests = PrefillRequests;
 
 // Self-attention prompts (qo == kv), appends (qo < kv), a decode row (qo 1), a request with no
 // queries (qo 0), one with no KV (kv 0: every row empty), one with qo > kv (causal: the first 27
@@ -52,7 +43,7 @@ TEST_F(PrefillGpu, HeadDimsGroupsPagesLayoutsDtypes) {
       for (int hkv : kv_heads) {
         for (bool causal : {false, true}) {
           PrefillCase c;
-          set_requests(c, kMixed);
+          c.set_requests(kMixed);
           c.num_qo_heads = 8;
           c.num_kv_heads = hkv;
           c.head_dim = d;
@@ -105,7 +96,7 @@ TEST_F(PrefillGpu, QueryLongerThanKvFirstRowsSeeNothing) {
   for (Shape sh : {Shape{DType::f16, 8, 2, 128}, Shape{DType::bf16, 8, 8, 64}}) {
     for (bool causal : {true, false}) {
       PrefillCase c;
-      set_requests(c, reqs);
+      c.set_requests(reqs);
       c.dtype = sh.dt;
       c.num_qo_heads = sh.hqo;
       c.num_kv_heads = sh.hkv;
@@ -129,7 +120,7 @@ TEST_F(PrefillGpu, QueryLongerThanKvFirstRowsSeeNothing) {
 // Every page size x layout x interleaving on the same logical data (so one reference).
 TEST_F(PrefillGpu, PageSizesLayoutsInterleaving) {
   PrefillCase base;
-  set_requests(base, {{33, 100}, {1, 64}, {64, 64}, {7, 0}, {100, 513}, {2, 1}});
+  base.set_requests({{33, 100}, {1, 64}, {64, 64}, {7, 0}, {100, 513}, {2, 1}});
   base.opts.causal = true;
   base.seed = 400;
   const PrefillInputs ref = make_prefill_inputs(base);
@@ -152,7 +143,7 @@ TEST_F(PrefillGpu, MqaGroup32AllTileRows) {
   uint64_t seed = 500;
   for (DType dt : {DType::f16, DType::bf16}) {
     PrefillCase c;
-    set_requests(c, {{1, 500}, {17, 17}, {100, 300}, {0, 3}, {5, 2}, {3, 40}});
+    c.set_requests({{1, 500}, {17, 17}, {100, 300}, {0, 3}, {5, 2}, {3, 40}});
     c.num_qo_heads = 32;
     c.num_kv_heads = 1;
     c.dtype = dt;
@@ -175,7 +166,7 @@ TEST_F(PrefillGpu, EveryKernelSpecialization) {
   for (DType dt : {DType::f16, DType::bf16}) {
     for (int d : {64, 128, 256}) {
       PrefillCase c;
-      set_requests(c, {{1, 70}, {19, 19}, {40, 100}, {3, 0}, {70, 33}});
+      c.set_requests({{1, 70}, {19, 19}, {40, 100}, {3, 0}, {70, 33}});
       c.dtype = dt;
       c.head_dim = d;
       c.opts.causal = true;
@@ -199,7 +190,7 @@ TEST_F(PrefillGpu, EveryKernelSpecialization) {
 // split, on one batch (one reference).
 TEST_F(PrefillGpu, TileRowsAndSplitOptions) {
   PrefillCase c;
-  set_requests(c, {{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}});
+  c.set_requests({{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}});
   c.opts.causal = true;
   c.seed = 600;
   const PrefillInputs in = make_prefill_inputs(c);
@@ -233,7 +224,7 @@ TEST_F(PrefillGpu, TileRowsAndSplitOptions) {
 // Small fixed chunks: many partial states per tile go through the merge.
 TEST_F(PrefillGpu, SmallFixedSplitSizes) {
   PrefillCase c;
-  set_requests(c, {{3, 200}, {16, 300}, {1, 257}, {9, 0}, {20, 20}});
+  c.set_requests({{3, 200}, {16, 300}, {1, 257}, {9, 0}, {20, 20}});
   c.dtype = DType::bf16;
   c.head_dim = 64;
   c.opts.causal = true;
@@ -259,7 +250,7 @@ TEST_F(PrefillGpu, LongKvFewTilesSplitsAcrossCtas) {
   for (DType dt : {DType::f16, DType::bf16}) {
     for (bool causal : {true, false}) {
       PrefillCase c;
-      set_requests(c, {{16, 8192}});
+      c.set_requests({{16, 8192}});
       c.dtype = dt;
       c.opts.causal = causal;
       c.seed = seed++;
@@ -275,7 +266,7 @@ TEST_F(PrefillGpu, LongKvFewTilesSplitsAcrossCtas) {
   }
   // Split tiles next to unsplit ones, decode rows among prefill rows.
   PrefillCase c;
-  set_requests(c, {{16, 8192}, {1, 20000}, {3, 5}, {128, 4096}, {0, 100}});
+  c.set_requests({{16, 8192}, {1, 20000}, {3, 5}, {128, 4096}, {0, 100}});
   c.dtype = DType::bf16;
   c.page_size = 64;
   c.layout = KVLayout::HND;
@@ -287,8 +278,8 @@ TEST_F(PrefillGpu, LongKvFewTilesSplitsAcrossCtas) {
 
 TEST_F(PrefillGpu, MixedBatchWithEverything) {
   PrefillCase c;
-  set_requests(
-      c, {{1, 1}, {17, 17}, {113, 313}, {0, 9}, {5, 0}, {577, 1023}, {64, 10}, {1, 4000}, {2, 2}});
+  c.set_requests(
+      {{1, 1}, {17, 17}, {113, 313}, {0, 9}, {5, 0}, {577, 1023}, {64, 10}, {1, 4000}, {2, 2}});
   c.num_qo_heads = 8;
   c.num_kv_heads = 1;
   c.head_dim = 256;
@@ -313,7 +304,7 @@ TEST_F(PrefillGpu, AllEmptyAndTinyBatches) {
   for (const Requests& reqs : batches) {
     for (bool causal : {false, true}) {
       PrefillCase c;
-      set_requests(c, reqs);
+      c.set_requests(reqs);
       c.opts.causal = causal;
       c.seed = seed++;
       const PrefillInputs in = make_prefill_inputs(c);
@@ -326,7 +317,7 @@ TEST_F(PrefillGpu, AllEmptyAndTinyBatches) {
 
 TEST_F(PrefillGpu, SmScaleAndOptionalLse) {
   PrefillCase c;
-  set_requests(c, {{33, 70}, {1, 129}, {50, 50}, {4, 0}});
+  c.set_requests({{33, 70}, {1, 129}, {50, 50}, {4, 0}});
   c.opts.causal = true;
   c.opts.sm_scale = 0.3f;
   c.seed = 950;
@@ -353,7 +344,7 @@ TEST_F(PrefillGpu, RaggedKvMatchesReference) {
   for (Shape sh : {Shape{DType::f16, 8, 8, 64, false}, Shape{DType::bf16, 8, 1, 256, true},
                    Shape{DType::f16, 8, 2, 128, false}, Shape{DType::bf16, 32, 4, 128, true}}) {
     PrefillCase c;
-    set_requests(c, {{17, 17}, {0, 33}, {113, 400}, {9, 0}, {1, 1000}, {30, 20}});
+    c.set_requests({{17, 17}, {0, 33}, {113, 400}, {9, 0}, {1, 1000}, {30, 20}});
     c.dtype = sh.dt;
     c.num_qo_heads = sh.hqo;
     c.num_kv_heads = sh.hkv;

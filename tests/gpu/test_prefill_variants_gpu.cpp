@@ -28,7 +28,7 @@ namespace {
 
 class PrefillVariantsGpu : public GpuTest {};
 
-using Requests = std::vector<std::pair<int64_t, int64_t>>;  // (qo_len, kv_len)
+using Requests = PrefillRequests;
 
 // qo_len 1, 17, 128 over up to 1000 keys; (40, 13): the first 27 rows sit before key 0 (empty
 // when causal or with a right window bound); (5, 5): a short prompt. Sized so that every split

@@ -27,16 +27,7 @@ class PrefillWgmmaGpu : public GpuTest {
   }
 };
 
-using Requests = std::vector<std::pair<int64_t, int64_t>>;  // (qo_len, kv_len) per request
-
-void set_requests(PrefillCase& c, const Requests& reqs) {
-  c.qo_lens.clear();
-  c.kv_lens.clear();
-  for (auto [qo, kv] : reqs) {
-    c.qo_lens.push_back(qo);
-    c.kv_lens.push_back(kv);
-  }
-}
+using Requests = PrefillRequests;
 
 PrefillPlanOptions wgmma_opts(const PrefillCase& c) {
   PrefillPlanOptions o = c.opts;
@@ -60,7 +51,7 @@ TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
       for (int hkv : kv_heads) {
         for (bool causal : {false, true}) {
           PrefillCase c;
-          set_requests(c, kMixed);
+          c.set_requests(kMixed);
           c.num_qo_heads = 16;
           c.num_kv_heads = hkv;
           c.head_dim = d;
@@ -87,7 +78,7 @@ TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
 // merge, on one batch.
 TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
   PrefillCase c;
-  set_requests(c, {{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}});
+  c.set_requests({{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}});
   c.opts.causal = true;
   c.seed = 9200;
   const PrefillInputs in = make_prefill_inputs(c);
@@ -108,7 +99,7 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
 // mma.sync kernel; both answer the same batch within the tolerance.
 TEST_F(PrefillWgmmaGpu, AutoPicksWgmmaForFullTiles) {
   PrefillCase c;
-  set_requests(c, {{200, 200}, {33, 700}, {1, 50}});
+  c.set_requests({{200, 200}, {33, 700}, {1, 50}});
   c.opts.causal = true;
   c.seed = 9300;
   const PrefillInputs in = make_prefill_inputs(c);
@@ -129,7 +120,7 @@ TEST_F(PrefillWgmmaGpu, AutoPicksWgmmaForFullTiles) {
 // kWgmma where the kernel cannot run: a smaller query tile, or a variant. plan() names why.
 TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
   PrefillCase c;
-  set_requests(c, {{20, 40}});
+  c.set_requests({{20, 40}});
   c.seed = 9400;
   const PrefillInputs in = make_prefill_inputs(c);
   PrefillPlanOptions opts = wgmma_opts(c);
