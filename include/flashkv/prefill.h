@@ -51,8 +51,8 @@ struct BatchPrefillConfig {
 };
 
 // Which kernel a plan runs. kAuto: the Hopper wgmma kernel where it applies (an sm_90a GPU,
-// 128-row query tiles, plain attention), else the mma.sync kernel. kWgmma where it does not apply
-// makes plan() throw, naming why.
+// 128-row query tiles, plain attention), else the mma.sync kernel. kWgmma takes 128-row tiles
+// unless tile_rows fixes others; where it cannot run, plan() throws, naming why.
 enum class PrefillBackend : uint8_t { kAuto, kMmaSync, kWgmma };
 
 struct PrefillPlanOptions {

@@ -46,6 +46,9 @@ struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, tr
   static_assert(Base::kWarps == 8 && Base::kRowTiles == 1 && Base::kWarpsKV == 1,
                 "two warpgroups of 64 rows, a warp's 16 rows over the whole KV tile");
   static_assert(Base::kQBytes % 1024 == 0 && Base::kStageBytes % 1024 == 0, "tiles on swizzle-atom boundaries");
+  // The host refuses the kernel where the GPU offers less (src/ops/prefill_core.cpp); on Hopper
+  // (227 KB per block) every head_dim fits, 1 KB of static shared memory included.
+  static_assert(Base::kSmemBytes + 1024 <= 227 * 1024, "fits Hopper's shared memory per block");
 };
 
 // Issues S[64 x kTile] of warpgroup `wg` = Q(its rows) · K(stage)ᵀ, over head_dim in k-steps of

@@ -87,7 +87,9 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     ``logits_soft_cap``, ``rope_scale``, ``rope_theta``, ``custom_mask`` ``[qo_len, kv_len]``,
     ``packed_custom_mask``, and the keyword-only ``sinks``, ``alibi_slopes``, ``sigmoid``,
     ``sigmoid_bias``, ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``,
-    ``variant``, ``variant_args``, ``mask_indptr``): see the module docstring.
+    ``variant``, ``variant_args``, ``mask_indptr``): see the module docstring. ``backend``:
+    ``"auto"``, ``"fa2"`` (the mma.sync kernel) or ``"fa3"`` (the Hopper wgmma kernel: sm_90a,
+    128-row query tiles, no variant; an error where it cannot run).
 
     flashkv extensions (keyword-only): ``out``, ``lse`` (float32 ``[qo_len, num_qo_heads]``) to
     write into, and ``stream``. Returns out, or (out, lse) with ``return_lse``; lse is **base 2**
@@ -96,7 +98,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     not for CUDA-graph capture, use BatchPrefillWithRaggedKVCacheWrapper there).
     """
     C.check_variant(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
-    C.check_backend(backend)
+    C.check_backend(backend, allowed=C.PREFILL_BACKENDS)
     C.check_layout(kv_layout)
     ex = _extras(variant_extras)
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
@@ -114,14 +116,14 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     V.check_lse_wanted(cvar, return_lse or lse is not None)
     o_dt = None if o_dtype is None else A.dtype_name(o_dtype)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
-    if cvar is None:
+    if cvar is None and (backend == "auto" or not on_gpu):
         A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, causal, scale,
                A.cuda_stream(q, stream))
     elif not on_gpu:
         A.call(_C.reference_single_prefill_variant, q, k, v, out, lse, kv_layout, cvar)
-    else:
-        _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, scale, cvar,
-                                    A.cuda_stream(q, stream))
+    else:  # a variant, or a kernel chosen by name: through a planned BatchPrefillRagged
+        _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, scale, cvar, backend,
+                            A.cuda_stream(q, stream))
     return C.finish(out, lse, return_lse)
 
 
@@ -130,7 +132,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
 # own), as single_decode_with_kv_cache does with a BatchDecode.
 
 
-def _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, stream):
+def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, backend, stream):
     qo_len, hq, d = (int(x) for x in q.shape)
     hk = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
@@ -140,7 +142,7 @@ def _single_prefill_variant_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, 
     qo_indptr = np.array([0, qo_len], np.int32)
     kv_indptr = np.array([0, kv_len], np.int32)
     A.call(op.plan, qo_indptr, kv_indptr, hq, hk, d, A.array_dtype(q), A.array_dtype(k),
-           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, "auto", stream)
+           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, backend, stream)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
     A.call(op.run, q, k, v, out, lse, stream)
@@ -267,7 +269,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     ``paged_kv_last_page_len_buf`` required) the first plan() fixes the query-token capacity (as
     FlashInfer's), heads and head_dim; later plans may have fewer requests or tokens, not more.
     A custom mask in CUDA graph mode needs ``custom_mask_buf`` (uint8) and ``mask_indptr_buf``
-    (int32 ``[batch + 1]``): plan() copies the packed mask and its offsets there.
+    (int32 ``[batch + 1]``): plan() copies the packed mask and its offsets there. ``backend``:
+    ``"auto"`` (the Hopper wgmma kernel where it applies: an sm_90a GPU, 128-row query tiles, no
+    variant; else mma.sync), ``"fa2"`` (mma.sync) or ``"fa3"`` (wgmma, with 128-row tiles; plan()
+    raises where it cannot run, e.g. with a variant). ``plan_info()["wgmma"]`` says which ran.
     """
 
     _op_class = _C.BatchPrefillPaged

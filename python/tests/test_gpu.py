@@ -261,15 +261,39 @@ def test_batch_prefill_backends(backend, dtype):
         check_lse(lse[rows], ref_lse)
 
 
-def test_batch_prefill_fa3_refuses_small_tiles():
+def test_batch_prefill_fa3_takes_full_tiles_and_refuses_variants():
+    # "fa3" plans the wgmma kernel's 128-row tiles even for short queries (the heuristic's tile
+    # would be 16 rows here), and raises for a variant (which runs on mma.sync only).
     if not _is_sm90():
         pytest.skip("the wgmma prefill kernel needs an sm_90a GPU")
     g = gen(42)
-    cache = Paged([40], 16, 8, 128, "float16", "NHD", g)
+    hq, hk, d, ps, dtype = 32, 8, 128, 16, "float16"
+    cache = Paged([40, 300], ps, hk, d, dtype, "NHD", g)
+    qo_indptr = torch.tensor([0, 4, 7], dtype=torch.int32)
+    q = rand((7, hq, d), dtype, g)
     w = flashkv.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD", backend="fa3")
-    with pytest.raises(Exception, match="128-row"):  # 4 tokens x group 4: a 16-row tile
-        w.plan(torch.tensor([0, 4], dtype=torch.int32), cache.indptr, cache.indices,
-               cache.last_page_len, 32, 8, 128, 16, causal=True, q_data_type=torch.float16)
+    w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           causal=True, q_data_type=torch.float16)
+    assert w.plan_info()["tile_rows"] == 128 and w.plan_info()["wgmma"]
+    out = w.run(q, cache.cache(False))
+    for i in range(2):
+        rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
+        check_out(out[rows], sdpa_ref(q[rows], *cache.gather(i), causal=True)[0], dtype)
+    with pytest.raises(Exception, match="variant"):
+        w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+               causal=True, q_data_type=torch.float16, logits_soft_cap=30.0)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_single_prefill_backends(backend):
+    if backend == "fa3" and not _is_sm90():
+        pytest.skip("the wgmma prefill kernel needs an sm_90a GPU")
+    g = gen(43)
+    q = rand((300, 32, 128), "bfloat16", g)
+    k = rand((700, 8, 128), "bfloat16", g)
+    v = rand((700, 8, 128), "bfloat16", g)
+    out = flashkv.single_prefill_with_kv_cache(q, k, v, causal=True, backend=backend)
+    check_out(out, sdpa_ref(q, k, v, causal=True)[0], "bfloat16")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

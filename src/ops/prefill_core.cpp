@@ -190,9 +190,20 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   // attention unless opts.variant says otherwise) select the kernel, JIT-compiled here (first
   // use only) so run() never compiles.
   ops::VariantJit vj = ops::variant_jit(o.variant);
-  const int rows = o.tile_rows > 0 ? o.tile_rows : ops::default_prefill_tile_rows(qo_lens, group);
-  if (arch.empty()) arch = runtime::device_arch(cfg.device);  // once: plan() stays on the CPU
-  const std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty());
+  // Asked for the wgmma kernel, the caller gets its 128-row tile unless it fixed another.
+  const int rows = o.tile_rows > 0                         ? o.tile_rows
+                   : o.backend == PrefillBackend::kWgmma ? 128
+                                                           : ops::default_prefill_tile_rows(qo_lens, group);
+  if (arch.empty()) {  // once: plan() stays on the CPU
+    arch = runtime::device_arch(cfg.device);
+    max_smem = device_info(cfg.device).max_smem_per_block;
+  }
+  std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty());
+  // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
+  const int wgmma_smem = prefill_hopper_shape(hd).smem_bytes + 1024;
+  if (why_not.empty() && wgmma_smem > max_smem)
+    why_not = "it needs " + std::to_string(wgmma_smem) + " bytes of shared memory per block at head_dim " +
+              std::to_string(hd) + "; this GPU allows " + std::to_string(max_smem);
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   const bool wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
@@ -221,7 +232,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
           ", causal ", c.causal, ", heads ", c.num_qo_heads, "/", c.num_kv_heads, ", page_size ",
           c.page_size, "); this plan needs ", kernel.id, " (sm_scale ", scale, ", causal ", causal,
           ", heads ", n_qo_heads, "/", n_kv_heads, ", page_size ", page_sz,
-          "). Fix PrefillPlanOptions.tile_rows for graphs, or capture a new graph.");
+          "). Fix PrefillPlanOptions.tile_rows (and backend) for graphs, or capture a new graph.");
     check(ops::same_variant_args(vargs, c.variant_args),
           "plan: a captured CUDA graph holds the variant arguments of its capture (values and "
           "tensor pointers); this plan's differ. Capture a new graph for new variant arguments.");

@@ -38,6 +38,7 @@ struct PrefillCore {
   const char* name;  // "BatchPrefillPaged" / "BatchPrefillRagged", for messages
   ops::PrefillWorkspace ws;
   std::string arch;  // the device's compile target ("sm_90a"), read at the first plan()
+  int max_smem = 0;  // and its opt-in shared memory per block, bytes
   runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
 
   // The plan in force.

@@ -21,7 +21,6 @@ inline PrefillGeometry prefill_geometry(int head_dim, int rows, bool wgmma = fal
   return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
 }
 
-
 // The query tile plan() uses when PrefillPlanOptions.tile_rows is 0: the paper's heuristic
 // (scheduler::choose_query_tile_rows). Kept as the op's own entry point so a measured
 // per-GPU adjustment has one place to live (a 64-row cap was tried and measured slower once the

@@ -1,6 +1,7 @@
 // Checks every scheduler test applies to a schedule (decode and prefill alike): each CTA's items
 // are in non-increasing cost order (decode; prefill orders them for the L2 and passes
-// `costliest_first` = false), its recorded cost is their sum, and the LPT balance bound holds: when the last chunk of the heaviest CTA was handed out, that CTA held the minimum load,
+// `costliest_first` = false), its recorded cost is their sum, and the LPT balance bound holds:
+// when the last chunk of the heaviest CTA was handed out, that CTA held the minimum load,
 // <= (total - c) / C, so max load <= total / C + max chunk cost.
 #pragma once
 

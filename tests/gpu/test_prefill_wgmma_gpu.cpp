@@ -75,24 +75,50 @@ TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
 }
 
 // Dynamic split-KV, fixed_split_size and no split: the partial states of 128-row tiles and their
-// merge, on one batch.
+// merge, on one batch, at every head_dim. Small fixed chunks give each CTA many work items, so the
+// loads run ahead across items (through both query buffers at head_dim <= 128, the single one at
+// 256); (50, 20) has causal rows before the first key.
 TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
-  PrefillCase c;
-  c.set_requests({{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}});
-  c.opts.causal = true;
-  c.seed = 9200;
-  const PrefillInputs in = make_prefill_inputs(c);
-  for (int split : {0, 1, 2}) {
-    PrefillPlanOptions opts = wgmma_opts(c);
-    opts.fixed_split_size = split == 1 ? 1000 : 0;
-    opts.disable_split_kv = split == 2;
-    const std::string what = split == 1 ? "fixed_split 1000" : split == 2 ? "nosplit" : "dynamic";
-    const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, opts);
-    expect_prefill_ok(in, o, what);
-    EXPECT_TRUE(o.plan.wgmma) << what;
-    if (split == 1) EXPECT_GT(o.plan.num_split_tiles, 0) << what;
-    if (split == 2) EXPECT_EQ(o.plan.num_split_tiles, 0) << what;
+  uint64_t seed = 9200;
+  for (int d : {64, 128, 256}) {
+    PrefillCase c;
+    c.set_requests({{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}, {50, 20}});
+    c.head_dim = d;
+    c.opts.causal = true;
+    c.seed = seed++;
+    const PrefillInputs in = make_prefill_inputs(c);
+    for (int split : {0, 1, 2, 3}) {
+      PrefillPlanOptions opts = wgmma_opts(c);
+      opts.fixed_split_size = split == 1 ? 1000 : split == 3 ? 256 : 0;
+      opts.disable_split_kv = split == 2;
+      const std::string what = "head_dim " + std::to_string(d) +
+                               (split == 1   ? " fixed_split 1000"
+                                : split == 2 ? " nosplit"
+                                : split == 3 ? " fixed_split 256"
+                                             : " dynamic");
+      const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, opts);
+      expect_prefill_ok(in, o, what);
+      EXPECT_TRUE(o.plan.wgmma) << what;
+      if (split == 1 || split == 3) EXPECT_GT(o.plan.num_split_tiles, 0) << what;
+      if (split == 2) EXPECT_EQ(o.plan.num_split_tiles, 0) << what;
+    }
   }
+}
+
+// kWgmma with tile_rows 0 takes the kernel's 128-row tiles even where the heuristic would pick
+// smaller ones (short queries: the heuristic's tile here is 16 rows).
+TEST_F(PrefillWgmmaGpu, ForcedWgmmaTakesFullTiles) {
+  PrefillCase c;
+  c.set_requests({{3, 500}, {1, 40}, {4, 4}, {2, 0}});
+  c.opts.causal = true;
+  c.seed = 9350;
+  const PrefillInputs in = make_prefill_inputs(c);
+  PrefillPlanOptions opts = c.opts;
+  opts.backend = PrefillBackend::kWgmma;
+  const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, opts);
+  expect_prefill_ok(in, o, "forced wgmma, tile_rows 0");
+  EXPECT_EQ(o.plan.tile_rows, 128);
+  EXPECT_TRUE(o.plan.wgmma);
 }
 
 // kAuto: 128-row tiles of plain attention take the wgmma kernel, smaller tiles and kMmaSync the
