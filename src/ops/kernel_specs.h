@@ -52,9 +52,11 @@ KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_sourc
 // source); its query tile is always 128 rows and it runs plain attention only.
 KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source);
 // Whether that kernel can run a plan: an sm_90a target, 128-row query tiles (two warpgroups of 64
-// rows) and plain attention (variants keep the mma.sync kernel). Empty when it can, else why not
-// (the error of PrefillPlanOptions.backend = kWgmma names it).
-std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention);
+// rows), plain attention (variants keep the mma.sync kernel) and its shared memory at head_dim
+// within the GPU's per-block limit. Empty when it can, else why not (the error of
+// PrefillPlanOptions.backend = kWgmma names it).
+std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
+                                      int head_dim, int max_smem_per_block);
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);

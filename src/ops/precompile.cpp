@@ -1,4 +1,5 @@
 #include <chrono>
+#include <climits>
 
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
@@ -27,14 +28,15 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts) {
               }
             }
     } else if (op == "prefill") {
+      // The Hopper kernel too, where the target has it (no GPU here: its shared-memory limit is
+      // checked at plan()).
+      const bool hopper = ops::prefill_wgmma_unsupported(opts.arch, 128, true, 128, INT_MAX).empty();
       for (DType t : opts.dtypes)
         for (int d : opts.head_dims)
-          for (int rows : {16, 32, 64, 128})
-            for (int kv : {0, 1, 2}) specs.push_back(ops::prefill_kernel_spec(t, d, rows, kv));
-      if (ops::prefill_wgmma_unsupported(opts.arch, 128, true).empty())  // the Hopper kernel too
-        for (DType t : opts.dtypes)
-          for (int d : opts.head_dims)
-            for (int kv : {0, 1, 2}) specs.push_back(ops::prefill_hopper_kernel_spec(t, d, kv));
+          for (int kv : {0, 1, 2}) {
+            for (int rows : {16, 32, 64, 128}) specs.push_back(ops::prefill_kernel_spec(t, d, rows, kv));
+            if (hopper) specs.push_back(ops::prefill_hopper_kernel_spec(t, d, kv));
+          }
     } else if (op == "cascade") {  // the gather / merge kernels around the levels' passes
       for (DType t : opts.dtypes) specs.push_back(ops::cascade_kernel_spec(t));
     } else if (op == "kv") {  // RoPE, KV append, get_batch_indices_positions

@@ -47,10 +47,16 @@ KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_sourc
           }};
 }
 
-std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention) {
+std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
+                                      int head_dim, int max_smem_per_block) {
   if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
   if (rows != 128) return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
   if (!plain_attention) return "it runs plain attention (this plan has a variant)";
+  // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
+  const int smem = prefill_hopper_shape(head_dim).smem_bytes + 1024;
+  if (smem > max_smem_per_block)
+    return "it needs " + std::to_string(smem) + " bytes of shared memory per block at head_dim " +
+           std::to_string(head_dim) + "; this GPU allows " + std::to_string(max_smem_per_block);
   return {};
 }
 
@@ -198,12 +204,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
     arch = runtime::device_arch(cfg.device);
     max_smem = device_info(cfg.device).max_smem_per_block;
   }
-  std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty());
-  // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
-  const int wgmma_smem = prefill_hopper_shape(hd).smem_bytes + 1024;
-  if (why_not.empty() && wgmma_smem > max_smem)
-    why_not = "it needs " + std::to_string(wgmma_smem) + " bytes of shared memory per block at head_dim " +
-              std::to_string(hd) + "; this GPU allows " + std::to_string(max_smem);
+  const std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), hd, max_smem);
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   const bool wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();

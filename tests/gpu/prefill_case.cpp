@@ -19,6 +19,35 @@ void PrefillCase::set_requests(const PrefillRequests& reqs) {
   }
 }
 
+void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads, std::span<const int> kv_heads,
+                          uint64_t seed0, const std::function<void(const PrefillCase&)>& fn) {
+  const int pages[] = {1, 5, 16, 64};
+  int i = 0;
+  uint64_t seed = seed0;
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (int d : {64, 128, 256}) {
+      for (int hkv : kv_heads) {
+        for (bool causal : {false, true}) {
+          PrefillCase c;
+          c.set_requests(reqs);
+          c.num_qo_heads = num_qo_heads;
+          c.num_kv_heads = hkv;
+          c.head_dim = d;
+          c.dtype = dt;
+          // Storage rotates independently of causal (which alternates with i).
+          c.page_size = pages[(i / 2) % 4];
+          c.layout = (i / 8) % 2 ? KVLayout::HND : KVLayout::NHD;
+          c.interleaved = (i / 2) % 3 == 0;
+          c.opts.causal = causal;
+          c.seed = seed++;
+          ++i;
+          fn(c);
+        }
+      }
+    }
+  }
+}
+
 int64_t PrefillCase::nnz_qo() const {
   int64_t n = 0;
   for (int64_t l : qo_lens) n += l;

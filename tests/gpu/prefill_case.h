@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,13 @@ struct PrefillInputs {
   DeviceCache dcache;
   DeviceTensor dq, dk_ragged, dv_ragged;
 };
+
+// Calls fn on every case of the dtype (f16, bf16) x head_dim (64, 128, 256) x KV heads x causal
+// matrix, in that order: `reqs`, num_qo_heads query heads, seeds seed0, seed0 + 1, ...; the
+// storage (page size 1/5/16/64, NHD/HND, interleaved) rotates with the case index, independently
+// of causal.
+void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads, std::span<const int> kv_heads,
+                          uint64_t seed0, const std::function<void(const PrefillCase&)>& fn);
 
 // Builds everything from c.seed. With `same_data`, whose case must have the same lengths, heads,
 // head_dim, dtype, causal, sm_scale and seed (only the storage: page size, layout, interleaving may

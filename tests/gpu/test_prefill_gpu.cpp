@@ -33,36 +33,14 @@ const Requests kMixed = {{17, 17}, {1, 300},   {113, 500}, {0, 9},
                          {7, 0},   {250, 250}, {40, 13},   {1, 1}};
 
 TEST_F(PrefillGpu, HeadDimsGroupsPagesLayoutsDtypes) {
-  const int pages[] = {1, 5, 16, 64};
   // 8 query heads over 8, 2 and 1 KV heads: GQA groups 1, 4 and 8.
   const int kv_heads[] = {8, 2, 1};
-  int i = 0;
-  uint64_t seed = 100;
-  for (DType dt : {DType::f16, DType::bf16}) {
-    for (int d : {64, 128, 256}) {
-      for (int hkv : kv_heads) {
-        for (bool causal : {false, true}) {
-          PrefillCase c;
-          c.set_requests(kMixed);
-          c.num_qo_heads = 8;
-          c.num_kv_heads = hkv;
-          c.head_dim = d;
-          c.dtype = dt;
-          // Storage rotates independently of causal (which alternates with i).
-          c.page_size = pages[(i / 2) % 4];
-          c.layout = (i / 8) % 2 ? KVLayout::HND : KVLayout::NHD;
-          c.interleaved = (i / 2) % 3 == 0;
-          c.opts.causal = causal;
-          c.seed = seed++;
-          ++i;
-          const PrefillInputs in = make_prefill_inputs(c);
-          // Paged, then ragged KV on the same data (one reference for both).
-          expect_prefill_ok(in, run_prefill(in, PrefillKV::kPaged), "paged");
-          expect_prefill_ok(in, run_prefill(in, PrefillKV::kRagged), "ragged");
-        }
-      }
-    }
-  }
+  for_each_matrix_case(kMixed, 8, kv_heads, 100, [&](const PrefillCase& c) {
+    const PrefillInputs in = make_prefill_inputs(c);
+    // Paged, then ragged KV on the same data (one reference for both).
+    expect_prefill_ok(in, run_prefill(in, PrefillKV::kPaged), "paged");
+    expect_prefill_ok(in, run_prefill(in, PrefillKV::kRagged), "ragged");
+  });
 }
 
 TEST_F(PrefillGpu, OddLengthsSelfAttentionAndAppend) {

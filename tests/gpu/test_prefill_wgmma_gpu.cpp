@@ -41,37 +41,16 @@ PrefillPlanOptions wgmma_opts(const PrefillCase& c) {
 const Requests kMixed = {{17, 17}, {1, 300}, {113, 500}, {0, 9}, {7, 0}, {250, 250}, {40, 13}, {1, 1}, {300, 1400}};
 
 TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
-  const int pages[] = {1, 5, 16, 64};
   // 16 query heads over 16, 4, 2, 1 KV heads: groups 1, 4, 8 and 16 (MQA).
   const int kv_heads[] = {16, 4, 2, 1};
-  int i = 0;
-  uint64_t seed = 9100;
-  for (DType dt : {DType::f16, DType::bf16}) {
-    for (int d : {64, 128, 256}) {
-      for (int hkv : kv_heads) {
-        for (bool causal : {false, true}) {
-          PrefillCase c;
-          c.set_requests(kMixed);
-          c.num_qo_heads = 16;
-          c.num_kv_heads = hkv;
-          c.head_dim = d;
-          c.dtype = dt;
-          c.page_size = pages[(i / 2) % 4];
-          c.layout = (i / 8) % 2 ? KVLayout::HND : KVLayout::NHD;
-          c.interleaved = (i / 2) % 3 == 0;
-          c.opts.causal = causal;
-          c.seed = seed++;
-          ++i;
-          const PrefillInputs in = make_prefill_inputs(c);
-          for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
-            const PrefillOutcome o = run_prefill(in, kv, wgmma_opts(c));
-            expect_prefill_ok(in, o, prefill_kv_name(kv));
-            EXPECT_TRUE(o.plan.wgmma) << c.str();
-          }
-        }
-      }
+  for_each_matrix_case(kMixed, 16, kv_heads, 9100, [&](const PrefillCase& c) {
+    const PrefillInputs in = make_prefill_inputs(c);
+    for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
+      const PrefillOutcome o = run_prefill(in, kv, wgmma_opts(c));
+      expect_prefill_ok(in, o, prefill_kv_name(kv));
+      EXPECT_TRUE(o.plan.wgmma) << c.str();
     }
-  }
+  });
 }
 
 // Dynamic split-KV, fixed_split_size and no split: the partial states of 128-row tiles and their
