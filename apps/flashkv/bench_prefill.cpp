@@ -228,7 +228,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
       "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s %s, tile %d, %d CTAs, %d items/%d "
       "split, plan %.1f us\n",
       w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tflops, pct16, rc.err, rc.bound,
-      rc.pass ? "ok" : "FAIL", info.wgmma ? "wgmma" : "mma.sync", info.tile_rows, info.num_ctas, info.num_work_items,
+      rc.pass ? "ok" : "FAIL", info.wgmma ? (info.kv_tma ? "wgmma+tma" : "wgmma") : "mma.sync", info.tile_rows, info.num_ctas, info.num_work_items,
       info.num_split_tiles, plan_us[plan_us.size() / 2]);
   std::fflush(stdout);
   return {{"workload", w.id},
@@ -258,6 +258,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
           {"plan_us_first", plan_first_us},
           {"tile_rows", info.tile_rows},
           {"kernel", info.wgmma ? "wgmma" : "mma.sync"},
+          {"kv_loads", info.kv_tma ? "tma" : "cp.async"},
           {"ctas", info.num_ctas},
           {"work_items", info.num_work_items},
           {"split_tiles", info.num_split_tiles},

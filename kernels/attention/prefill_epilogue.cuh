@@ -14,6 +14,7 @@
 #include "attention/prefill_params.cuh"
 #include "attention/prefill_variant.cuh"
 #include "attention/split_merge.cuh"
+#include "primitives/named_barrier.cuh"
 
 namespace flashkv {
 
@@ -203,24 +204,26 @@ __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const
 }
 
 // After a CTA wrote a partial state of a split tile: count it; the last one merges the tile.
+// Every one of the kernel's C::kThreads compute threads (a warp-specialized kernel's producer
+// warps take no part: barrier 1 of C::kThreads, not __syncthreads).
 template <class C>
 __device__ __forceinline__ void prefill_arrive(const PrefillParams& p, const PrefillWorkItem& w) {
   __shared__ int is_last;
   __threadfence();  // this CTA's partial-state writes are visible GPU-wide before it is counted
-  __syncthreads();
+  named_barrier(1, C::kThreads);
   if (threadIdx.x == 0) {
     const PrefillMergeItem item = prefill_merge_items(p.plan)[w.merge];
     const int arrived = atomicAdd(p.plan.merge_arrivals + w.merge, 1) + 1;
     is_last = arrived == item.slot_end - item.slot_begin;
   }
-  __syncthreads();
+  named_barrier(1, C::kThreads);
   if (is_last) {
     __threadfence();  // acquire: see the other CTAs' partial states
     const PrefillMergeItem item = prefill_merge_items(p.plan)[w.merge];
     prefill_merge_tile<C>(p, item);
     if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
   }
-  __syncthreads();  // is_last is rewritten by the next arrival
+  named_barrier(1, C::kThreads);  // is_last is rewritten by the next arrival
 }
 
 }  // namespace flashkv

@@ -211,34 +211,43 @@ __device__ __forceinline__ void prefill_hopper_step(const PrefillParams& p, cons
   }
 }
 
+// The per-warp view of a work item: its rows, the last KV position each of this thread's rows may
+// see (-1: not a real row; it never decreases with the row) and the warp's smallest real one
+// (masking is per warp).
+struct PrefillHopperRows {
+  int valid_rows;
+  int lim[1][2];
+  int warp_min;
+};
+
+template <class C>
+__device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillParams& p, const PrefillWorkItem& w) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  PrefillHopperRows r;
+  r.valid_rows = (w.q_end - w.q_start) * p.group;
+  r.warp_min = 0x7fffffff;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp * 16 + lane / 4 + 8 * h;
+    int l = w.kv_end - 1;
+    if (p.causal) l = min(l, w.diag + w.q_start + row / p.group);
+    r.lim[0][h] = row < r.valid_rows ? l : -1;
+    if (row < r.valid_rows) r.warp_min = min(r.warp_min, l);
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) r.warp_min = min(r.warp_min, __shfl_xor_sync(0xffffffffu, r.warp_min, off));
+  return r;
+}
+
 // One work item's compute: its tiles are the CTA's global tiles [g0, g0 + tiles); its query tile
 // is in buffer seq % kQBuffers. C: a PrefillWithVariant<PrefillHopperConfig, DefaultVariant>.
 template <class C>
 __device__ __forceinline__ void prefill_hopper_work_item(const PrefillParams& p, const PrefillWorkItem& w,
                                                          PrefillHopperLoader<C>& ld, int g0, int seq,
                                                          u32 q_smem, u32 k_smem, u32 v_smem) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
-  const int valid_rows = (w.q_end - w.q_start) * p.group;
+  const int warp = threadIdx.x / 32, wg = warp / 4;
   const int num_tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
-
-  // The last KV position tile row `row` sees; it never decreases with the row.
-  const auto row_lim = [&](int row) {
-    int l = w.kv_end - 1;
-    if (p.causal) l = min(l, w.diag + w.q_start + row / p.group);
-    return l;
-  };
-  // Per thread row (-1: not a real row) and the warp's smallest real one (masking is per warp).
-  int lim[1][2];
-  int warp_min = 0x7fffffff;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = warp * 16 + lane / 4 + 8 * h;
-    lim[0][h] = row < valid_rows ? row_lim(row) : -1;
-    if (row < valid_rows) warp_min = min(warp_min, lim[0][h]);
-  }
-#pragma unroll
-  for (int off = 16; off >= 1; off /= 2) warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, off));
-
+  const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
   PrefillWarpState<C> st;
   st.init();
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
@@ -249,14 +258,14 @@ __device__ __forceinline__ void prefill_hopper_work_item(const PrefillParams& p,
   // under a condition makes ptxas serialize the pipeline.
   u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
   if (num_tiles > 0) {
-    prefill_hopper_step<C, false>(p, w, ld, g0, 0, seq, q_smem, k_smem, v_smem, wg, lim, warp_min, st, pa);
+    prefill_hopper_step<C, false>(p, w, ld, g0, 0, seq, q_smem, k_smem, v_smem, wg, rows.lim, rows.warp_min, st, pa);
     for (int tile = 1; tile < num_tiles; ++tile)
-      prefill_hopper_step<C, true>(p, w, ld, g0 + tile, tile, seq, q_smem, k_smem, v_smem, wg, lim, warp_min, st, pa);
+      prefill_hopper_step<C, true>(p, w, ld, g0 + tile, tile, seq, q_smem, k_smem, v_smem, wg, rows.lim, rows.warp_min, st, pa);
     prefill_hopper_pv<C>(pa, v_smem + ((g0 + num_tiles - 1) % C::kStages) * C::kStageBytes, o);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
   }
-  prefill_write_warp<C>(p, w, st, warp, valid_rows);
+  prefill_write_warp<C>(p, w, st, warp, rows.valid_rows);
 }
 
 template <class Config, class V = DefaultVariant>

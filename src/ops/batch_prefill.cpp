@@ -94,6 +94,8 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   p.token_stride = static_cast<int>(kv.token_stride());
   p.head_stride = static_cast<int>(kv.head_stride());
   p.num_pages = static_cast<int>(kv.num_pages());
+  c.set_tma(p, q, {p.k, p.v, c.kv_dtype, c.head_dim, c.num_kv_heads, kv.page_size(), kv.num_pages(),
+                   kv.page_stride(), kv.token_stride(), kv.head_stride()});
   c.launch(p, q, out, lse, kv.indices.size(0), stream);
 }
 
@@ -146,6 +148,7 @@ void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const Ten
   p.token_stride = static_cast<int>(k.stride(0));
   p.head_stride = static_cast<int>(k.stride(1));
   p.num_pages = 0;
+  c.set_tma(p, q, {p.k, p.v, c.kv_dtype, c.head_dim, c.num_kv_heads, 0, k.size(0), 0, k.stride(0), k.stride(1)});
   c.launch(p, q, out, lse, k.size(0), stream);
 }
 

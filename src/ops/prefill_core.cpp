@@ -60,8 +60,9 @@ std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool pl
   return {};
 }
 
-std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv) {
-  return std::string("flashkv::batch_prefill_hopper_kernel<flashkv::PrefillHopperConfig<") +
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool warp_specialized) {
+  return std::string(warp_specialized ? "flashkv::batch_prefill_hopper_ws_kernel" : "flashkv::batch_prefill_hopper_kernel") +
+         "<flashkv::PrefillHopperConfig<" +
          device_type_name(dtype, "q") + ", " + std::to_string(head_dim) + ", " +
          std::to_string(static_cast<int>(kv)) + ">, flashkv::DefaultVariant>";
 }
@@ -74,7 +75,8 @@ KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source) 
   const std::string id = std::string("prefill_wgmma<") + dtype_name(dtype) + ",d" +
                          std::to_string(head_dim) + "," + kNames[kv_source] + ">";
   const std::string kernel = prefill_hopper_kernel_name(dtype, head_dim, kv);
-  return {id, [id, kernel] { return make_request(id, "attention/prefill_hopper.cuh", {kernel}, ""); }};
+  const std::string ws = prefill_hopper_kernel_name(dtype, head_dim, kv, true);
+  return {id, [id, kernel, ws] { return make_request(id, "attention/prefill_hopper_ws.cuh", {kernel, ws}, ""); }};
 }
 }  // namespace ops
 
@@ -102,6 +104,12 @@ void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
                             : ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
   k.geometry = ops::prefill_geometry(hd, rows, wgmma);
   k.wgmma = wgmma;
+  if (wgmma) {  // its warp-specialized form: one more warpgroup (the producer), the same smem
+    k.fn_ws = mod.function(ops::prefill_hopper_kernel_name(dtype, hd, kv, true));
+    k.geometry_ws = {k.geometry.threads + 128, k.geometry.smem};
+    if (runtime::max_active_ctas_per_sm(k.fn_ws, k.geometry_ws.threads, k.geometry_ws.smem, spec.id) < 1)
+      k.fn_ws = nullptr;  // (cannot happen on Hopper) runs keep the cp.async kernel
+  }
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
         " bytes of shared memory per block, more than this GPU offers");
@@ -247,6 +255,9 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   so.causal = causal;
   so.fixed_split_size = o.fixed_split_size;
   so.disable_split_kv = o.disable_split_kv;
+  // The wgmma kernel loads KV tiles by TMA where every work item starts on a tile.
+  const int tile = kernel.wgmma ? prefill_hopper_shape(hd).tile : 1;
+  so.split_align = tile;
   so.max_slots = ws.max_slots();
   so.max_work_items = ws.max_work_items();
   scheduler::PrefillSchedule& s = schedule;
@@ -266,6 +277,12 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
     w.qo_len = static_cast<int>(qo_lens[w.request]);
     w.kv_len = static_cast<int>(kv_lens[w.request]);
   }
+  bool tiles_aligned = kernel.wgmma;
+  for (const PrefillWorkItem& w : s.work) tiles_aligned = tiles_aligned && w.kv_start % tile == 0;
+  check(!captured.any || !captured.kv_tma || tiles_aligned,
+        "plan: a captured CUDA graph loads KV tiles by TMA, which needs every work item to start on a ",
+        tile, "-token KV tile; this plan's fixed_split_size (", o.fixed_split_size,
+        ") cuts them elsewhere. Use a multiple of ", tile, " or capture a new graph.");
   int used_ctas = 0;
   for (int c = 0; c < s.num_ctas; ++c)
     used_ctas = s.cta_work_indptr[c + 1] > s.cta_work_indptr[c] ? c + 1 : used_ctas;
@@ -305,6 +322,9 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   info.tile_rows = rows;
   info.wgmma = kernel.wgmma;
   info.chunk_bound = s.chunk_bound;
+  kv_tma_plan = tiles_aligned;
+  kv_tile = tile;
+  q_tile_tokens = s.tile_tokens;
   planned = true;
   info.plan_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -359,6 +379,32 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
   p.variant = variant_args;
 }
 
+void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv) {
+  p.kv_tma = 0;
+  if (!kv_tma_plan || kernel.fn_ws == nullptr) return;
+  const int box = ops::prefill_tma_box_tokens(kv, kv_tile);
+  if (box == 0) return;
+  TmaMaps& m = tma_maps;
+  if (!m.kv_valid || !(m.kv == kv) || m.box != box) {  // the driver may refuse: cp.async then
+    m.kv_valid = ops::encode_prefill_kv_tma(kv, box, m.params);
+    m.kv = kv;
+    m.box = box;
+  }
+  const ops::PrefillQTensor qt{q.data(), q_dtype, head_dim, num_qo_heads, q.size(0), q.stride(0), q.stride(1)};
+  if (!m.q_valid || !(m.q == qt) || m.q_tokens != q_tile_tokens) {
+    m.q_valid = ops::encode_prefill_q_tma(qt, num_qo_heads / num_kv_heads, q_tile_tokens, m.params);
+    m.q = qt;
+    m.q_tokens = q_tile_tokens;
+  }
+  if (!m.kv_valid || !m.q_valid) return;
+  p.kv_tma = 1;
+  p.kv_tma_box = box;
+  p.q_tma_tokens = q_tile_tokens;
+  p.k_tma = m.params.k_tma;
+  p.v_tma = m.params.v_tma;
+  p.q_tma = m.params.q_tma;
+}
+
 void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView& out,
                          const TensorView& lse, int64_t kv_capacity, Stream stream) {
   runtime::ensure_context(cfg.device);
@@ -375,16 +421,20 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   p.causal = opts.causal ? 1 : 0;
   p.sm_scale_log2 = static_cast<float>(sm_scale * kLog2e);
   p.plan = ws.plan_ptrs();
+  info.kv_tma = p.kv_tma != 0;
   void* args[] = {&p};
   if (grid > 0) {
-    runtime::launch(kernel.fn, {grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem},
-                    stream, args, kernel.id);
+    const bool ws = p.kv_tma != 0;  // all loads by TMA: the warp-specialized kernel
+    const ops::PrefillGeometry& geo = ws ? kernel.geometry_ws : kernel.geometry;
+    runtime::launch(ws ? kernel.fn_ws : kernel.fn, {grid, 1, 1, geo.threads, 1, 1, geo.smem}, stream, args,
+                    kernel.id);
   }
   if (capturing) {
     captured = {true,      q.size(0),    out.size(0),  lse.defined() ? lse.size(0) : -1,
                 kv_capacity, kernel.id, sm_scale,     opts.causal,
                 num_qo_heads, num_kv_heads, page_size};
     captured.variant_args = p.variant;
+    captured.kv_tma = p.kv_tma != 0;
   } else {
     // A later plan() on any stream waits for this run before it rewrites the workspace. (Not
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)

@@ -11,6 +11,7 @@
 #include "attention/prefill_params.cuh"
 #include "flashkv/prefill.h"
 #include "ops/prefill_kernel.h"
+#include "ops/prefill_tma.h"
 #include "ops/prefill_workspace.h"
 #include "runtime/plan_upload.h"
 #include "scheduler/prefill_scheduler.h"
@@ -64,6 +65,8 @@ struct PrefillCore {
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
     bool wgmma = false;  // the Hopper kernel (attention/prefill_hopper.cuh)
+    CUfunction fn_ws = nullptr;  // wgmma: its warp-specialized form, for runs with TMA loads
+    ops::PrefillGeometry geometry_ws;
     std::string id;
   } kernel;
 
@@ -76,7 +79,25 @@ struct PrefillCore {
     bool causal = false;
     int num_qo_heads = 0, num_kv_heads = 0, page_size = 0;
     VariantArgsBlock variant_args{};  // the variant's arguments, by value in the graph
+    bool kv_tma = false;  // KV tiles by TMA: later plans must start every work item on a tile
   } captured;
+
+  // The Hopper kernel's loads by TMA (its warp-specialized form): the plan allows them (every
+  // work item starts on a KV tile of kv_tile tokens; query tiles of q_tile_tokens tokens), and
+  // the tensor maps of the last tensors run() saw (encoding is a driver call; most runs see the
+  // same KV cache).
+  bool kv_tma_plan = false;
+  int kv_tile = 0, q_tile_tokens = 0;
+  struct TmaMaps {
+    bool kv_valid = false, q_valid = false;
+    ops::PrefillKVTensors kv;
+    ops::PrefillQTensor q;
+    int box = 0, q_tokens = 0;
+    PrefillParams params{};  // kv_tma_box, k_tma, v_tma, q_tma, q_tma_tokens as encoded
+  } tma_maps;
+  // Sets p.kv_tma (and the maps) where the plan and the tensors allow TMA loads, else 0 (the
+  // cp.async kernel).
+  void set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv);
 
   std::vector<int64_t> qo_lens, kv_lens;
   scheduler::PrefillSchedule schedule;  // reused across plans

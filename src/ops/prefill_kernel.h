@@ -40,6 +40,7 @@ std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV k
 std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
                                 const VariantJit& variant = {"", "flashkv::DefaultVariant"});
 // The Hopper kernel's: flashkv::batch_prefill_hopper_kernel<PrefillHopperConfig<...>, variant>.
-std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv);
+// warp_specialized: its form with a producer warpgroup and TMA loads (prefill_hopper_ws.cuh).
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool warp_specialized = false);
 
 }  // namespace flashkv::ops

@@ -24,7 +24,7 @@ namespace flashkv::runtime {
   X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamWaitEvent) \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy) X(cuEventCreate) \
   X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuPointerGetAttribute) \
-  X(cuMemGetInfo) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+  X(cuMemGetInfo) X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuTensorMapEncodeTiled)
 // clang-format on
 
 struct Driver {

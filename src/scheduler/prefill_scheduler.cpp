@@ -91,6 +91,8 @@ int64_t num_chunks(int64_t v, int64_t bound, const PrefillScheduleOptions& o) {
 void validate_options(const PrefillScheduleOptions& o) {
   validate_split_options("plan_prefill", o);
   check_group(o.group, "plan_prefill");
+  check(o.split_align >= 1 && o.split_align <= std::max(1, o.min_chunk_tokens),
+        "plan_prefill: split_align must be in [1, min_chunk_tokens] (got ", o.split_align, ")");
   check(o.tile_rows == 0 || is_tile_rows(o.tile_rows),
         "plan_prefill: tile_rows must be 0 (choose) or one of 16, 32, 64, 128 (got ", o.tile_rows,
         ")");
@@ -141,8 +143,11 @@ void cut_tile(const Piece& tile, int64_t v, int64_t n, const PrefillScheduleOpti
       // [0, fs), [fs, 2 fs), ...: edges depend on this tile alone (batch invariance).
       len = std::min<int64_t>(o.fixed_split_size, v - start);
     } else {
-      // Near-equal: the first v % n chunks get one more token, so no chunk is a short tail.
-      len = v / n + (k < v % n ? 1 : 0);
+      // Near-equal in units of split_align tokens: the first ones get one unit more, so no chunk
+      // is a short tail; the last ends at v. With n = ceil(v / bound), bound = m a: units <= n m,
+      // so no chunk is longer than bound.
+      const int64_t a = o.split_align, units = ceil_div(v, a);
+      len = std::min<int64_t>((units / n + (k < units % n ? 1 : 0)) * a, v - start);
     }
     p.chunk = static_cast<int>(k);
     p.kv_start = static_cast<int>(start);
@@ -240,6 +245,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     const __int128 per_cta = (total + ctas - 1) / ctas;
     bound = std::max<int64_t>(o.min_chunk_tokens,
                               static_cast<int64_t>(std::min<__int128>(per_cta, INT32_MAX)));
+    // A multiple of split_align, so aligned near-equal chunks (cut_tile) never exceed it.
+    bound = ceil_div(bound, o.split_align) * o.split_align;
   }
 
   // Count items and slots before building anything, so an impossible plan fails fast.

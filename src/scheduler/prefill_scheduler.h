@@ -61,6 +61,8 @@ struct PrefillScheduleOptions {
                                   // (the heuristic's choice depends on the batch)
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
+  int split_align = 1;            // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
+                                  // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
   int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
   int max_work_items = 0;         // capacity of the work-item array; > 0 required
   PrefillCostModel cost{};
