@@ -18,47 +18,56 @@
 #pragma once
 
 #include "attention/prefill_hopper.cuh"
-#include "primitives/named_barrier.cuh"
 #include "primitives/tma.cuh"
 
 namespace flashkv {
 
-// Warp 0 issues KV tile `tile` of item w by TMA (p.kv_tma): lane b loads box b (tokens
-// [b * box, b * box + box) of the tile; one page, or the tile's part of one) of K and V, every
-// 64-column block, counted on barrier `bar`, whose arrival (lane 0) expects the bytes of all the
-// boxes that hold the item's tokens. `page`: lane b's page id (paged KV). Box rows past the item's
-// KV are zeroed by the step that waits for the tile (prefill_ws_tile_landed).
+// The producer warp issues KV tile `tile` of item w by TMA, counted on barrier `bar` (lane 0's
+// arrival expects the bytes): lane b the 16-token box b of K and V (kTma16 rows of one page, or of
+// ragged rows), every 64-column block, for the whole 16-token groups of the item's tokens; lane j
+// the j-th token of the group the item ends in, by the one-token maps, where the item ends inside
+// one. So no row past kv_end is read: a cache's slots past a request's last token may hold NaN
+// (torch.empty), and P = 0 there would not keep 0 x NaN out of P·V. Rows past kv_end keep earlier
+// tiles' KV (finite; the stages start zeroed), whose logits are masked. `page`: lane b's page id
+// (paged KV), read by prefill_tma_page.
+constexpr int kTma16 = 16;
+
 template <class C>
 __device__ __forceinline__ void prefill_tma_kv_tile(const PrefillParams& p, const PrefillWorkItem& w, int tile,
                                                     int page, u32 k_stage, u32 v_stage, u32 bar) {
   constexpr int kColBlocks = C::kHeadDim / 64;
+  static_assert(C::kTile % kTma16 == 0 && C::kTile / kTma16 <= 32, "a tile is whole 16-token boxes, a lane each");
   const int lane = threadIdx.x % 32;
-  const int box = p.kv_tma_box;
   const int pos0 = w.kv_start + tile * C::kTile;
-  const int boxes = (min(C::kTile, w.kv_end - pos0) + box - 1) / box;
-  if (lane == 0) mbarrier_arrive_expect_tx(bar, (u32)(boxes * box * 128 * kColBlocks * 2));
-  if (lane < boxes) {
-    const int pos = pos0 + lane * box;
+  const int valid = min(C::kTile, w.kv_end - pos0);
+  const int boxes = valid / kTma16, rest = valid % kTma16;
+  // Paged: the page of the group the item ends in is lane `boxes`'s (a group lies in one page).
+  const int rest_page = __shfl_sync(0xffffffffu, page, boxes % 32);
+  if (lane == 0) mbarrier_arrive_expect_tx(bar, (u32)(valid * 128 * kColBlocks * 2));
+  const auto load = [&](const TmaDesc* k, const TmaDesc* v, int row, int pg) {
+    const int pos = pos0 + row;
     const int token = C::kKV == kRaggedKV ? w.page_base + pos : pos & (p.page_size - 1);
-    const int page_id = C::kKV == kRaggedKV ? 0 : page;
+    const int page_id = C::kKV == kRaggedKV ? 0 : pg;
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
-      const u32 off = (u32)(cb * (C::kTile * 128) + lane * box * 128);
-      tma_load_4d(k_stage + off, &p.k_tma, bar, cb * 64, token, w.kv_head, page_id);
-      tma_load_4d(v_stage + off, &p.v_tma, bar, cb * 64, token, w.kv_head, page_id);
+      const u32 off = (u32)(cb * (C::kTile * 128) + row * 128);
+      tma_load_4d(k_stage + off, k, bar, cb * 64, token, w.kv_head, page_id);
+      tma_load_4d(v_stage + off, v, bar, cb * 64, token, w.kv_head, page_id);
     }
-  }
+  };
+  if (lane < boxes) load(&p.k_tma, &p.v_tma, lane * kTma16, page);
+  if (lane < rest) load(&p.k1_tma, &p.v1_tma, boxes * kTma16 + lane, rest_page);
 }
 
-// Lane b's page id for box b of KV tile `tile` of item w (paged KV by TMA), read a tile ahead.
+// Lane b's page id for 16-token box b of KV tile `tile` of item w (paged KV by TMA; 0 past it).
 template <class C>
 __device__ __forceinline__ int prefill_tma_page(const PrefillParams& p, const PrefillWorkItem& w, int tile) {
   if constexpr (C::kKV == kRaggedKV) {
     return 0;
   } else {
     const int lane = threadIdx.x % 32;
-    const int pos = w.kv_start + tile * C::kTile + lane * p.kv_tma_box;
-    return lane * p.kv_tma_box < C::kTile && pos < w.kv_end ? p.kv_indices[w.page_base + (pos >> p.page_shift)] : 0;
+    const int pos = w.kv_start + tile * C::kTile + lane * kTma16;
+    return lane * kTma16 < C::kTile && pos < w.kv_end ? p.kv_indices[w.page_base + (pos >> p.page_shift)] : 0;
   }
 }
 
@@ -116,29 +125,6 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
   }
 }
 
-// Waits for KV tile g (of item w, its tile `tile`), then zeroes its V rows past the item's KV
-// (tokens a box brought from beyond kv_end, rows no box wrote): P is 0 there, but 0 x NaN would
-// not be; K needs nothing, those logits are masked. Both warpgroups zero them, each before its
-// own P·V reads them (zeros over zeros where the other was first); a warpgroup's warps meet at
-// barrier 2 + wg.
-template <class C>
-__device__ __forceinline__ void prefill_ws_tile_landed(const PrefillWorkItem& w, int tile, int g, u32 v_smem,
-                                                       const PrefillHopperBarriers<C>& bars, int wg) {
-  mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);
-  const int valid = w.kv_end - (w.kv_start + tile * C::kTile);
-  if (valid < C::kTile) {
-    constexpr int kChunks = C::kHeadDim / 8;
-    const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
-    for (int i = threadIdx.x % 128; i < (C::kTile - valid) * kChunks; i += 128) {
-      const int row = valid + i / kChunks, chunk = i % kChunks;
-      const u32 a = v_stage + (chunk / 8) * (C::kTile * 128) + row * 128 + (chunk % 8) * 16;
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
-    }
-    fence_proxy_async_shared();
-    named_barrier(2 + wg, 128);
-  }
-}
-
 // One consumer warpgroup's work item: as prefill_hopper_work_item, with the stage hand-over by
 // barriers instead of the CTA-wide sync. g0: the item's first global tile; seq: its query buffer.
 template <class C>
@@ -157,7 +143,7 @@ __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, con
   u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
   for (int tile = 0; tile < tiles; ++tile) {
     const int g = g0 + tile;
-    prefill_ws_tile_landed<C>(w, tile, g, v_smem, bars, wg);
+    mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
     float s[1][C::kNT][4];
     float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
     prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
@@ -231,7 +217,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     fence_mbarrier_init();
   }
   // V rows no box writes keep what the stage held: zeros at first (uninitialized shared memory
-  // could hold NaN), then earlier tiles' finite KV; rows past an item's KV are zeroed per tile.
+  // could hold NaN), then earlier tiles' KV, finite (prefill_tma_kv_tile reads no row past kv_end).
   for (u32 a = v_smem + threadIdx.x * 16; a < v_smem + C::kStages * C::kStageBytes; a += (C::kThreads + 128) * 16)
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
   fence_proxy_async_shared();

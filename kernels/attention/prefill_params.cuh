@@ -40,14 +40,13 @@ struct PrefillParams {
   VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place
   // kv_tma = 1: the warp-specialized Hopper kernel (prefill_hopper_ws.cuh), all loads by TMA.
   // K and V as 4-D tensors (head_dim, token in page, head, page) (ragged: (head_dim, token, head,
-  // 1)), boxes of 64 columns x kv_tma_box tokens; q as (head_dim, head, token, 1), boxes of 64
-  // columns x group heads x q_tma_tokens tokens (a query tile's rows). The host sets it where
-  // every KV tile is whole boxes: pages of at least 16 tokens (a power of two) or ragged KV, and
-  // work items starting on a tile.
+  // 1)), boxes of 64 columns x 16 tokens (k_tma, v_tma) and x 1 token (k1_tma, v1_tma: the end of
+  // an item); q as (head_dim, head, token, 1), boxes of 64 columns x group heads x q_tma_tokens
+  // tokens (a query tile's rows). The host sets it for ragged KV and pages of at least 16 tokens (a
+  // power of two), where every work item starts on a KV tile.
   int kv_tma;
-  int kv_tma_box;
   int q_tma_tokens;
-  TmaDesc k_tma, v_tma, q_tma;
+  TmaDesc k_tma, v_tma, k1_tma, v1_tma, q_tma;
 };
 
 }  // namespace flashkv

@@ -112,6 +112,7 @@ nb::dict prefill_info(const PrefillPlanInfo& i) {
   d["tile_rows"] = i.tile_rows;
   d["chunk_bound"] = i.chunk_bound;
   d["wgmma"] = i.wgmma;
+  d["kv_tma"] = i.kv_tma;  // the last run() loaded KV by TMA (the warp-specialized wgmma kernel)
   d["plan_us"] = i.plan_us;
   return d;
 }

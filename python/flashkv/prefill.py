@@ -272,7 +272,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     (int32 ``[batch + 1]``): plan() copies the packed mask and its offsets there. ``backend``:
     ``"auto"`` (the Hopper wgmma kernel where it applies: an sm_90a GPU, 128-row query tiles, no
     variant; else mma.sync), ``"fa2"`` (mma.sync) or ``"fa3"`` (wgmma, with 128-row tiles; plan()
-    raises where it cannot run, e.g. with a variant). ``plan_info()["wgmma"]`` says which ran.
+    raises where it cannot run, e.g. with a variant). ``plan_info()["wgmma"]`` says which ran,
+    ``plan_info()["kv_tma"]`` whether the last run() loaded by TMA (pages of >= 16 tokens).
     """
 
     _op_class = _C.BatchPrefillPaged

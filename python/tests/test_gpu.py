@@ -254,6 +254,8 @@ def test_batch_prefill_backends(backend, dtype):
     assert info["tile_rows"] == 128
     assert info["wgmma"] == (backend == "fa3" or (backend == "auto" and _is_sm90()))
     out, lse = w.run(q, cache.cache(False), return_lse=True)
+    # 16-token pages: the wgmma kernel loads them by TMA (its warp-specialized form).
+    assert w.plan_info()["kv_tma"] == info["wgmma"]
     for i in range(len(qo_lens)):
         rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
         ref, ref_lse = sdpa_ref(q[rows], *cache.gather(i), causal=True)

@@ -381,14 +381,11 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
 
 void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv) {
   p.kv_tma = 0;
-  if (!kv_tma_plan || kernel.fn_ws == nullptr) return;
-  const int box = ops::prefill_tma_box_tokens(kv, kv_tile);
-  if (box == 0) return;
+  if (!kv_tma_plan || kernel.fn_ws == nullptr || !ops::prefill_kv_tma_fits(kv)) return;
   TmaMaps& m = tma_maps;
-  if (!m.kv_valid || !(m.kv == kv) || m.box != box) {  // the driver may refuse: cp.async then
-    m.kv_valid = ops::encode_prefill_kv_tma(kv, box, m.params);
+  if (!m.kv_valid || !(m.kv == kv)) {  // the driver may refuse: cp.async then
+    m.kv_valid = ops::encode_prefill_kv_tma(kv, m.params);
     m.kv = kv;
-    m.box = box;
   }
   const ops::PrefillQTensor qt{q.data(), q_dtype, head_dim, num_qo_heads, q.size(0), q.stride(0), q.stride(1)};
   if (!m.q_valid || !(m.q == qt) || m.q_tokens != q_tile_tokens) {
@@ -398,10 +395,11 @@ void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::Pref
   }
   if (!m.kv_valid || !m.q_valid) return;
   p.kv_tma = 1;
-  p.kv_tma_box = box;
   p.q_tma_tokens = q_tile_tokens;
   p.k_tma = m.params.k_tma;
   p.v_tma = m.params.v_tma;
+  p.k1_tma = m.params.k1_tma;
+  p.v1_tma = m.params.v1_tma;
   p.q_tma = m.params.q_tma;
 }
 

@@ -92,8 +92,8 @@ struct PrefillCore {
     bool kv_valid = false, q_valid = false;
     ops::PrefillKVTensors kv;
     ops::PrefillQTensor q;
-    int box = 0, q_tokens = 0;
-    PrefillParams params{};  // kv_tma_box, k_tma, v_tma, q_tma, q_tma_tokens as encoded
+    int q_tokens = 0;
+    PrefillParams params{};  // the tensor maps as encoded
   } tma_maps;
   // Sets p.kv_tma (and the maps) where the plan and the tensors allow TMA loads, else 0 (the
   // cp.async kernel).

@@ -9,17 +9,16 @@
 
 namespace flashkv::ops {
 
-int prefill_tma_box_tokens(const PrefillKVTensors& kv, int tile) {
+bool prefill_kv_tma_fits(const PrefillKVTensors& kv) {
   const int64_t es = 2;  // 16-bit elements
-  for (int64_t s : {kv.token_stride, kv.head_stride}) {
-    if (s <= 0 || s * es % 16 != 0 || s * es >= (int64_t{1} << 40)) return 0;
+  for (int64_t st : {kv.token_stride, kv.head_stride}) {
+    if (st <= 0 || st * es % 16 != 0 || st * es >= (int64_t{1} << 40)) return false;
   }
-  if (kv.head_dim % 64 != 0 || kv.num_pages <= 0 || kv.num_pages >= (int64_t{1} << 31)) return 0;
-  if (kv.page_size == 0) return tile;  // ragged: a tile of consecutive rows per box
+  if (kv.head_dim % 64 != 0 || kv.num_pages <= 0 || kv.num_pages >= (int64_t{1} << 31)) return false;
+  if (kv.page_size == 0) return true;  // ragged
   const bool pow2 = (kv.page_size & (kv.page_size - 1)) == 0;
-  if (!pow2 || kv.page_size < 16) return 0;
-  if (kv.page_stride <= 0 || kv.page_stride * es % 16 != 0 || kv.page_stride * es >= (int64_t{1} << 40)) return 0;
-  return static_cast<int>(std::min<int64_t>(kv.page_size, tile));
+  return pow2 && kv.page_size >= 16 && kv.page_stride > 0 && kv.page_stride * es % 16 == 0 &&
+         kv.page_stride * es < (int64_t{1} << 40);
 }
 
 namespace {
@@ -63,10 +62,10 @@ bool encode_prefill_q_tma(const PrefillQTensor& q, int group, int tokens, Prefil
   return true;
 }
 
-bool encode_prefill_kv_tma(const PrefillKVTensors& kv, int box, PrefillParams& p) {
+bool encode_prefill_kv_tma(const PrefillKVTensors& kv, PrefillParams& p) {
   const cuuint64_t es = 2;
   const bool paged = kv.page_size > 0;
-  // (head_dim, token, head, page): a box is 64 columns of `box` tokens of one head (of one page).
+  // (head_dim, token, head, page): a box is 64 columns of 16 (or 1) tokens of one head (of one page).
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kv.head_dim),
                               static_cast<cuuint64_t>(paged ? kv.page_size : kv.num_pages),
                               static_cast<cuuint64_t>(kv.num_kv_heads),
@@ -75,15 +74,15 @@ bool encode_prefill_kv_tma(const PrefillKVTensors& kv, int box, PrefillParams& p
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(kv.token_stride) * es, head_bytes,
                                  paged ? static_cast<cuuint64_t>(kv.page_stride) * es
                                        : (head_bytes * dims[2] + 15) / 16 * 16};  // one "page"
-  const cuuint32_t box_dims[4] = {64, static_cast<cuuint32_t>(box), 1, 1};
-  TmaDesc k, v;
-  if (!encode_4d(kv.k, kv.dtype, dims, strides, box_dims, k) ||
-      !encode_4d(kv.v, kv.dtype, dims, strides, box_dims, v))
+  const cuuint32_t box16[4] = {64, 16, 1, 1}, box1[4] = {64, 1, 1, 1};
+  TmaDesc k, v, k1, v1;
+  if (!encode_4d(kv.k, kv.dtype, dims, strides, box16, k) || !encode_4d(kv.v, kv.dtype, dims, strides, box16, v) ||
+      !encode_4d(kv.k, kv.dtype, dims, strides, box1, k1) || !encode_4d(kv.v, kv.dtype, dims, strides, box1, v1))
     return false;
   p.k_tma = k;
   p.v_tma = v;
-  p.kv_tma_box = box;
-  p.kv_tma = 1;
+  p.k1_tma = k1;
+  p.v1_tma = v1;
   return true;
 }
 

@@ -22,14 +22,14 @@ struct PrefillKVTensors {
   bool operator==(const PrefillKVTensors&) const = default;
 };
 
-// The box's tokens where the kernel may load this KV by TMA with `tile`-token KV tiles (every
-// work item starting on a tile): a page (or a tile of it), or a tile of ragged rows; 0 where it
-// may not (pages of fewer than 16 tokens or not a power of two: one box per page would be too
-// many; strides or sizes TMA cannot describe).
-int prefill_tma_box_tokens(const PrefillKVTensors& kv, int tile);
+// Whether the kernel may load this KV by TMA, in boxes of 16 tokens of one page (or of ragged
+// rows): ragged KV or pages of >= 16 tokens, a power of two (smaller pages would need a box per
+// few tokens), with strides and sizes TMA can describe.
+bool prefill_kv_tma_fits(const PrefillKVTensors& kv);
 
-// Encodes p.k_tma / p.v_tma for `box` tokens; false (p untouched) if the driver refuses them.
-bool encode_prefill_kv_tma(const PrefillKVTensors& kv, int box, PrefillParams& p);
+// Encodes p.k_tma / p.v_tma (16-token boxes) and p.k1_tma / p.v1_tma (one token); false (p
+// untouched) if the driver refuses them.
+bool encode_prefill_kv_tma(const PrefillKVTensors& kv, PrefillParams& p);
 
 // Where q is, as run() checked it: [rows, num_qo_heads, head_dim] with these element strides.
 struct PrefillQTensor {

@@ -35,7 +35,7 @@ HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const std::vecto
 
 PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_size,
                                 int num_kv_heads, int head_dim, KVLayout layout, DType dtype,
-                                uint64_t seed, bool shuffle_pages, bool interleaved) {
+                                uint64_t seed, bool shuffle_pages, bool interleaved, bool nan_padding) {
   const int64_t batch = static_cast<int64_t>(kv_lens.size());
   PagedCacheHost c;
   c.kv_lens = kv_lens;
@@ -69,13 +69,19 @@ PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_si
   c.k_ragged.fill_random(derive_seed(seed, 1));
   c.v_ragged.fill_random(derive_seed(seed, 2));
 
-  // Page slots past a request's last token get values too (not NaN: kernels may legitimately
-  // read a whole page and mask, and 0 * NaN is NaN), drawn in (slot, head, dim) order.
+  // Page slots past a request's last token get values too, drawn in (slot, head, dim) order
+  // (NaN only when asked: a kernel that reads whole pages must keep them out of P·V).
   const int64_t num_pad = num_pages * page_size - nnz;
   HostTensor k_pad(dtype, {num_pad, num_kv_heads, head_dim});
   HostTensor v_pad(dtype, {num_pad, num_kv_heads, head_dim});
   k_pad.fill_random(derive_seed(seed, 4));
   v_pad.fill_random(derive_seed(seed, 5));
+  if (nan_padding) {
+    for (int64_t i = 0; i < k_pad.numel(); ++i) {
+      k_pad.set(i, std::nan(""));
+      v_pad.set(i, std::nan(""));
+    }
+  }
 
   const bool nhd = layout == KVLayout::NHD;
   const std::vector<int64_t> page_shape =

@@ -51,10 +51,12 @@ struct PagedCacheHost {
 };
 
 // Pages are shuffled (shuffle_pages) so indices are not the identity, which catches a kernel that
-// ignores the page table.
+// ignores the page table. The slots past each request's last token hold random values, or NaN
+// with nan_padding (a cache from torch.empty: kernels that read whole pages must not let them in).
 PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_size,
                                 int num_kv_heads, int head_dim, KVLayout layout, DType dtype,
-                                uint64_t seed, bool shuffle_pages = true, bool interleaved = false);
+                                uint64_t seed, bool shuffle_pages = true, bool interleaved = false,
+                                bool nan_padding = false);
 
 // relative_error / any_nan of host_tensor.h, under the names the tests use.
 inline double rel_err(const std::vector<double>& a, const std::vector<double>& b) {

@@ -129,8 +129,11 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
       visible_total += tile_visible_end(r, q, std::min<int64_t>(q + tq, qo[r])) * heads;
     }
   }
-  const int64_t dyn_bound = std::max<int64_t>(
-      o.min_chunk_tokens, std::min<int64_t>(INT32_MAX, ceil_div(visible_total, ctas)));
+  // (Rounded up to split_align: aligned near-equal chunks never exceed it.)
+  const int64_t dyn_bound =
+      ceil_div(std::max<int64_t>(o.min_chunk_tokens, std::min<int64_t>(INT32_MAX, ceil_div(visible_total, ctas))),
+               o.split_align) *
+      o.split_align;
   if (o.fixed_split_size == 0 && !o.disable_split_kv) {
     EXPECT_EQ(s.chunk_bound, dyn_bound);
   }
@@ -178,7 +181,17 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
             lo = std::min(lo, items[k].kv_end - items[k].kv_start);
             hi = std::max(hi, items[k].kv_end - items[k].kv_start);
           }
-          ASSERT_LE(hi - lo, 1) << "chunks of a tile are not near-equal";
+          // Near-equal: within one token, or (split_align) one unit, the last chunk ending at vis.
+          if (o.split_align == 1) {
+            ASSERT_LE(hi - lo, 1) << "chunks of a tile are not near-equal";
+          } else {
+            int lo_full = INT_MAX;  // the chunks before the last (which ends at vis)
+            for (size_t k = i; k + 1 < end; ++k) lo_full = std::min(lo_full, items[k].kv_end - items[k].kv_start);
+            for (size_t k = i; k < end; ++k) {
+              ASSERT_EQ(items[k].kv_start % o.split_align, 0);
+              if (k + 1 < end) ASSERT_LE(items[k].kv_end - items[k].kv_start - lo_full, o.split_align);
+            }
+          }
         }
         // Write-through when unsplit; else consecutive slots in KV order and one merge item.
         if (n == 1) {
@@ -434,6 +447,34 @@ TEST(PrefillScheduler, SplitsOnlyWhereTilesAreFew) {
         static_cast<long long>(p == &s ? kv[0] : kv2[0]), p->work.size(), p->num_slots,
         static_cast<long long>(p->chunk_bound), max_load / (total / 132));
   }
+}
+
+// split_align (the wgmma kernel's KV tile, for its TMA loads): dynamic chunks start on multiples
+// of it, no chunk is longer than chunk_bound, and the bounds and coverage still hold.
+TEST(PrefillScheduler, SplitAlignCutsChunksOnTiles) {
+  std::mt19937_64 rng(77);
+  for (int t = 0; t < 40; ++t) {
+    const Batch b = random_batch(rng);
+    const bool causal = rng() % 2 == 0;
+    PrefillScheduleOptions o = bounded_options(132, 8, 4, b.qo, causal);
+    o.tile_rows = 128;
+    o.split_align = t % 2 == 0 ? 128 : 32;
+    const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
+    expect_valid(b.qo, b.kv, o, s);
+    for (const PrefillWorkItem& w : s.work) {
+      EXPECT_EQ(w.kv_start % o.split_align, 0) << "kv_start " << w.kv_start;
+      EXPECT_LE(w.kv_end - w.kv_start, s.chunk_bound);
+    }
+    EXPECT_EQ(s.chunk_bound % o.split_align, 0);
+  }
+  // The appended-to long cache of SplitsOnlyWhereTilesAreFew, cut on 128-token tiles.
+  const std::vector<int64_t> qo{64}, kv{100000};
+  PrefillScheduleOptions o = bounded_options(132, 8, 4, qo, true);
+  o.split_align = 128;
+  const PrefillSchedule a = plan_prefill(qo, kv, o);
+  expect_valid(qo, kv, o, a);
+  EXPECT_EQ(a.merge.size(), 16u);
+  for (const PrefillWorkItem& w : a.work) EXPECT_EQ(w.kv_start % 128, 0);
 }
 
 TEST(PrefillScheduler, MatchesPlainPriorityQueueGreedy) {
@@ -696,6 +737,8 @@ TEST(PrefillScheduler, RejectsInvalidOptions) {
   rejects([](auto& o) { o.group = 0; }, qo, kv);
   rejects([](auto& o) { o.group = 129; }, qo, kv);
   rejects([](auto& o) { o.tile_rows = 48; }, qo, kv);
+  rejects([](auto& o) { o.split_align = 0; }, qo, kv);
+  rejects([](auto& o) { o.split_align = 256; }, qo, kv);  // > min_chunk_tokens (128)
   rejects([](auto& o) { o.group = 32, o.tile_rows = 16; }, qo, kv);
   rejects([](auto& o) { o.fixed_split_size = -1; }, qo, kv);
   rejects([](auto& o) { o.fixed_split_size = 16, o.disable_split_kv = true; }, qo, kv);

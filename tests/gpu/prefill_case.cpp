@@ -127,7 +127,7 @@ PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* sam
   PrefillInputs in;
   in.c = c;
   in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout, c.dtype,
-                              c.seed, /*shuffle_pages=*/true, c.interleaved);
+                              c.seed, /*shuffle_pages=*/true, c.interleaved, c.nan_padding);
   in.qo_indptr = indptr_of(c.qo_lens);
   const int64_t nnz = c.nnz_qo();
   in.q = HostTensor(c.dtype, {nnz, c.num_qo_heads, c.head_dim});

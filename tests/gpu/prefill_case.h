@@ -30,6 +30,7 @@ struct PrefillCase {
   DType dtype = DType::f16;   // q, k, v and out
   bool interleaved = false;   // one kv[num_pages, 2, ...] tensor instead of k and v
   bool with_lse = true;       // false: run() gets an undefined lse view
+  bool nan_padding = false;   // page slots past each request's KV hold NaN (make_paged_cache)
   PrefillPlanOptions opts{};  // opts.causal and opts.sm_scale also drive the reference
   uint64_t seed = 1;
 

@@ -14,6 +14,7 @@
 #include "flashkv/reference.h"
 #include "gpu/prefill_case.h"
 #include "gpu/prefill_graph_util.h"
+#include "runtime/kernel_cache.h"  // device_arch
 
 namespace flashkv::test {
 namespace {
@@ -85,7 +86,9 @@ struct PagedBatch {
   }
 };
 
-TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
+// tile_rows 64 runs the mma.sync kernel; 128 (on sm_90a) the wgmma kernel in its warp-specialized
+// form with TMA loads (its tensor maps are captured with the graph).
+void captured_paged_run_replays_across_replans(int tile_rows) {
   const DType dt = DType::f16;
   const int kMaxBatch = 16;
   const int64_t kQoCap = 1024;
@@ -94,7 +97,7 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
   const BatchPrefillConfig cfg = prefill_config(kMaxBatch, kQoCap, kHqo, kD);
   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-  const PrefillPlanOptions opts = graph_plan_options(kTileRows);
+  const PrefillPlanOptions opts = graph_plan_options(tile_rows);
 
   // What the graph holds: q/out/lse of kQoCap rows, kv_indices of kIdxCap entries.
   HostTensor q_cap(dt, {kQoCap, kHqo, kD}), out_cap(dt, {kQoCap, kHqo, kD});
@@ -145,7 +148,10 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
       EXPECT_GT(pf.plan_info().num_split_tiles, 0) << tag << ": the 20000-token context must split";
       ++split_steps;
     }
-    EXPECT_EQ(pf.plan_info().tile_rows, kTileRows) << tag;
+    EXPECT_EQ(pf.plan_info().tile_rows, tile_rows) << tag;
+    if (tile_rows == 128 && runtime::device_arch(0) == "sm_90a") {
+      EXPECT_TRUE(pf.plan_info().wgmma && pf.plan_info().kv_tma) << tag;
+    }
 
     const OutLse ref = reference_rows(nnz, kHqo, kD);
     reference::batch_prefill_paged(q.view(), b.qo_indptr.view(), b.host_cache(pool), ref.out.view(),
@@ -165,6 +171,12 @@ TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
     }
   }
   EXPECT_GT(split_steps, 0) << "the trace never carried the long-context request";
+}
+
+TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) { captured_paged_run_replays_across_replans(kTileRows); }
+
+TEST_F(PrefillGraphGpu, CapturedPagedWgmmaRunReplaysAcrossReplans) {
+  captured_paged_run_replays_across_replans(128);
 }
 
 TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {

@@ -1,4 +1,5 @@
-// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh) vs the CPU reference, forced with
+// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh, and its warp-specialized form with
+// TMA loads, prefill_hopper_ws.cuh, where the KV allows) vs the CPU reference, forced with
 // PrefillPlanOptions.backend = kWgmma on 128-row query tiles: head_dim 64/128/256, GQA groups
 // 1/4/8/16 and MQA, page sizes 1/5/16/64, NHD/HND/interleaved, f16/bf16, causal and not, paged
 // and ragged KV, split-KV with its merge, empty and length-1 requests and long KV. Also which
@@ -49,8 +50,35 @@ TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
       const PrefillOutcome o = run_prefill(in, kv, wgmma_opts(c));
       expect_prefill_ok(in, o, prefill_kv_name(kv));
       EXPECT_TRUE(o.plan.wgmma) << c.str();
+      // TMA loads (the warp-specialized kernel) for ragged KV and pages of >= 16 tokens.
+      EXPECT_EQ(o.plan.kv_tma, kv == PrefillKV::kRagged || c.page_size >= 16) << c.str();
     }
   });
+}
+
+// A cache from torch.empty: the page slots past each request's KV hold NaN. The TMA loads bring
+// whole pages (the tail of a request's last page with them); P is 0 there, but 0 x NaN is NaN,
+// so those V rows must be zeroed before P·V. Pages of 5 tokens take the cp.async kernel.
+TEST_F(PrefillWgmmaGpu, NanInPagePaddingStaysOut) {
+  uint64_t seed = 9600;
+  for (int d : {64, 128, 256}) {
+    for (int page : {5, 16, 64}) {
+      for (bool causal : {false, true}) {
+        PrefillCase c;
+        c.set_requests({{17, 17}, {1, 300}, {113, 500}, {40, 13}, {250, 250}, {3, 1400}, {1, 1}});
+        c.head_dim = d;
+        c.page_size = page;
+        c.layout = page == 16 ? KVLayout::HND : KVLayout::NHD;
+        c.nan_padding = true;
+        c.opts.causal = causal;
+        c.seed = seed++;
+        const PrefillInputs in = make_prefill_inputs(c);
+        const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, wgmma_opts(c));
+        expect_prefill_ok(in, o, "NaN page padding");
+        EXPECT_EQ(o.plan.kv_tma, page >= 16) << c.str();
+      }
+    }
+  }
 }
 
 // Dynamic split-KV, fixed_split_size and no split: the partial states of 128-row tiles and their
@@ -80,6 +108,8 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
       EXPECT_TRUE(o.plan.wgmma) << what;
       if (split == 1 || split == 3) EXPECT_GT(o.plan.num_split_tiles, 0) << what;
       if (split == 2) EXPECT_EQ(o.plan.num_split_tiles, 0) << what;
+      // Dynamic chunks are cut on KV tiles (TMA loads); a fixed 1000 is not a multiple of one.
+      EXPECT_EQ(o.plan.kv_tma, split != 1) << what;
     }
   }
 }
