@@ -125,62 +125,79 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
   }
 }
 
+// One consumer step: KV tile g (the item's tile `tile`) has its S = Q Kᵀ issued, then
+// (kPendingPV) the previous tile's P·V with the P in `pa`, whose wgmma runs under this tile's
+// softmax; K(g) is handed back once S lands, V(g-1) once that P·V does (and the query tile after
+// the item's last S). `pa` then holds this tile's P. Two instantiations, no wgmma under a
+// condition: ptxas serializes every wgmma of a kernel that has one (C7518).
+template <class C, bool kPendingPV>
+__device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const PrefillWorkItem& w, int tile,
+                                                int g, bool last, u32 q_buf, int qb, u32 k_smem, u32 v_smem,
+                                                PrefillHopperBarriers<C>& bars, int wg,
+                                                const PrefillHopperRows& rows, PrefillWarpState<C>& st,
+                                                u32 (&pa)[1][C::kNT / 2][4]) {
+  const int lane = threadIdx.x % 32;
+  float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
+  mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
+  float s[1][C::kNT][4];
+  float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
+  prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
+  if constexpr (kPendingPV) {
+    prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
+    wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_operands(sf);
+  consumer_release(bars.k_empty, g % C::kKStages);
+  if (last) consumer_release(bars.q_empty, qb);
+  float rescale[1][2];
+  u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
+  const int first = w.kv_start + tile * C::kTile;
+  const int pos0 = first + 2 * (lane % 4);
+  if (first + C::kTile - 1 <= rows.warp_min) {
+    prefill_softmax<C, false, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+  } else {
+    prefill_softmax<C, true, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+  }
+  if constexpr (kPendingPV) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    consumer_release(bars.v_empty, (g - 1) % C::kStages);
+  }
+  // pa = pa_new after the wait (see prefill_hopper_step).
+#pragma unroll
+  for (int j = 0; j < C::kNT / 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
+  if constexpr (kPendingPV) {
+    if (__any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) prefill_rescale_o(st, 0, h, rescale[0][h]);
+    }
+  }
+}
+
 // One consumer warpgroup's work item: as prefill_hopper_work_item, with the stage hand-over by
 // barriers instead of the CTA-wide sync. g0: the item's first global tile; seq: its query buffer.
 template <class C>
 __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, const PrefillWorkItem& w, int g0,
                                                      int seq, u32 q_smem, u32 k_smem, u32 v_smem,
-                                                     PrefillHopperBarriers<C>& bars) {
-  const int lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+                                                     PrefillHopperBarriers<C>& bars, int wg) {
   const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
   const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
   PrefillWarpState<C> st;
   st.init();
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
-  const int b = seq % C::kQBuffers;
-  const u32 q_buf = q_smem + b * C::kQBytes;
-  if (tiles > 0) mbarrier_wait_parity(bar_at(bars.q_full, b), (seq / C::kQBuffers) & 1);  // (none loaded else)
+  const int qb = seq % C::kQBuffers;
+  const u32 q_buf = q_smem + qb * C::kQBytes;
   u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int g = g0 + tile;
-    mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
-    float s[1][C::kNT][4];
-    float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
-    prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
-    if (tile > 0) {
-      prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
-      wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
-    } else {
-      wgmma_wait<0>();
-    }
-    wgmma_fence_operands(sf);
-    consumer_release(bars.k_empty, g % C::kKStages);
-    if (tile == tiles - 1) consumer_release(bars.q_empty, b);
-    float rescale[1][2];
-    u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
-    const int first = w.kv_start + tile * C::kTile;
-    const int pos0 = first + 2 * (lane % 4);
-    if (first + C::kTile - 1 <= rows.warp_min) {
-      prefill_softmax<C, false, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
-    } else {
-      prefill_softmax<C, true, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
-    }
-    if (tile > 0) {
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      consumer_release(bars.v_empty, (g - 1) % C::kStages);
-    }
-    // pa = pa_new after the wait (see prefill_hopper_step).
-#pragma unroll
-    for (int j = 0; j < C::kNT / 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
-    if (tile > 0 && __any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) prefill_rescale_o(st, 0, h, rescale[0][h]);
-    }
-  }
   if (tiles > 0) {
+    mbarrier_wait_parity(bar_at(bars.q_full, qb), (seq / C::kQBuffers) & 1);
+    prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows, st, pa);
+    for (int tile = 1; tile < tiles; ++tile)
+      prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
+                               st, pa);
     const int g = g0 + tiles - 1;
     prefill_hopper_pv<C>(pa, v_smem + (g % C::kStages) * C::kStageBytes, o);
     wgmma_wait<0>();
@@ -224,7 +241,10 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   __syncthreads();
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
-  if (threadIdx.x >= C::kThreads) {  // the producer warpgroup
+  // The warpgroup, warp-uniform as far as ptxas can see (a shuffle's result): wgmma after a
+  // branch on threadIdx.x would be serialized (C7518).
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == C::kThreads / 128) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x < C::kThreads + 32) prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
     return;
@@ -234,7 +254,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
     const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
-    prefill_ws_work_item<C>(p, w, g, seq, q_smem, k_smem, v_smem, bars);
+    prefill_ws_work_item<C>(p, w, g, seq, q_smem, k_smem, v_smem, bars, wg);
     g += tiles;
     seq += tiles > 0;
     if (w.slot >= 0) prefill_arrive<C>(p, w);

@@ -1,5 +1,7 @@
 #include "runtime/nvrtc_compiler.h"
 
+#include <cstdlib>
+#include <cstdio>
 #include <nvrtc.h>
 
 #include <chrono>
@@ -88,6 +90,14 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
     if (log_size) nvrtcGetProgramLog(*prog, log.data());
     fail("NVRTC failed to compile kernel ", req.key_name, " for ", req.arch, ": ",
          nvrtcGetErrorString(r), "\n", log);
+  }
+  if (std::getenv("FLASHKV_NVRTC_LOG") != nullptr) {  // compiler warnings (ptxas: wgmma serialization, spills)
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(*prog, &log_size);
+    std::string log(log_size, '\0');
+    if (log_size) nvrtcGetProgramLog(*prog, log.data());
+    if (log.find_first_not_of(std::string("\0 \n", 3)) != std::string::npos)
+      std::fprintf(stderr, "flashkv: NVRTC log for %s:\n%s\n", req.key_name.c_str(), log.c_str());
   }
   CompiledKernels out;
   size_t cubin_size = 0;
