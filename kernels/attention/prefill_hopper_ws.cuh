@@ -18,6 +18,7 @@
 #pragma once
 
 #include "attention/prefill_hopper.cuh"
+#include "primitives/named_barrier.cuh"
 #include "primitives/tma.cuh"
 
 namespace flashkv {
@@ -125,6 +126,9 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
   }
 }
 
+// Named barriers 2 and 3: warpgroup w waits at 2 + w for its turn to issue (bar 1: prefill_arrive).
+constexpr int kPingPongBarrier = 2;
+
 // One consumer step: KV tile g (the item's tile `tile`) has its S = Q Kᵀ issued, then
 // (kPendingPV) the previous tile's P·V with the P in `pa`, whose wgmma runs under this tile's
 // softmax; K(g) is handed back once S lands, V(g-1) once that P·V does (and the query tile after
@@ -141,9 +145,13 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
   float s[1][C::kNT][4];
   float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
+  // Ping-pong (FA3): the warpgroups take turns issuing a step's wgmma, so one's softmax runs
+  // while the other's matrix products use the tensor cores.
+  named_barrier(kPingPongBarrier + wg, 256);
   prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
+  if constexpr (kPendingPV) prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
+  named_barrier_arrive(kPingPongBarrier + (1 - wg), 256);
   if constexpr (kPendingPV) {
-    prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
     wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
   } else {
     wgmma_wait<0>();
@@ -250,6 +258,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  if (wg == 1) named_barrier_arrive(kPingPongBarrier, 256);  // warpgroup 0 issues first
   int g = 0, seq = 0;
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
