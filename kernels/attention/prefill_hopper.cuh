@@ -15,7 +15,9 @@
 //   O += P V    wgmma, P from registers, V from shared memory (MN-major: transposed by wgmma),
 //               issued in the next tile's step, after its S = Q Kᵀ, to overlap its softmax
 // The KV pipeline is the mma.sync kernel's cp.async gather (any page size); only the shared
-// layout differs (wgmma.cuh). Plain attention only: variants keep the mma.sync kernel.
+// layout differs (wgmma.cuh). Plain attention only: variants keep the mma.sync kernel. Where every
+// load can be a TMA box (ragged KV, pages of >= 16 tokens), the host runs this kernel's
+// warp-specialized form instead (prefill_hopper_ws.cuh), which reuses its pieces.
 #pragma once
 
 #include "attention/prefill_config.cuh"
@@ -268,14 +270,17 @@ __device__ __forceinline__ void prefill_hopper_work_item(const PrefillParams& p,
   prefill_write_warp<C>(p, w, st, warp, rows.valid_rows);
 }
 
+// The Hopper kernels run plain attention; variants take the mma.sync kernel.
+template <class Tr>
+constexpr bool kPrefillHopperPlain = !Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform &&
+                                     !Tr::kFirstVisibleKey && !Tr::kSink && !Tr::kOutputTransform &&
+                                     Tr::kUseSoftmax;
+
 template <class Config, class V = DefaultVariant>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     batch_prefill_hopper_kernel(const __grid_constant__ PrefillParams p) {
   typedef PrefillWithVariant<Config, V> C;
-  typedef typename C::Traits Tr;
-  static_assert(!Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform && !Tr::kFirstVisibleKey &&
-                    !Tr::kSink && !Tr::kOutputTransform && Tr::kUseSoftmax,
-                "the Hopper prefill kernel runs plain attention; variants take the mma.sync kernel");
+  static_assert(kPrefillHopperPlain<typename C::Traits>, "plain attention only: variants take the mma.sync kernel");
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 q_smem = (smem_addr(smem) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const u32 k_smem = q_smem + C::kQBuffers * C::kQBytes;

@@ -219,10 +219,7 @@ template <class Config, class V = DefaultVariant>
 __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     batch_prefill_hopper_ws_kernel(const __grid_constant__ PrefillParams p) {
   typedef PrefillWithVariant<Config, V> C;
-  typedef typename C::Traits Tr;
-  static_assert(!Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform && !Tr::kFirstVisibleKey &&
-                    !Tr::kSink && !Tr::kOutputTransform && Tr::kUseSoftmax,
-                "the Hopper prefill kernel runs plain attention; variants take the mma.sync kernel");
+  static_assert(kPrefillHopperPlain<typename C::Traits>, "plain attention only: variants take the mma.sync kernel");
   static_assert(C::kThreads == 256, "two consumer warpgroups");
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ PrefillHopperBarriers<C> bars;
