@@ -89,7 +89,8 @@ struct PrefillPlanInfo {
   int64_t chunk_bound = 0;  // the longest KV chunk a work item may take (tokens; the split bound)
   bool wgmma = false;       // the plan runs the Hopper wgmma kernel (else mma.sync)
   bool kv_tma = false;      // the last run() loaded KV tiles by TMA (the wgmma kernel, on ragged KV
-                            // or pages of >= 16 tokens, a power of two), else by cp.async
+                            // or pages of >= 16 tokens, a power of two, with every work item on a
+                            // KV tile: not with a fixed_split_size off the tile), else by cp.async
   double plan_us = 0.0;  // CPU time of the last plan()
 };
 

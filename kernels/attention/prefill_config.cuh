@@ -30,6 +30,7 @@ struct PrefillConfigCommon {
   static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per row
   static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of O
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte KV loads per thread per stage
+  static constexpr int kLoaderThreadBase = 0;  // the KV loaders' threads are threadIdx.x - this
   static constexpr int kQBytes = kShape.q_bytes;
   static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
   static constexpr int kStages = kShape.stages;

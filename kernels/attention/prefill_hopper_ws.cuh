@@ -1,23 +1,28 @@
-// The Hopper prefill kernel, warp-specialized (FA3's structure): where every load is a TMA box
-// (PrefillParams::kv_tma: ragged KV or pages of >= 16 tokens; query tiles always), one producer
-// warp issues them and the two consumer warpgroups of prefill_hopper.cuh compute, each at its own
-// pace. Why: with the loads by every thread (cp.async) each KV tile needs a CTA-wide barrier (its
-// data visible, its stage free), and on the H200 a quarter of the warps' time went to waiting at
-// it (ncu source counters, NOTES.md); the two warpgroups stayed in step, so neither's softmax ran
-// under the other's wgmma. Here stages are handed over by mbarriers:
-//   full[s]      the producer's TMA boxes of KV tile t (t % kStages == s) landed (tx bytes)
+// The Hopper prefill kernel (sm_90a), warp-specialized as FA3: two consumer warpgroups compute
+// (the wgmma building blocks of prefill_hopper.cuh: a 128-row query tile, S = Q Kᵀ and O += P V
+// on wgmma, P V of tile t-1 under the softmax of tile t) and a producer warpgroup loads. The query
+// tile is always a TMA box; KV tiles are TMA boxes where the KV allows (PrefillParams::kv_tma:
+// ragged KV or pages of >= 16 tokens, work items starting on a tile), else the producer's 128
+// threads gather them with cp.async (any page size). Why: with loads by every thread each KV tile
+// needed a CTA-wide barrier (its data visible, its stage free); on the H200 a quarter of the warps'
+// time went to waiting at it (ncu source counters, NOTES.md), and the two warpgroups stayed in
+// step, so neither's softmax ran under the other's wgmma. Here stages are handed over by mbarriers:
+//   full[s]      KV tile t (t % kStages == s) landed (TMA: tx bytes; cp.async: 128 arrivals)
 //   k_empty[s]   every consumer warp's S = Q K(t)ᵀ is done: K stage t % kKStages may be refilled
 //   v_empty[s]   every consumer warp's P·V(t) is done: V stage t % kStages may be refilled
 //   q_full[b], q_empty[b]   the same for the query tile of the item with sequence number % kQBuffers
 // A barrier's n-th phase belongs to the n-th tile (or item) that uses its slot; the producer's
-// first wait on an empty barrier checks the phase before the first (complete at init).
+// first wait on an empty barrier checks the phase before the first (complete at init). The
+// consumer warpgroups take turns issuing a step's wgmma (named barriers: FA3's ping-pong).
 //
-// Threads 0-255 are the consumers (warpgroups 0 and 1: the rows, epilogue and merge code of the
-// other kernel index by threadIdx.x), threads 256-383 the producer warpgroup, of which one warp
-// works. setmaxnreg moves registers from the producer (24) to the consumers (240).
+// Threads 0-255 are the consumers (warpgroups 0 and 1: the rows, epilogue and merge code index by
+// threadIdx.x), threads 256-383 the producer. setmaxnreg moves registers from the producer (40:
+// its cp.async gather spills a few page ids to L1 at 24) to the consumers (232 of which they use
+// ~210); 40 x 128 + 232 x 256 = the 168 x 384 the launch bound gives (the host checks the 168).
 #pragma once
 
 #include "attention/prefill_hopper.cuh"
+#include "primitives/cp_async.cuh"
 #include "primitives/named_barrier.cuh"
 #include "primitives/tma.cuh"
 
@@ -28,8 +33,9 @@ namespace flashkv {
 // ragged rows), every 64-column block, for the whole 16-token groups of the item's tokens; lane j
 // the j-th token of the group the item ends in, by the one-token maps, where the item ends inside
 // one. So no row past kv_end is read: a cache's slots past a request's last token may hold NaN
-// (torch.empty), and P = 0 there would not keep 0 x NaN out of P·V. Rows past kv_end keep earlier
-// tiles' KV (finite; the stages start zeroed), whose logits are masked. `page`: lane b's page id
+// (torch.empty), and P = 0 there would not keep 0 x NaN out of P·V. V rows past kv_end keep earlier
+// tiles' KV (finite; the V stages start zeroed); K rows there may hold anything, their logits are
+// masked by a select. `page`: lane b's page id
 // (paged KV), read by prefill_tma_page.
 constexpr int kTma16 = 16;
 
@@ -89,13 +95,26 @@ __device__ __forceinline__ void consumer_release(const u64* b, int i) {
   if (threadIdx.x % 32 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar_at(b, i)) : "memory");
 }
 
-// The producer warp: every work item's query tile and KV tiles, in the consumers' order, each
-// once its slot is free.
+// The producer's cp.async loads (KV not loadable by TMA: pages of 1-15 tokens, or work items not
+// starting on a tile): the loaders of prefill_loader.cuh over the producer warpgroup's 128
+// threads (threadIdx.x 256-383). Rows past kv_end are zero-filled.
+template <class C>
+struct PrefillProducerLoads : C {
+  static constexpr int kThreads = 128;
+  static constexpr int kLoaderThreadBase = C::kThreads;
+  static constexpr int kLoads = C::kTile * C::kChunks / 128;
+};
+
+// The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
+// slot is free. The query tile is one TMA box per 64 columns (thread 0 of the warpgroup). KV by TMA
+// (p.kv_tma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
+// arriving on full[s] (count 128) once its copies landed.
 template <class C>
 __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end, u32 q_smem,
                                                    u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars) {
+  typedef PrefillProducerLoads<C> PL;
   constexpr int kColBlocks = C::kHeadDim / 64;
-  const int lane = threadIdx.x % 32;
+  const int ptid = threadIdx.x - C::kThreads;
   int g = 0, seq = 0;
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
@@ -103,7 +122,7 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
     if (tiles == 0) continue;  // the consumers write it empty
     const int b = seq % C::kQBuffers;
     const u32 q_buf = q_smem + b * C::kQBytes;
-    if (lane == 0) {
+    if (ptid == 0) {
       mbarrier_wait_parity(bar_at(bars.q_empty, b), ((seq / C::kQBuffers) & 1) ^ 1);
       // Box: 64 columns x group heads x q_tma_tokens tokens = rows (token, head) in tile order.
       mbarrier_arrive_expect_tx(bar_at(bars.q_full, b), (u32)(kColBlocks * 128 * p.group * p.q_tma_tokens));
@@ -113,14 +132,25 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
                     w.q_base + w.q_start, 0);
     }
     for (int tile = 0; tile < tiles; ++tile, ++g) {
-      const int page = prefill_tma_page<C>(p, w, tile);
-      if (lane == 0) {
+      const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
+      const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
+      const u32 full = bar_at(bars.full, g % C::kStages);
+      if (p.kv_tma) {
+        const int page = prefill_tma_page<C>(p, w, tile);
+        if (ptid == 0) {
+          mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
+          mbarrier_wait_parity(bar_at(bars.v_empty, g % C::kStages), ((g / C::kStages) & 1) ^ 1);
+        }
+        __syncwarp();
+        prefill_tma_kv_tile<C>(p, w, tile, page, k_stage, v_stage, full);
+      } else {
+        PrefillTilePages<PL> pages;
+        prefill_tile_pages<PL>(p, w, tile, pages);
         mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
         mbarrier_wait_parity(bar_at(bars.v_empty, g % C::kStages), ((g / C::kStages) & 1) ^ 1);
+        prefill_issue_kv_tile<PL>(p, w, tile, pages, k_stage, v_stage);
+        cp_async_mbarrier_arrive(full);
       }
-      __syncwarp();
-      prefill_tma_kv_tile<C>(p, w, tile, page, k_smem + (g % C::kKStages) * C::kStageBytes,
-                             v_smem + (g % C::kStages) * C::kStageBytes, bar_at(bars.full, g % C::kStages));
     }
     ++seq;
   }
@@ -173,7 +203,8 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
     wgmma_fence_operands(o);
     consumer_release(bars.v_empty, (g - 1) % C::kStages);
   }
-  // pa = pa_new after the wait (see prefill_hopper_step).
+  // pa = pa_new, as asm after the wait: a plain copy would be folded into the softmax, defining
+  // the in-flight P·V's operand registers early (ptxas then serializes every wgmma).
 #pragma unroll
   for (int j = 0; j < C::kNT / 2; ++j)
 #pragma unroll
@@ -186,8 +217,9 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   }
 }
 
-// One consumer warpgroup's work item: as prefill_hopper_work_item, with the stage hand-over by
-// barriers instead of the CTA-wide sync. g0: the item's first global tile; seq: its query buffer.
+// One consumer warpgroup's work item: its tiles are the CTA's global tiles [g0, g0 + tiles), its
+// query tile in buffer seq % kQBuffers. Every warpgroup runs every tile of the item (rows that see
+// none of it get P = 0).
 template <class C>
 __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, const PrefillWorkItem& w, int g0,
                                                      int seq, u32 q_smem, u32 k_smem, u32 v_smem,
@@ -228,7 +260,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   const u32 v_smem = k_smem + C::kKStages * C::kStageBytes;
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
-      mbarrier_init(bar_at(bars.full, i), 1);
+      mbarrier_init(bar_at(bars.full, i), p.kv_tma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
       mbarrier_init(bar_at(bars.v_empty, i), 8);
     }
     for (int i = 0; i < C::kKStages; ++i) mbarrier_init(bar_at(bars.k_empty, i), 8);
@@ -250,11 +282,12 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   // branch on threadIdx.x would be serialized (C7518).
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == C::kThreads / 128) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (threadIdx.x < C::kThreads + 32) prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (!p.kv_tma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
+      prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   if (wg == 1) named_barrier_arrive(kPingPongBarrier, 256);  // warpgroup 0 issues first
   int g = 0, seq = 0;
   for (int wi = begin; wi < end; ++wi) {

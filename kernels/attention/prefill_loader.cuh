@@ -54,8 +54,9 @@ template <class C>
 struct PrefillKVLoads {
   static constexpr int kRowStep = C::kThreads / C::kChunks;
   static_assert(C::kThreads % C::kChunks == 0, "a thread keeps one chunk column");
-  __device__ __forceinline__ static int row(int j) { return (int)threadIdx.x / C::kChunks + j * kRowStep; }
-  __device__ __forceinline__ static int chunk() { return (int)threadIdx.x % C::kChunks; }
+  __device__ __forceinline__ static int tid() { return (int)threadIdx.x - C::kLoaderThreadBase; }
+  __device__ __forceinline__ static int row(int j) { return tid() / C::kChunks + j * kRowStep; }
+  __device__ __forceinline__ static int chunk() { return tid() % C::kChunks; }
 };
 
 template <class C>

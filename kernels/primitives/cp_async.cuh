@@ -32,4 +32,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// An arrival on the shared-memory mbarrier `bar` once all of this thread's earlier cp.async have
+// landed (.noinc: it counts as one of the barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 }  // namespace flashkv

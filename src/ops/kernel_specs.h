@@ -48,7 +48,7 @@ bool decode_tc_supported(int head_dim, int group_size);
 // With a variant (ops/variant_jit.h) its id joins the kernel id and its source the module.
 KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source,
                                const VariantJit& variant = {"", "flashkv::DefaultVariant"});
-// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh) for one (dtype, head_dim, KV
+// The Hopper wgmma prefill kernel (attention/prefill_hopper_ws.cuh) for one (dtype, head_dim, KV
 // source); its query tile is always 128 rows and it runs plain attention only.
 KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source);
 // Whether that kernel can run a plan: an sm_90a target, 128-row query tiles (two warpgroups of 64

@@ -60,9 +60,8 @@ std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool pl
   return {};
 }
 
-std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool warp_specialized) {
-  return std::string(warp_specialized ? "flashkv::batch_prefill_hopper_ws_kernel" : "flashkv::batch_prefill_hopper_kernel") +
-         "<flashkv::PrefillHopperConfig<" +
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv) {
+  return std::string("flashkv::batch_prefill_hopper_ws_kernel<flashkv::PrefillHopperConfig<") +
          device_type_name(dtype, "q") + ", " + std::to_string(head_dim) + ", " +
          std::to_string(static_cast<int>(kv)) + ">, flashkv::DefaultVariant>";
 }
@@ -75,8 +74,7 @@ KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source) 
   const std::string id = std::string("prefill_wgmma<") + dtype_name(dtype) + ",d" +
                          std::to_string(head_dim) + "," + kNames[kv_source] + ">";
   const std::string kernel = prefill_hopper_kernel_name(dtype, head_dim, kv);
-  const std::string ws = prefill_hopper_kernel_name(dtype, head_dim, kv, true);
-  return {id, [id, kernel, ws] { return make_request(id, "attention/prefill_hopper_ws.cuh", {kernel, ws}, ""); }};
+  return {id, [id, kernel] { return make_request(id, "attention/prefill_hopper_ws.cuh", {kernel}, ""); }};
 }
 }  // namespace ops
 
@@ -89,11 +87,11 @@ PrefillCore::PrefillCore(const BatchPrefillConfig& c, void* workspace, size_t by
   upload = runtime::PlanUpload(ws.plan_layout().bytes, cfg.device);
 }
 
-void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
+bool PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
                               const ops::VariantJit& variant, bool wgmma) {
   if (kernel.fn != nullptr && kernel.dtype == dtype && kernel.head_dim == hd &&
       kernel.rows == rows && kernel.kv == kv && kernel.variant == variant.id && kernel.wgmma == wgmma)
-    return;
+    return true;
   const ops::KernelSpec spec =
       wgmma ? ops::prefill_hopper_kernel_spec(dtype, hd, static_cast<int>(kv))
             : ops::prefill_kernel_spec(dtype, hd, rows, static_cast<int>(kv), variant);
@@ -104,11 +102,14 @@ void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
                             : ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
   k.geometry = ops::prefill_geometry(hd, rows, wgmma);
   k.wgmma = wgmma;
-  if (wgmma) {  // its warp-specialized form: one more warpgroup (the producer), the same smem
-    k.fn_ws = mod.function(ops::prefill_hopper_kernel_name(dtype, hd, kv, true));
-    k.geometry_ws = {k.geometry.threads + 128, k.geometry.smem};
-    if (runtime::max_active_ctas_per_sm(k.fn_ws, k.geometry_ws.threads, k.geometry_ws.smem, spec.id) < 1)
-      k.fn_ws = nullptr;  // (cannot happen on Hopper) runs keep the cp.async kernel
+  if (wgmma) {
+    // Its setmaxnreg split (40 producer + 232 consumer registers per thread) is exactly the 168
+    // per thread that its launch bound gives at entry: with fewer, the consumers' setmaxnreg.inc
+    // would wait forever. A toolchain that allocates otherwise gets the mma.sync kernel.
+    int regs = 0;
+    runtime::check_cu(runtime::driver().cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k.fn),
+                      "cuFuncGetAttribute(NUM_REGS) of " + spec.id);
+    if (regs != 65536 / static_cast<int>(k.geometry.threads) / 8 * 8) return false;
   }
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
@@ -123,6 +124,7 @@ void PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
   k.variant = variant.id;
   k.id = spec.id;
   kernel = std::move(k);
+  return true;
 }
 
 void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
@@ -216,7 +218,11 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   const bool wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
-  load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj, wgmma);
+  if (!load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj, wgmma)) {
+    check(o.backend != PrefillBackend::kWgmma, "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ",
+          "its compiled register count is not the 168 per thread its register split needs");
+    load_kernel(qt, hd, rows, ops::prefill_kv_source(paged, page_sz), vj, false);
+  }
   const int num_ctas = ws.max_ctas() / cfg.ctas_per_sm * kernel.ctas_per_sm;
 
   // A built-in description's causal flag and sm_scale apply where the options set none.
@@ -381,26 +387,33 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
 
 void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv) {
   p.kv_tma = 0;
-  if (!kv_tma_plan || kernel.fn_ws == nullptr || !ops::prefill_kv_tma_fits(kv)) return;
+  if (!kernel.wgmma) return;
   TmaMaps& m = tma_maps;
+  // The query tile is always a TMA box; check_io has checked what TMA needs of q.
+  const ops::PrefillQTensor qt{q.data(), q_dtype, head_dim, num_qo_heads, q.size(0), q.stride(0), q.stride(1)};
+  const int group = num_qo_heads / num_kv_heads;
+  if (!m.q_valid || !(m.q == qt) || m.q_tokens != q_tile_tokens || m.q_group != group) {
+    m.q_valid = ops::encode_prefill_q_tma(qt, group, q_tile_tokens, m.params);
+    m.q = qt;
+    m.q_tokens = q_tile_tokens;
+    m.q_group = group;
+  }
+  check(m.q_valid, name, "::run: the CUDA driver refused a TMA descriptor for q (", q.size(0), " rows, strides ",
+        q.stride(0), ", ", q.stride(1), ")");
+  p.q_tma_tokens = q_tile_tokens;
+  p.q_tma = m.params.q_tma;
+  // KV by TMA where the plan and the tensors allow it, else the producer's cp.async.
+  if (!kv_tma_plan || !ops::prefill_kv_tma_fits(kv)) return;
   if (!m.kv_valid || !(m.kv == kv)) {  // the driver may refuse: cp.async then
     m.kv_valid = ops::encode_prefill_kv_tma(kv, m.params);
     m.kv = kv;
   }
-  const ops::PrefillQTensor qt{q.data(), q_dtype, head_dim, num_qo_heads, q.size(0), q.stride(0), q.stride(1)};
-  if (!m.q_valid || !(m.q == qt) || m.q_tokens != q_tile_tokens) {
-    m.q_valid = ops::encode_prefill_q_tma(qt, num_qo_heads / num_kv_heads, q_tile_tokens, m.params);
-    m.q = qt;
-    m.q_tokens = q_tile_tokens;
-  }
-  if (!m.kv_valid || !m.q_valid) return;
+  if (!m.kv_valid) return;
   p.kv_tma = 1;
-  p.q_tma_tokens = q_tile_tokens;
   p.k_tma = m.params.k_tma;
   p.v_tma = m.params.v_tma;
   p.k1_tma = m.params.k1_tma;
   p.v1_tma = m.params.v1_tma;
-  p.q_tma = m.params.q_tma;
 }
 
 void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView& out,
@@ -422,9 +435,7 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   info.kv_tma = p.kv_tma != 0;
   void* args[] = {&p};
   if (grid > 0) {
-    const bool ws = p.kv_tma != 0;  // all loads by TMA: the warp-specialized kernel
-    const ops::PrefillGeometry& geo = ws ? kernel.geometry_ws : kernel.geometry;
-    runtime::launch(ws ? kernel.fn_ws : kernel.fn, {grid, 1, 1, geo.threads, 1, 1, geo.smem}, stream, args,
+    runtime::launch(kernel.fn, {grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem}, stream, args,
                     kernel.id);
   }
   if (capturing) {

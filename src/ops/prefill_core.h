@@ -64,9 +64,7 @@ struct PrefillCore {
     CUfunction fn = nullptr;
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
-    bool wgmma = false;  // the Hopper kernel (attention/prefill_hopper.cuh)
-    CUfunction fn_ws = nullptr;  // wgmma: its warp-specialized form, for runs with TMA loads
-    ops::PrefillGeometry geometry_ws;
+    bool wgmma = false;  // the Hopper kernel (attention/prefill_hopper_ws.cuh)
     std::string id;
   } kernel;
 
@@ -82,28 +80,29 @@ struct PrefillCore {
     bool kv_tma = false;  // KV tiles by TMA: later plans must start every work item on a tile
   } captured;
 
-  // The Hopper kernel's loads by TMA (its warp-specialized form): the plan allows them (every
-  // work item starts on a KV tile of kv_tile tokens; query tiles of q_tile_tokens tokens), and
-  // the tensor maps of the last tensors run() saw (encoding is a driver call; most runs see the
-  // same KV cache).
+  // The Hopper kernel's TMA loads: the query tile always (q_tile_tokens tokens), KV where the plan
+  // allows it (every work item starts on a KV tile of kv_tile tokens), and the tensor maps of the
+  // last tensors run() saw (encoding is a driver call; most runs see the same KV cache).
   bool kv_tma_plan = false;
   int kv_tile = 0, q_tile_tokens = 0;
   struct TmaMaps {
     bool kv_valid = false, q_valid = false;
     ops::PrefillKVTensors kv;
     ops::PrefillQTensor q;
-    int q_tokens = 0;
+    int q_tokens = 0, q_group = 0;  // the query box: tokens x group heads
     PrefillParams params{};  // the tensor maps as encoded
   } tma_maps;
-  // Sets p.kv_tma (and the maps) where the plan and the tensors allow TMA loads, else 0 (the
-  // cp.async kernel).
+  // The Hopper kernel: sets p's query map, and p.kv_tma (and the KV maps) where the plan and the
+  // tensors allow KV by TMA, else 0 (the producer's cp.async). Other kernels: kv_tma 0.
   void set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv);
 
   std::vector<int64_t> qo_lens, kv_lens;
   scheduler::PrefillSchedule schedule;  // reused across plans
 
  private:
-  void load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv,
+  // Loads (JIT-compiles at first use) the plan's kernel; false where the wgmma kernel was asked
+  // for and cannot run (its register count), nothing loaded.
+  bool load_kernel(DType dtype, int head_dim, int rows, ops::PrefillKV kv,
                    const ops::VariantJit& variant, bool wgmma);
 };
 

@@ -18,7 +18,8 @@ struct PrefillGeometry {
 // The launch geometry, from the same constexpr function the kernel's config reads.
 inline PrefillGeometry prefill_geometry(int head_dim, int rows, bool wgmma = false) {
   const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim) : prefill_shape(head_dim, rows);
-  return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
+  // The Hopper kernel: the shape's two consumer warpgroups and a producer warpgroup.
+  return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)), static_cast<unsigned>(s.smem_bytes)};
 }
 
 // The query tile plan() uses when PrefillPlanOptions.tile_rows is 0: the paper's heuristic
@@ -39,8 +40,7 @@ std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV k
 // The kernel's name expression: flashkv::batch_prefill_kernel<config, variant type>.
 std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
                                 const VariantJit& variant = {"", "flashkv::DefaultVariant"});
-// The Hopper kernel's: flashkv::batch_prefill_hopper_kernel<PrefillHopperConfig<...>, variant>.
-// warp_specialized: its form with a producer warpgroup and TMA loads (prefill_hopper_ws.cuh).
-std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool warp_specialized = false);
+// The Hopper kernel's: flashkv::batch_prefill_hopper_ws_kernel<PrefillHopperConfig<...>, variant>.
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv);
 
 }  // namespace flashkv::ops

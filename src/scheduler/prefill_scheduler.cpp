@@ -6,7 +6,8 @@
 // and are tuned for that (decode_scheduler.cpp), while this one favours being easy to read.
 //
 // Workspace bounds for dynamic splitting, proved. Let tile j see v_j KV tokens (v_j <= INT32_MAX),
-// T = sum_j v_j, C = num_ctas and L = max(min_chunk_tokens, ceil(T / C)); so L >= T / C, i.e.
+// T = sum_j v_j, C = num_ctas and L = max(min_chunk_tokens, ceil(T / C)) (rounded up to a multiple
+// of split_align, which only makes it larger); so L >= T / C, i.e.
 // T / L <= C. Tile j gets n_j = max(1, ceil(v_j / L)) chunks.
 //  * Work items (max_prefill_work_items). n_j <= 1 + v_j / L for every tile: a tile that sees
 //    nothing has n_j = 1, and for v_j >= 1, ceil(v_j / L) <= 1 + (v_j - 1) / L. Summing,
@@ -143,11 +144,13 @@ void cut_tile(const Piece& tile, int64_t v, int64_t n, const PrefillScheduleOpti
       // [0, fs), [fs, 2 fs), ...: edges depend on this tile alone (batch invariance).
       len = std::min<int64_t>(o.fixed_split_size, v - start);
     } else {
-      // Near-equal in units of split_align tokens: the first ones get one unit more, so no chunk
-      // is a short tail; the last ends at v. With n = ceil(v / bound), bound = m a: units <= n m,
-      // so no chunk is longer than bound.
+      // Near-equal in units of split_align tokens (1: tokens, as without alignment, the first
+      // v % n chunks one longer): the last units % n chunks get one unit more, since the last
+      // chunk ends at v, within its last unit, so no chunk is a short tail. With
+      // n = ceil(v / bound), bound = m a: units <= n m, so no chunk is longer than bound.
       const int64_t a = o.split_align, units = ceil_div(v, a);
-      len = std::min<int64_t>((units / n + (k < units % n ? 1 : 0)) * a, v - start);
+      const bool extra = a == 1 ? k < units % n : k >= n - units % n;
+      len = std::min<int64_t>((units / n + (extra ? 1 : 0)) * a, v - start);
     }
     p.chunk = static_cast<int>(k);
     p.kv_start = static_cast<int>(start);

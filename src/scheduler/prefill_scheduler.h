@@ -45,7 +45,9 @@ struct PrefillCostModel {
 
 // Chunking: dynamic (the default) cuts a tile with v visible KV tokens into n = ceil(v / L_kv)
 // chunks whose sizes differ by at most one token, L_kv = max(min_chunk_tokens, ceil(T / num_ctas))
-// with T the visible KV summed over all tiles (KV heads included); fixed_split_size cuts it into
+// with T the visible KV summed over all tiles (KV heads included); with split_align a > 1, L_kv is
+// rounded up to a multiple of a and chunks are cut at multiples of a (sizes differ by one unit,
+// the last ending at v); fixed_split_size cuts it into
 // [0, fs), [fs, 2 fs), ...; disable_split_kv keeps it whole. A tile that sees no KV gets one
 // empty work item. Chunks are assigned, costliest first, ties by (request, q_start, kv_start,
 // kv_head), to the least-loaded CTA (ties to the lower CTA index); so no CTA's cost exceeds the

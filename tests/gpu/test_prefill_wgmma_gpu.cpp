@@ -1,5 +1,5 @@
-// The Hopper wgmma prefill kernel (attention/prefill_hopper.cuh, and its warp-specialized form with
-// TMA loads, prefill_hopper_ws.cuh, where the KV allows) vs the CPU reference, forced with
+// The Hopper wgmma prefill kernel (attention/prefill_hopper_ws.cuh: KV by TMA where the storage
+// allows, else by the producer's cp.async) vs the CPU reference, forced with
 // PrefillPlanOptions.backend = kWgmma on 128-row query tiles: head_dim 64/128/256, GQA groups
 // 1/4/8/16 and MQA, page sizes 1/5/16/64, NHD/HND/interleaved, f16/bf16, causal and not, paged
 // and ragged KV, split-KV with its merge, empty and length-1 requests and long KV. Also which
@@ -57,8 +57,8 @@ TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
 }
 
 // A cache from torch.empty: the page slots past each request's KV hold NaN. The TMA loads bring
-// whole pages (the tail of a request's last page with them); P is 0 there, but 0 x NaN is NaN,
-// so those V rows must be zeroed before P·V. Pages of 5 tokens take the cp.async kernel.
+// 16-token boxes; a request's last tokens come one by one, so nothing past kv_end is read (P is 0
+// there, but 0 x NaN is NaN). Pages of 5 tokens take the producer's cp.async gather.
 TEST_F(PrefillWgmmaGpu, NanInPagePaddingStaysOut) {
   uint64_t seed = 9600;
   for (int d : {64, 128, 256}) {
