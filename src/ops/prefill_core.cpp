@@ -387,7 +387,7 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
 
 void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv) {
   p.kv_tma = 0;
-  if (!kernel.wgmma) return;
+  if (!kernel.wgmma || grid == 0) return;  // (no launch: a plan without query tokens needs no map)
   TmaMaps& m = tma_maps;
   // The query tile is always a TMA box; check_io has checked what TMA needs of q.
   const ops::PrefillQTensor qt{q.data(), q_dtype, head_dim, num_qo_heads, q.size(0), q.stride(0), q.stride(1)};

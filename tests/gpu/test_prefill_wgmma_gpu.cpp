@@ -114,6 +114,29 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
   }
 }
 
+// Batches with no query token (nothing to launch: run() needs no tensor map and must not fail),
+// and tiny ones, on the wgmma kernel; kMmaSync beside it as the control. (Added after the last
+// device run of its session: first run on the H200 in the next one.)
+TEST_F(PrefillWgmmaGpu, EmptyAndTinyBatches) {
+  const Requests batches[] = {{{0, 5}, {0, 0}}, {{1, 0}}, {{1, 1}, {1, 1}}, {{0, 5}, {1, 1}, {0, 0}}};
+  uint64_t seed = 9700;
+  for (const Requests& reqs : batches) {
+    PrefillCase c;
+    c.set_requests(reqs);
+    c.opts.causal = true;
+    c.seed = seed++;
+    const PrefillInputs in = make_prefill_inputs(c);
+    for (PrefillBackend b : {PrefillBackend::kWgmma, PrefillBackend::kMmaSync}) {
+      for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
+        PrefillPlanOptions opts = c.opts;
+        opts.backend = b;
+        const std::string what = std::string(prefill_kv_name(kv)) + (b == PrefillBackend::kWgmma ? " wgmma" : " mma.sync");
+        expect_prefill_ok(in, run_prefill(in, kv, opts), what);
+      }
+    }
+  }
+}
+
 // kWgmma with tile_rows 0 takes the kernel's 128-row tiles even where the heuristic would pick
 // smaller ones (short queries: the heuristic's tile here is 16 rows).
 TEST_F(PrefillWgmmaGpu, ForcedWgmmaTakesFullTiles) {
