@@ -224,11 +224,12 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   const double tflops = flops / (t.median_us * 1e-6) / 1e12;
   const double pct16 = pct(tflops, ceil.gemm_f16_tflops);
   const auto info = pf.plan_info();
+  const char* kernel = info.wgmma ? (info.kv_tma ? "wgmma+tma" : "wgmma") : "mma.sync";
   std::printf(
       "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s %s, tile %d, %d CTAs, %d items/%d "
       "split, plan %.1f us\n",
       w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tflops, pct16, rc.err, rc.bound,
-      rc.pass ? "ok" : "FAIL", info.wgmma ? (info.kv_tma ? "wgmma+tma" : "wgmma") : "mma.sync", info.tile_rows, info.num_ctas, info.num_work_items,
+      rc.pass ? "ok" : "FAIL", kernel, info.tile_rows, info.num_ctas, info.num_work_items,
       info.num_split_tiles, plan_us[plan_us.size() / 2]);
   std::fflush(stdout);
   return {{"workload", w.id},

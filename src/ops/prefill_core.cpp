@@ -276,15 +276,16 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
     m.qo_len = static_cast<int>(qo_lens[m.request]);
     m.kv_len = static_cast<int>(kv_lens[m.request]);
   }
+  // In the same pass: whether every item starts on a KV tile (the wgmma kernel's TMA loads).
+  bool tiles_aligned = kernel.wgmma;
   for (PrefillWorkItem& w : s.work) {
     w.page_base = kv_indptr[w.request];
     w.q_base = qo_indptr[w.request];
     w.diag = static_cast<int>(kv_lens[w.request] - qo_lens[w.request]);
     w.qo_len = static_cast<int>(qo_lens[w.request]);
     w.kv_len = static_cast<int>(kv_lens[w.request]);
+    tiles_aligned = tiles_aligned && w.kv_start % tile == 0;
   }
-  bool tiles_aligned = kernel.wgmma;
-  for (const PrefillWorkItem& w : s.work) tiles_aligned = tiles_aligned && w.kv_start % tile == 0;
   check(!captured.any || !captured.kv_tma || tiles_aligned,
         "plan: a captured CUDA graph loads KV tiles by TMA, which needs every work item to start on a ",
         tile, "-token KV tile; this plan's fixed_split_size (", o.fixed_split_size,

@@ -55,9 +55,7 @@ bool encode_prefill_q_tma(const PrefillQTensor& q, int group, int tokens, Prefil
   for (cuuint64_t s : strides)
     if (s == 0 || s % 16 != 0 || s >= (cuuint64_t{1} << 40)) return false;
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(group), static_cast<cuuint32_t>(tokens), 1};
-  TmaDesc d;
-  if (!encode_4d(q.q, q.dtype, dims, strides, box, d)) return false;
-  p.q_tma = d;
+  if (!encode_4d(q.q, q.dtype, dims, strides, box, p.q_tma)) return false;
   p.q_tma_tokens = tokens;
   return true;
 }
@@ -75,15 +73,10 @@ bool encode_prefill_kv_tma(const PrefillKVTensors& kv, PrefillParams& p) {
                                  paged ? static_cast<cuuint64_t>(kv.page_stride) * es
                                        : (head_bytes * dims[2] + 15) / 16 * 16};  // one "page"
   const cuuint32_t box16[4] = {64, 16, 1, 1}, box1[4] = {64, 1, 1, 1};
-  TmaDesc k, v, k1, v1;
-  if (!encode_4d(kv.k, kv.dtype, dims, strides, box16, k) || !encode_4d(kv.v, kv.dtype, dims, strides, box16, v) ||
-      !encode_4d(kv.k, kv.dtype, dims, strides, box1, k1) || !encode_4d(kv.v, kv.dtype, dims, strides, box1, v1))
-    return false;
-  p.k_tma = k;
-  p.v_tma = v;
-  p.k1_tma = k1;
-  p.v1_tma = v1;
-  return true;
+  return encode_4d(kv.k, kv.dtype, dims, strides, box16, p.k_tma) &&
+         encode_4d(kv.v, kv.dtype, dims, strides, box16, p.v_tma) &&
+         encode_4d(kv.k, kv.dtype, dims, strides, box1, p.k1_tma) &&
+         encode_4d(kv.v, kv.dtype, dims, strides, box1, p.v1_tma);
 }
 
 }  // namespace flashkv::ops

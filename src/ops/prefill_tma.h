@@ -27,8 +27,8 @@ struct PrefillKVTensors {
 // few tokens), with strides and sizes TMA can describe.
 bool prefill_kv_tma_fits(const PrefillKVTensors& kv);
 
-// Encodes p.k_tma / p.v_tma (16-token boxes) and p.k1_tma / p.v1_tma (one token); false (p
-// untouched) if the driver refuses them.
+// Encodes p.k_tma / p.v_tma (16-token boxes) and p.k1_tma / p.v1_tma (one token); false if the
+// driver refuses one (the maps are then not to be used; PrefillCore keeps them in a scratch).
 bool encode_prefill_kv_tma(const PrefillKVTensors& kv, PrefillParams& p);
 
 // Where q is, as run() checked it: [rows, num_qo_heads, head_dim] with these element strides.
@@ -41,7 +41,7 @@ struct PrefillQTensor {
 };
 
 // Encodes p.q_tma: boxes of 64 columns x `group` heads x `tokens` tokens, a query tile's rows in
-// its (token, head) order; false (p untouched) if the driver refuses it.
+// its (token, head) order; false if the driver refuses it.
 bool encode_prefill_q_tma(const PrefillQTensor& q, int group, int tokens, PrefillParams& p);
 
 }  // namespace flashkv::ops

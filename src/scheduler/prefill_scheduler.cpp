@@ -34,12 +34,10 @@
 #include "scheduler/prefill_scheduler.h"
 
 #include <algorithm>
-#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -275,14 +273,13 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
       runs.push_back({pieces[p].cost, heads});
     }
   }
-  std::vector<int> assigned(static_cast<size_t>(num_items));  // CTA of the k-th chunk in `order`
+  std::vector<int> cta_of(static_cast<size_t>(num_items));  // CTA of the k-th chunk in `order`
   s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
   GreedyLpt lpt;
-  lpt.assign(ctas, runs, assigned.data(), s.cta_work_indptr.data() + 1);
-  std::vector<int> cta_of(static_cast<size_t>(num_items));  // CTA of chunk (piece p, head h): [p * heads + h]
-  for (size_t k = 0; k < order.size(); ++k)
-    for (int h = 0; h < heads; ++h)
-      cta_of[static_cast<size_t>(order[k]) * heads + h] = assigned[k * heads + h];
+  lpt.assign(ctas, runs, cta_of.data(), s.cta_work_indptr.data() + 1);
+  // Piece p is order[rank[p]]: the CTA of its head h is cta_of[rank[p] * heads + h].
+  std::vector<uint32_t> rank(pieces.size());
+  for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<uint32_t>(k);
   s.cta_cost = lpt.loads();
   for (int c = 0; c < ctas; ++c) s.cta_work_indptr[c + 1] += s.cta_work_indptr[c];
 
@@ -314,7 +311,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
         item.diag = 0;
         item.qo_len = 0;
         item.kv_len = 0;
-        s.work[next[cta_of[p * heads + h]]++] = item;
+        s.work[next[cta_of[static_cast<size_t>(rank[p]) * heads + h]]++] = item;
       }
     }
   }

@@ -74,13 +74,14 @@ PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_si
   const int64_t num_pad = num_pages * page_size - nnz;
   HostTensor k_pad(dtype, {num_pad, num_kv_heads, head_dim});
   HostTensor v_pad(dtype, {num_pad, num_kv_heads, head_dim});
-  k_pad.fill_random(derive_seed(seed, 4));
-  v_pad.fill_random(derive_seed(seed, 5));
   if (nan_padding) {
     for (int64_t i = 0; i < k_pad.numel(); ++i) {
       k_pad.set(i, std::nan(""));
       v_pad.set(i, std::nan(""));
     }
+  } else {
+    k_pad.fill_random(derive_seed(seed, 4));
+    v_pad.fill_random(derive_seed(seed, 5));
   }
 
   const bool nhd = layout == KVLayout::NHD;
