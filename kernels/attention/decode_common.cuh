@@ -52,7 +52,10 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
 // and V tiles). Each config lays a stage out with C::chunk_offset(row, chunk) (bytes): plain rows
 // for the CUDA-core kernel, XOR-swizzled rows for ldmatrix in the tensor-core kernel. Past the
 // chunk end (page -1) or on an out-of-range page id the 16 bytes are zero-filled: nothing is read
-// outside the cache, and zeros keep P·V free of NaN from stale shared memory.
+// outside the cache, and zeros keep P·V free of NaN from stale shared memory. The KV stream is
+// read once per run: by default it is marked evict_first in L2 (DecodeParams::kv_evict_first), so
+// it does not evict the plan, the page table, the queries and the split tiles' partial states,
+// which every run reads again (each a dependent round trip before a CTA's first KV load).
 template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   const DecodeTilePages<C>& a, unsigned char* k_stage,
@@ -60,6 +63,8 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
   typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
   const kv_t* vg = static_cast<const kv_t*>(p.v);
+  const u32 k_base = smem_addr(k_stage), v_base = smem_addr(v_stage);
+  const u64 policy = l2_policy(p.kv_evict_first != 0);
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int ci = threadIdx.x + j * C::kThreads;
@@ -71,8 +76,8 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
                                       (long long)w.kv_head * p.head_stride + chunk * (16 / (int)sizeof(kv_t))
                                 : 0;
     const u32 so = C::chunk_offset(row, chunk);
-    cp_async_16(k_stage + so, kg + off, valid);
-    cp_async_16(v_stage + so, vg + off, valid);
+    cp_async_16(k_base + so, kg + off, valid, policy);
+    cp_async_16(v_base + so, vg + off, valid, policy);
   }
 }
 
@@ -204,6 +209,28 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* address, int value) {
   return old;
 }
 
+// The merge item of the split tile whose partial state this CTA's current work item writes,
+// staged in shared memory while the item streams its KV (decode_prefetch_merge_item, issued by
+// the prologue): the arrival and the merge read it from here instead of paying two dependent L2
+// round trips each (the plan header's merge_offset, then the item) at the tail of the item, where
+// nothing hides them (a split tile's merge is the kernel's last work: benchmark D4).
+__device__ __forceinline__ DecodeMergeItem& decode_merge_item_smem() {
+  __shared__ __align__(8) DecodeMergeItem item;
+  return item;
+}
+
+// Thread 0 copies work item w's merge item into decode_merge_item_smem with cp.async (into the
+// caller's current commit group); decode_arrive waits for it. Nothing for an unsplit item.
+__device__ __forceinline__ void decode_prefetch_merge_item(const DecodeParams& p, const DecodeWorkItem& w) {
+  static_assert(sizeof(DecodeMergeItem) == 24, "three 8-byte copies");
+  if (w.slot < 0 || threadIdx.x != 0) return;
+  // Merge items start 16-byte aligned and are 24 bytes: every item is 8-byte aligned.
+  const char* src = reinterpret_cast<const char*>(decode_merge_items(p.plan) + w.merge);
+  const u32 dst = smem_addr(&decode_merge_item_smem());
+#pragma unroll
+  for (int i = 0; i < 3; ++i) cp_async_8(dst + 8 * i, src + 8 * i);
+}
+
 // After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
 // merge the tile here (one launch for decode and merge; no CTA ever waits for another).
 // timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
@@ -212,18 +239,20 @@ template <class C>
 __device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, unsigned char* smem,
                                               int timeline = -1) {
   __shared__ int is_last;
+  cp_async_wait<0>();  // thread 0's copy of the merge item (decode_prefetch_merge_item)
   __syncthreads();  // every thread's partial-state writes precede thread 0's release below
   if (threadIdx.x == 0) {
-    const int num_slots = decode_merge_items(p.plan)[w.merge].num_slots;
+    const int num_slots = decode_merge_item_smem().num_slots;
     const int arrived = atomic_add_acq_rel_gpu(p.plan.merge_arrivals + w.merge, 1) + 1;
     is_last = arrived == num_slots;
   }
   __syncthreads();  // after thread 0's acquire: the other CTAs' partial states are visible to all
   if (timeline >= 0) decode_timeline_stamp(timeline + 4);
   if (is_last) {
-    const DecodeMergeItem item = decode_merge_items(p.plan)[w.merge];
+    const DecodeMergeItem item = decode_merge_item_smem();
     decode_merge_tile<C>(p, item, reinterpret_cast<float*>(smem));
     if (threadIdx.x == 0) p.plan.merge_arrivals[w.merge] = 0;  // ready for the next run / replay
+    __syncthreads();  // the staged merge item is refilled by the next work item's prologue
   }
 }
 

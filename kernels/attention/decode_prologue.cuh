@@ -6,6 +6,7 @@
 // read first, in one batch, and only then are the tiles issued: one round trip to the page table
 // before the first KV load instead of one per prologue tile. Each round trip costs ~1 us under
 // memory load, and an item of a short request (benchmark D1: 8 tiles per item) is mostly ramp.
+// The last prologue group also carries the copy of a split item's merge item (decode_common.cuh).
 #pragma once
 
 #include "attention/decode_common.cuh"
@@ -33,6 +34,7 @@ __device__ __forceinline__ void decode_prologue(const DecodeParams& p, const Dec
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s == append_at) decode_step_append<C>(p, w, step_pos);
     if (s < num_tiles) decode_issue_tile<C>(p, w, s, pages[s], stage(s, false), stage(s, true));
+    if (s == C::kStages - 2) decode_prefetch_merge_item(p, w);  // after the tiles: off their path
     cp_async_commit();
   }
   if (append_at == C::kStages - 1) decode_step_append<C>(p, w, step_pos);

@@ -103,6 +103,7 @@ struct PrefillProducerLoads : C {
   static constexpr int kThreads = 128;
   static constexpr int kLoaderThreadBase = C::kThreads;
   static constexpr int kLoads = C::kTile * C::kChunks / 128;
+  static_assert(C::kTile * C::kChunks % 128 == 0, "a KV tile splits evenly over the producer's threads");
 };
 
 // The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
@@ -173,6 +174,10 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   const int lane = threadIdx.x % 32;
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
   mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
+  // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
+  // proxy: the mbarrier makes the writes visible to this thread, the fence to its wgmma (TMA
+  // writes are async-proxy already).
+  if (!p.kv_tma) fence_proxy_async_shared();
   float s[1][C::kNT][4];
   float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
   // Ping-pong (FA3): the warpgroups take turns issuing a step's wgmma, so one's softmax runs
@@ -285,6 +290,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (!p.kv_tma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
       prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
+    cp_async_wait_all();  // no copy outlives its thread (the cp.async path; none with TMA)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
