@@ -68,10 +68,7 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
 // and V tiles). Each config lays a stage out with C::chunk_offset(row, chunk) (bytes): plain rows
 // for the CUDA-core kernel, XOR-swizzled rows for ldmatrix in the tensor-core kernel. Past the
 // chunk end (page -1) or on an out-of-range page id the 16 bytes are zero-filled: nothing is read
-// outside the cache, and zeros keep P·V free of NaN from stale shared memory. The KV stream is
-// read once per run: by default it is marked evict_first in L2 (DecodeParams::kv_evict_first), so
-// it does not evict the plan, the page table, the queries and the split tiles' partial states,
-// which every run reads again (each a dependent round trip before a CTA's first KV load).
+// outside the cache, and zeros keep P·V free of NaN from stale shared memory.
 template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   const DecodeTilePages<C>& a, unsigned char* k_stage,
@@ -79,8 +76,6 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
   typedef typename C::kv_t kv_t;
   const kv_t* kg = static_cast<const kv_t*>(p.k);
   const kv_t* vg = static_cast<const kv_t*>(p.v);
-  const u32 k_base = smem_addr(k_stage), v_base = smem_addr(v_stage);
-  const u64 policy = l2_policy(p.kv_evict_first != 0);
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int ci = threadIdx.x + j * C::kThreads;
@@ -92,8 +87,8 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
                                       (long long)w.kv_head * p.head_stride + chunk * (16 / (int)sizeof(kv_t))
                                 : 0;
     const u32 so = C::chunk_offset(row, chunk);
-    cp_async_16(k_base + so, kg + off, valid, policy);
-    cp_async_16(v_base + so, vg + off, valid, policy);
+    cp_async_16(k_stage + so, kg + off, valid);
+    cp_async_16(v_stage + so, vg + off, valid);
   }
 }
 

@@ -24,22 +24,6 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
-// An L2 eviction policy for cp_async_16's cache_hint form: evict_first for data read once (the
-// decode KV stream), so it does not push out what is read again (plan, page table, queries, the
-// partial states of split tiles); evict_normal is the default priority.
-__device__ __forceinline__ u64 l2_policy(bool evict_first) {
-  u64 ef, en;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(ef));
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(en));
-  return evict_first ? ef : en;
-}
-
-// cp_async_16 with an L2 eviction policy (l2_policy).
-__device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid, u64 policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0), "l"(policy));
-}
-
 // Copies 8 bytes (8-byte aligned at both ends) from global to shared memory through L1 (.ca).
 __device__ __forceinline__ void cp_async_8(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));

@@ -1,7 +1,6 @@
 // Batch decode on the GPU vs the CPU reference across the shapes users have.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <random>
 
 #include "flashkv/error.h"
@@ -106,39 +105,6 @@ TEST_F(DecodeGpu, VeryLongRequestSplitsAcrossTheGpu) {
     EXPECT_EQ(o.plan.tensor_cores, b == DecodeBackend::kTensorCores);
     EXPECT_GT(o.plan.num_split_tiles, 0) << "one long request must be split (split-KV)";
     EXPECT_GE(o.plan.num_work_items, o.plan.num_ctas / 2);
-  }
-}
-
-// The KV loads' L2 policy (DecodePlanOptions.kv_l2_evict_first) is a cache hint: no output bit
-// may change, on split tiles (their merge item staged in shared memory) and whole ones, in every
-// tensor-core shape and on the CUDA-core kernel.
-TEST_F(DecodeGpu, KvL2PolicyChangesNoOutputBit) {
-  struct Shape {
-    DecodeBackend backend;
-    int ctas_per_sm, warps;
-  };
-  for (const Shape sh :
-       {Shape{DecodeBackend::kTensorCores, 1, 8}, Shape{DecodeBackend::kTensorCores, 2, 4},
-        Shape{DecodeBackend::kTensorCores, 4, 2}, Shape{DecodeBackend::kCudaCores, 0, 0}}) {
-    HostTensor first;
-    for (bool evict_first : {true, false}) {
-      DecodeCase c;
-      c.kv_lens = {20000, 1, 0, 3000, 517};
-      c.opts.backend = sh.backend;
-      c.opts.kv_l2_evict_first = evict_first;
-      c.opts.tc_warps = sh.warps;
-      c.ctas_per_sm = sh.ctas_per_sm;
-      c.seed = 71;
-      const DecodeOutcome o = run_decode_case(c);
-      expect_decode_ok(c, o);
-      EXPECT_GT(o.plan.num_split_tiles, 0) << c.str();
-      if (evict_first) {
-        first = o.out_host;
-      } else {
-        ASSERT_EQ(first.nbytes(), o.out_host.nbytes());
-        EXPECT_EQ(std::memcmp(first.data(), o.out_host.data(), first.nbytes()), 0) << c.str();
-      }
-    }
   }
 }
 
