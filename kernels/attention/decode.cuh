@@ -279,7 +279,6 @@ __global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __
   const int unit = blockIdx.x / p.plan.ctas_per_unit;
   const int begin = p.plan.unit_work_indptr[unit];
   const int end = p.plan.unit_work_indptr[unit + 1];
-  decode_warm_params(p);
   for (int wi = begin; wi < end; ++wi) {
     const DecodeWorkItem w = decode_cta_work_item(p.plan.work[wi], blockIdx.x, p.plan.ctas_per_unit);
     const int timeline = decode_timeline_item(wi - begin);

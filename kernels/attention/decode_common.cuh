@@ -25,22 +25,6 @@ __device__ __forceinline__ VariantRow decode_variant_row(const DecodeWorkItem& w
   return VariantRow{w.request, w.request, 0, 1, w.kv_len, w.kv_head * C::kGroup + g, w.kv_head};
 }
 
-// Loads the kernel parameters a CTA reads later in its first work item, once, at its start: each
-// first read of a parameter line misses the SM's constant cache (a round trip to L2), and these
-// sit on dependent chains (item -> page ids -> KV loads; the epilogue's output pointers) where
-// nothing hides a miss. Here the misses overlap the plan reads the CTA waits on anyway. Thread 0
-// folds them into one shared-memory store (asm: a plain store to a never-read variable is
-// dropped, and the loads with it).
-__device__ __forceinline__ void decode_warm_params(const DecodeParams& p) {
-  __shared__ u64 sink;
-  if (threadIdx.x == 0) {
-    const u64 x = (u64)p.q ^ (u64)p.k ^ (u64)p.kv_indices ^ (u64)p.out ^ (u64)p.o_stride_h ^ (u64)p.head_stride ^
-                  (u64)p.num_pages ^ (u64)p.plan.partial_o ^ (u64)p.plan.merge_arrivals ^ (u64)p.step.new_k ^
-                  (u64)p.step.pos_ids;
-    asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(smem_addr(&sink)), "l"(x) : "memory");
-  }
-}
-
 // Writes 8 normalized output elements [col, col + 8) of query head `g` of work item w: to the
 // output when the tile is not split, else to the item's partial-state slot (base-2 LSE).
 // The page ids behind one thread's 16-byte loads of one KV tile (C: kTile tokens of kChunks

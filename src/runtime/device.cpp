@@ -94,6 +94,11 @@ void DeviceBuffer::copy_from_host(const void* src, size_t bytes, size_t offset) 
   runtime::ensure_context(device_);
   check_cu(driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, src, bytes),
            "cuMemcpyHtoD");
+  // From pageable memory cuMemcpyHtoD returns once the bytes are staged, before the DMA into
+  // device memory lands (CUDA's "API synchronization behavior"); it is ordered only in the
+  // legacy stream, so a kernel on a non-blocking stream could read the old bytes. Seen on the
+  // H200: a RoPE test read stale cos/sin rows under 12 concurrent test processes.
+  check_cu(driver().cuStreamSynchronize(CU_STREAM_LEGACY), "cuStreamSynchronize");
 }
 void DeviceBuffer::copy_to_host(void* dst, size_t bytes, size_t offset) const {
   check(offset + bytes <= bytes_, "DeviceBuffer::copy_to_host: ", bytes, " bytes at offset ",
