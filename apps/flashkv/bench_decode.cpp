@@ -69,8 +69,8 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   nlohmann::json timelines = nlohmann::json::array();
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan (plan() time; run()'s host time, not timed on the GPU)");
-  // The settings to sweep: every (alpha, min_chunk, balanced bound, tail, stages, warps, KV L2
-  // policy) combination of the scheduler's options and the kernel's shape and cache hint.
+  // The settings to sweep: every (alpha, min_chunk, balanced bound, tail, stages, warps)
+  // combination of the scheduler's options and the tensor-core kernel's shape.
   struct SchedulerSetting {
     double alpha;
     int min_chunk;
@@ -78,7 +78,6 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
     bool tail;
     int stages;
     int warps;
-    bool evict_first;
   };
   std::vector<SchedulerSetting> settings;
   for (double alpha : o.alphas)
@@ -87,9 +86,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         for (int tail : o.tail)
           for (int stages : o.stages)
             for (int warps : o.warps)
-              for (int ef : o.evict_first)
-                settings.push_back(
-                    {alpha, min_chunk, balance != 0, tail != 0, stages, warps, ef != 0});
+              settings.push_back({alpha, min_chunk, balance != 0, tail != 0, stages, warps});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -102,7 +99,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
-        for (const auto& [alpha, min_chunk, balance, tail, stages, warps, evict_first] : settings) {
+        for (const auto& [alpha, min_chunk, balance, tail, stages, warps] : settings) {
           const int D = o.head_dim;
           BatchDecodeConfig cfg{st.B, st.Hq, D};
           cfg.ctas_per_sm = o.ctas_per_sm;
@@ -115,7 +112,6 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           po.balance_tail = tail;
           po.tc_stages = stages;
           po.tc_warps = warps;
-          po.kv_l2_evict_first = evict_first;
           po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
                        : o.backend == "tc" ? DecodeBackend::kTensorCores
                                            : DecodeBackend::kAuto;
@@ -158,7 +154,6 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           }
           if (!balance) sweep += " plain-bound";
           if (tail) sweep += " tail-balanced";
-          if (!evict_first) sweep += " kv-evict-normal";
           if (stages > 0 || warps > 0)
             sweep += " stages " + std::to_string(stages) + " warps " + std::to_string(warps);
           std::printf(
@@ -191,7 +186,6 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                           {"balance_tail", tail},
                           {"tc_stages", stages},
                           {"tc_warps", warps},
-                          {"kv_l2_evict_first", evict_first},
                           {"ctas_per_sm", info.ctas_per_sm},
                           {"warps", info.warps}});
         }

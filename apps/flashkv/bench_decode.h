@@ -28,8 +28,6 @@ struct DecodeBenchOptions {
   // DecodePlanOptions.tc_stages / tc_warps to sweep (0: the defaults).
   std::vector<int> stages = {0};
   std::vector<int> warps = {0};
-  // DecodePlanOptions.kv_l2_evict_first (1 / 0); default: the library's default.
-  std::vector<int> evict_first = {DecodePlanOptions{}.kv_l2_evict_first ? 1 : 0};
   std::string workloads_file;
   std::string timeline_file;  // non-empty: per-CTA phase timestamps of each configuration (JSON)
 };

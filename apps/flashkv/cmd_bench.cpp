@@ -206,10 +206,6 @@ void add_bench_command(CLI::App& app) {
                   "decode scheduler sweep: 1 balanced last round (balance_tail), 0 the greedy's")
       ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
-  cmd->add_option("--decode-kv-evict-first", a->decode.evict_first,
-                  "decode sweep: 1 KV loads marked L2 evict_first (kv_l2_evict_first), 0 normal")
-      ->check(CLI::IsMember({0, 1}))
-      ->capture_default_str();
   cmd->add_option("--decode-stages", a->decode.stages,
                   "decode sweep: tensor-core kernel pipeline stages (0: default, 2-8)")
       ->capture_default_str();

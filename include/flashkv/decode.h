@@ -72,10 +72,6 @@ struct DecodePlanOptions {
   // do not fit one SM together the grid runs in waves (correct, slower). A benchmark knob.
   int tc_stages = 0;
   int tc_warps = 0;
-  // The KV cache is read once per run: its loads carry the L2 evict_first policy, so they do not
-  // evict what each run reads again and waits on before its first KV load (the plan, the page
-  // table, the queries, split tiles' partial states). false: normal priority. Performance only.
-  bool kv_l2_evict_first = true;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
   // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
   // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.

@@ -34,7 +34,6 @@ struct DecodeParams {
   long long page_stride, token_stride, head_stride;  // of k and v, elements
   long long num_pages;      // pages in k / v: ids outside [0, num_pages) are read as zeros
   float sm_scale_log2;      // sm_scale * log2(e): logits are kept in base 2
-  int kv_evict_first;       // nonzero: KV loads carry the L2 evict_first policy (decode_issue_tile)
   DecodePlanPtrs plan;
   DecodeStepParams step;
   VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place

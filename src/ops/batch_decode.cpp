@@ -564,7 +564,6 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.head_stride = kv.head_stride();
   p.num_pages = kv.num_pages();
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
-  p.kv_evict_first = m.opts.kv_l2_evict_first ? 1 : 0;
   p.plan = m.ws.plan_ptrs();
   p.plan.ctas_per_unit = m.ctas_per_unit;
   p.step = step;
