@@ -16,9 +16,9 @@
 // consumer warpgroups take turns issuing a step's wgmma (named barriers: FA3's ping-pong).
 //
 // Threads 0-255 are the consumers (warpgroups 0 and 1: the rows, epilogue and merge code index by
-// threadIdx.x), threads 256-383 the producer. setmaxnreg moves registers from the producer (40:
-// its cp.async gather spills a few page ids to L1 at 24) to the consumers (232 of which they use
-// ~210); 40 x 128 + 232 x 256 = the 168 x 384 the launch bound gives (the host checks the 168).
+// threadIdx.x), threads 256-383 the producer. setmaxnreg moves registers from the producer to the
+// consumers (PrefillWsConfig: 24/240 with TMA, 40/232 with the cp.async gather). The KV path is a
+// template parameter: one kernel per path.
 #pragma once
 
 #include "attention/prefill_hopper.cuh"
@@ -108,7 +108,7 @@ struct PrefillProducerLoads : C {
 
 // The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
 // slot is free. The query tile is one TMA box per 64 columns (thread 0 of the warpgroup). KV by TMA
-// (p.kv_tma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
+// (C::kKvTma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
 // arriving on full[s] (count 128) once its copies landed.
 template <class C>
 __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end, u32 q_smem,
@@ -136,7 +136,7 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
       const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
       const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
       const u32 full = bar_at(bars.full, g % C::kStages);
-      if (p.kv_tma) {
+      if constexpr (C::kKvTma) {
         const int page = prefill_tma_page<C>(p, w, tile);
         if (ptid == 0) {
           mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
@@ -156,6 +156,18 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
     ++seq;
   }
 }
+
+// The kernel's config with its KV path fixed at compile time (KV_TMA: TMA boxes by one producer
+// warp; else the producer warpgroup's cp.async gather) and the setmaxnreg split that goes with
+// it: the TMA producer needs 24 registers, the gather 40 (it spills page ids at 24); either way
+// producer x 128 + consumer x 256 = the 168 x 384 the launch bound gives (the host checks 168).
+template <class C0, bool KV_TMA>
+struct PrefillWsConfig : C0 {
+  static constexpr bool kKvTma = KV_TMA;
+  static constexpr int kProducerRegs = KV_TMA ? 24 : 40;
+  static constexpr int kConsumerRegs = KV_TMA ? 240 : 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 == 168 * 384, "the register split fills the launch bound");
+};
 
 // Named barriers 2 and 3: warpgroup w waits at 2 + w for its turn to issue (bar 1: prefill_arrive).
 constexpr int kPingPongBarrier = 2;
@@ -177,7 +189,7 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
   // proxy: the mbarrier makes the writes visible to this thread, the fence to its wgmma (TMA
   // writes are async-proxy already).
-  if (!p.kv_tma) fence_proxy_async_shared();
+  if constexpr (!C::kKvTma) fence_proxy_async_shared();
   float s[1][C::kNT][4];
   float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
   // Ping-pong (FA3): the warpgroups take turns issuing a step's wgmma, so one's softmax runs
@@ -252,10 +264,13 @@ __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, con
   prefill_write_warp<C>(p, w, st, threadIdx.x / 32, rows.valid_rows);
 }
 
-template <class Config, class V = DefaultVariant>
+// KV_TMA: the instantiation for p.kv_tma (the host launches the one that matches). Two kernels,
+// not a branch: with the cp.async gather in the same kernel the producer needs 40 registers and
+// spills, and the TMA kernel ran 5-10 % slower on the H200 (P1 GQA 375 -> 416 us, NOTES.md).
+template <class Config, class V = DefaultVariant, bool KV_TMA = true>
 __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     batch_prefill_hopper_ws_kernel(const __grid_constant__ PrefillParams p) {
-  typedef PrefillWithVariant<Config, V> C;
+  typedef PrefillWsConfig<PrefillWithVariant<Config, V>, KV_TMA> C;
   static_assert(kPrefillHopperPlain<typename C::Traits>, "plain attention only: variants take the mma.sync kernel");
   static_assert(C::kThreads == 256, "two consumer warpgroups");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -265,7 +280,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   const u32 v_smem = k_smem + C::kKStages * C::kStageBytes;
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
-      mbarrier_init(bar_at(bars.full, i), p.kv_tma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
+      mbarrier_init(bar_at(bars.full, i), C::kKvTma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
       mbarrier_init(bar_at(bars.v_empty, i), 8);
     }
     for (int i = 0; i < C::kKStages; ++i) mbarrier_init(bar_at(bars.k_empty, i), 8);
@@ -287,13 +302,13 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   // branch on threadIdx.x would be serialized (C7518).
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == C::kThreads / 128) {  // the producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (!p.kv_tma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
+    if (!C::kKvTma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
       prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
-    cp_async_wait_all();  // no copy outlives its thread (the cp.async path; none with TMA)
+    if constexpr (!C::kKvTma) cp_async_wait_all();  // no copy outlives its thread
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs) : "memory");
   if (wg == 1) named_barrier_arrive(kPingPongBarrier, 256);  // warpgroup 0 issues first
   int g = 0, seq = 0;
   for (int wi = begin; wi < end; ++wi) {

@@ -60,10 +60,11 @@ std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool pl
   return {};
 }
 
-std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv) {
+std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool kv_tma) {
   return std::string("flashkv::batch_prefill_hopper_ws_kernel<flashkv::PrefillHopperConfig<") +
          device_type_name(dtype, "q") + ", " + std::to_string(head_dim) + ", " +
-         std::to_string(static_cast<int>(kv)) + ">, flashkv::DefaultVariant>";
+         std::to_string(static_cast<int>(kv)) + ">, flashkv::DefaultVariant, " + (kv_tma ? "true" : "false") +
+         ">";
 }
 
 KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source) {
@@ -73,8 +74,12 @@ KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source) 
   const auto kv = static_cast<PrefillKV>(kv_source);
   const std::string id = std::string("prefill_wgmma<") + dtype_name(dtype) + ",d" +
                          std::to_string(head_dim) + "," + kNames[kv_source] + ">";
-  const std::string kernel = prefill_hopper_kernel_name(dtype, head_dim, kv);
-  return {id, [id, kernel] { return make_request(id, "attention/prefill_hopper_ws.cuh", {kernel}, ""); }};
+  // Both KV paths (by TMA, by the producer's cp.async): run() launches the one its tensors allow.
+  const std::string tma = prefill_hopper_kernel_name(dtype, head_dim, kv, true);
+  const std::string gather = prefill_hopper_kernel_name(dtype, head_dim, kv, false);
+  return {id, [id, tma, gather] {
+            return make_request(id, "attention/prefill_hopper_ws.cuh", {tma, gather}, "");
+          }};
 }
 }  // namespace ops
 
@@ -98,18 +103,21 @@ bool PrefillCore::load_kernel(DType dtype, int hd, int rows, ops::PrefillKV kv,
   const runtime::LoadedModule& mod =
       runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
   Kernel k;
-  k.fn = mod.function(wgmma ? ops::prefill_hopper_kernel_name(dtype, hd, kv)
+  k.fn = mod.function(wgmma ? ops::prefill_hopper_kernel_name(dtype, hd, kv, true)
                             : ops::prefill_kernel_name(dtype, hd, rows, kv, variant));
   k.geometry = ops::prefill_geometry(hd, rows, wgmma);
   k.wgmma = wgmma;
   if (wgmma) {
-    // Its setmaxnreg split (40 producer + 232 consumer registers per thread) is exactly the 168
-    // per thread that its launch bound gives at entry: with fewer, the consumers' setmaxnreg.inc
+    k.fn_gather = mod.function(ops::prefill_hopper_kernel_name(dtype, hd, kv, false));
+    // Their setmaxnreg splits (producer x 128 + consumers x 256 registers) are exactly the 168
+    // per thread that the launch bound gives at entry: with fewer, the consumers' setmaxnreg.inc
     // would wait forever. A toolchain that allocates otherwise gets the mma.sync kernel.
-    int regs = 0;
-    runtime::check_cu(runtime::driver().cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, k.fn),
-                      "cuFuncGetAttribute(NUM_REGS) of " + spec.id);
-    if (regs != 65536 / static_cast<int>(k.geometry.threads) / 8 * 8) return false;
+    for (CUfunction fn : {k.fn, k.fn_gather}) {
+      int regs = 0;
+      runtime::check_cu(runtime::driver().cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn),
+                        "cuFuncGetAttribute(NUM_REGS) of " + spec.id);
+      if (regs != 65536 / static_cast<int>(k.geometry.threads) / 8 * 8) return false;
+    }
   }
   const int fit = runtime::max_active_ctas_per_sm(k.fn, k.geometry.threads, k.geometry.smem, spec.id);
   check(fit >= 1, name, ": the prefill kernel ", spec.id, " needs ", k.geometry.smem,
@@ -436,8 +444,9 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   info.kv_tma = p.kv_tma != 0;
   void* args[] = {&p};
   if (grid > 0) {
-    runtime::launch(kernel.fn, {grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem}, stream, args,
-                    kernel.id);
+    // The Hopper kernel's KV path is compiled in: the gather instantiation where KV is not by TMA.
+    CUfunction fn = kernel.wgmma && p.kv_tma == 0 ? kernel.fn_gather : kernel.fn;
+    runtime::launch(fn, {grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem}, stream, args, kernel.id);
   }
   if (capturing) {
     captured = {true,      q.size(0),    out.size(0),  lse.defined() ? lse.size(0) : -1,

@@ -61,7 +61,8 @@ struct PrefillCore {
     int head_dim = 0, rows = 0;
     ops::PrefillKV kv = ops::PrefillKV::kRagged;
     std::string variant;  // VariantJit::id
-    CUfunction fn = nullptr;
+    CUfunction fn = nullptr;         // the Hopper kernel: its KV-by-TMA instantiation
+    CUfunction fn_gather = nullptr;  // the Hopper kernel with KV by the producer's cp.async
     ops::PrefillGeometry geometry;
     int ctas_per_sm = 0;
     bool wgmma = false;  // the Hopper kernel (attention/prefill_hopper_ws.cuh)
