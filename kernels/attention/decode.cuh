@@ -276,11 +276,10 @@ __global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
   typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;
   decode_timeline_stamp(0);
-  const int unit = blockIdx.x / p.plan.ctas_per_unit;
-  const int begin = p.plan.unit_work_indptr[unit];
-  const int end = p.plan.unit_work_indptr[unit + 1];
+  int begin, end;
+  decode_unit_items(p.plan, blockIdx.x, begin, end);
   for (int wi = begin; wi < end; ++wi) {
-    const DecodeWorkItem w = decode_cta_work_item(p.plan.work[wi], blockIdx.x, p.plan.ctas_per_unit);
+    const DecodeWorkItem w = decode_load_work_item(p.plan, wi, blockIdx.x);
     const int timeline = decode_timeline_item(wi - begin);
     decode_timeline_stamp(timeline);
     decode_work_item<C>(p, w, k_smem, v_smem, timeline);

@@ -7,6 +7,7 @@
 #include "attention/decode_timeline.cuh"
 #include "attention/split_merge.cuh"
 #include "primitives/cp_async.cuh"
+#include "primitives/l2_hint.cuh"
 #include "primitives/types.cuh"
 #include "variants/variant.cuh"
 
@@ -37,15 +38,35 @@ struct DecodeTilePages {
   int page[C::kLoads];
 };
 
+// (The page table is read with the L2 evict_last hint, as the plan: each run's first page ids are
+// a dependent round trip before its first KV load.)
 template <class C>
 __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   DecodeTilePages<C>& a) {
   const int len = w.kv_end - w.kv_start;
+  const u64 policy = l2_evict_last_policy();
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
-    a.page[j] = t < len ? p.kv_indices[w.page_base + (w.kv_start + t) / C::kPageSize] : -1;
+    a.page[j] = t < len ? ld_evict_last(p.kv_indices + w.page_base + (w.kv_start + t) / C::kPageSize, policy) : -1;
   }
+}
+
+// The work items [begin, end) of CTA `cta`'s unit, and item wi of them (decode_plan.cuh), read with
+// the L2 evict_last hint: they are the first dependent round trips of every CTA, and the KV stream
+// of the previous run would otherwise have evicted them.
+__device__ __forceinline__ void decode_unit_items(const DecodePlanPtrs& plan, int cta, int& begin, int& end) {
+  const u64 policy = l2_evict_last_policy();
+  const int unit = cta / plan.ctas_per_unit;
+  begin = ld_evict_last(plan.unit_work_indptr + unit, policy);
+  end = ld_evict_last(plan.unit_work_indptr + unit + 1, policy);
+}
+__device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlanPtrs& plan, int wi, int cta) {
+  static_assert(sizeof(DecodeWorkItem) == 32, "two 16-byte loads (items are 16-byte aligned)");
+  const u64 policy = l2_evict_last_policy();
+  const int4* src = reinterpret_cast<const int4*>(plan.work + wi);
+  const int4 a = ld_evict_last(src, policy), b = ld_evict_last(src + 1, policy);
+  return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta, plan.ctas_per_unit);
 }
 
 // Issues the cp.async loads of KV tile `tile` into one pipeline stage (byte pointers to its K
