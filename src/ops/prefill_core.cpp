@@ -338,7 +338,6 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   info.wgmma = kernel.wgmma;
   info.chunk_bound = s.chunk_bound;
   kv_tma_plan = tiles_aligned;
-  kv_tile = tile;
   q_tile_tokens = s.tile_tokens;
   planned = true;
   info.plan_us =

@@ -82,10 +82,10 @@ struct PrefillCore {
   } captured;
 
   // The Hopper kernel's TMA loads: the query tile always (q_tile_tokens tokens), KV where the plan
-  // allows it (every work item starts on a KV tile of kv_tile tokens), and the tensor maps of the
-  // last tensors run() saw (encoding is a driver call; most runs see the same KV cache).
+  // allows it (every work item starts on a KV tile), and the tensor maps of the last tensors
+  // run() saw (encoding is a driver call; most runs see the same KV cache).
   bool kv_tma_plan = false;
-  int kv_tile = 0, q_tile_tokens = 0;
+  int q_tile_tokens = 0;
   struct TmaMaps {
     bool kv_valid = false, q_valid = false;
     ops::PrefillKVTensors kv;

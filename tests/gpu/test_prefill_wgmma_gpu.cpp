@@ -115,8 +115,7 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
 }
 
 // Batches with no query token (nothing to launch: run() needs no tensor map and must not fail),
-// and tiny ones, on the wgmma kernel; kMmaSync beside it as the control. (Added after the last
-// device run of its session: first run on the H200 in the next one.)
+// and tiny ones, on the wgmma kernel; kMmaSync beside it as the control.
 TEST_F(PrefillWgmmaGpu, EmptyAndTinyBatches) {
   const Requests batches[] = {{{0, 5}, {0, 0}}, {{1, 0}}, {{1, 1}, {1, 1}}, {{0, 5}, {1, 1}, {0, 0}}};
   uint64_t seed = 9700;
