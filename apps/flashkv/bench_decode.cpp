@@ -33,8 +33,9 @@ void build(DecodeSetup& st, uint64_t seed, Stream s) {
   st.bytes_moved = 2 * q_elems * dtype_size(dt) + st.kv.kv_bytes();
 }
 
-// Relative error of up to 4 sampled requests of copy 0 against the CPU reference.
-double check_sampled(const DecodeSetup& st, float sm_scale) {
+// Up to 4 sampled requests of copy 0 against the CPU reference, by the tolerance rule of the
+// tests (check_reference).
+RefCheck check_sampled(const DecodeSetup& st, float sm_scale) {
   std::vector<int> reqs = {0, st.B / 3, (2 * st.B) / 3, st.B - 1};
   std::sort(reqs.begin(), reqs.end());
   reqs.erase(std::unique(reqs.begin(), reqs.end()), reqs.end());
@@ -45,17 +46,20 @@ double check_sampled(const DecodeSetup& st, float sm_scale) {
   std::vector<double> got_all, ref_all;
   for (int r : reqs) {
     const int np = kv.indptr[r + 1] - kv.indptr[r];
-    HostTensor k(dt, {std::max(np, 1), kv.page_size, kv.num_kv_heads, D}),
-        v(dt, {std::max(np, 1), kv.page_size, kv.num_kv_heads, D});
+    const int64_t pages = std::max(np, 1);
+    const std::vector<int64_t> shape = kv.layout == KVLayout::NHD
+                                           ? std::vector<int64_t>{pages, kv.page_size, kv.num_kv_heads, D}
+                                           : std::vector<int64_t>{pages, kv.num_kv_heads, kv.page_size, D};
+    HostTensor k(dt, shape), v(dt, shape);
     kv.pages_to_host(r, k.data(), v.data());
     HostTensor q(dt, {1, st.Hq, D}), out(dt, {1, st.Hq, D});
     st.q.copy_to_host(q.data(), row_bytes, r * row_bytes);
     st.out.copy_to_host(out.data(), row_bytes, r * row_bytes);
-    const HostTensor ref = reference_decode_request(k, v, kv.last[r], q, sm_scale);
+    const HostTensor ref = reference_decode_request(k, v, kv.last[r], q, sm_scale, kv.layout);
     for (double x : out.to_doubles()) got_all.push_back(x);
     for (double x : ref.to_doubles()) ref_all.push_back(x);
   }
-  return relative_error(got_all, ref_all);
+  return check_reference(got_all, ref_all, dt);
 }
 
 }  // namespace
@@ -96,6 +100,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.num_kv_heads = sh.num_kv_heads;
         st.kv.head_dim = o.head_dim;
         st.kv.page_size = o.page_size;
+        st.kv.layout = o.layout;
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
@@ -135,7 +140,8 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           // Re-run copy 0 for the check.
           dec.run(qview(0), caches[0], out, TensorView(), s);
           synchronize(s);
-          const double err = check_sampled(st, 0.f);
+          const RefCheck ref = check_sampled(st, 0.f);
+          const double err = ref.err;
           const auto info = dec.plan_info();
           if (!o.timeline_file.empty()) {
             nlohmann::json tl = capture_decode_timeline(
@@ -152,15 +158,16 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
             sweep +=
                 " alpha " + std::to_string(int(alpha)) + " min_chunk " + std::to_string(min_chunk);
           }
+          if (o.layout != KVLayout::NHD) sweep += std::string(" ") + kv_layout_name(o.layout);
           if (!balance) sweep += " plain-bound";
           if (tail) sweep += " tail-balanced";
           if (stages > 0 || warps > 0)
             sweep += " stages " + std::to_string(stages) + " warps " + std::to_string(warps);
           std::printf(
-              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e %s %dx%dw %d items/%d split, plan %.1f us, "
+              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e%s %s %dx%dw %d items/%d split, plan %.1f us, "
               "run host %.1f us%s\n",
               w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
-              100 * tbps / ceil.read_tbps, err, info.tensor_cores ? "tc" : "cc", info.ctas_per_sm,
+              100 * tbps / ceil.read_tbps, err, ref.pass ? "" : " FAIL", info.tensor_cores ? "tc" : "cc", info.ctas_per_sm,
               info.warps,
               info.num_work_items, info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str());
           std::fflush(stdout);
@@ -175,8 +182,12 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                           {"tflops", nullptr},
                           {"pct_read_ceiling", 100 * tbps / ceil.read_tbps},
                           {"rel_err", err},
+                          {"ref_ok", ref.pass},
+                          {"ref_bound", ref.bound},
                           {"bytes", st.bytes_moved},
                           {"copies_rotated", st.kv.copies},
+                          {"layout", kv_layout_name(o.layout)},
+                          {"page_size", o.page_size},
                           {"work_items", info.num_work_items},
                           {"split_tiles", info.num_split_tiles},
                           {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"},

@@ -17,6 +17,7 @@ struct DecodeBenchOptions {
   std::vector<DType> dtypes = {DType::f16, DType::bf16};
   int head_dim = 128;
   int page_size = 16;
+  KVLayout layout = KVLayout::NHD;
   int reps = 30;
   int ctas_per_sm = 0;           // BatchDecodeConfig.ctas_per_sm (0: auto)
   std::string backend = "auto";  // auto, cuda, tc

@@ -212,8 +212,11 @@ PagedKVCache BenchPagedKV::device_view(int c) const {
   const int64_t B = static_cast<int64_t>(lens.size());
   const Device g = Device::cuda(0);
   PagedKVCache kv;
-  kv.k = TensorView(k.data(), dtype, {total_pages, page_size, num_kv_heads, head_dim}, g);
-  kv.v = TensorView(v.data(), dtype, {total_pages, page_size, num_kv_heads, head_dim}, g);
+  kv.layout = layout;
+  const int64_t d1 = layout == KVLayout::NHD ? page_size : num_kv_heads;
+  const int64_t d2 = layout == KVLayout::NHD ? num_kv_heads : page_size;
+  kv.k = TensorView(k.data(), dtype, {total_pages, d1, d2, head_dim}, g);
+  kv.v = TensorView(v.data(), dtype, {total_pages, d1, d2, head_dim}, g);
   kv.indices = TensorView(static_cast<int32_t*>(idx.data()) + c * pages_per_copy, DType::i32,
                           {std::max<int64_t>(pages_per_copy, 1)}, g);
   kv.indptr = TensorView(idx.data(), DType::i32, {B + 1}, g);
@@ -231,12 +234,13 @@ void BenchPagedKV::pages_to_host(int r, void* k_dst, void* v_dst) const {
 }
 
 HostTensor reference_decode_request(const HostTensor& k, const HostTensor& v, int last_page_len,
-                                    const HostTensor& q, float sm_scale) {
+                                    const HostTensor& q, float sm_scale, KVLayout layout) {
   const int32_t np = static_cast<int32_t>(k.shape()[0]);
   // last_page_len 0: an empty request (k then holds one unused page).
   std::vector<int32_t> ind(np), iptr = {0, last_page_len > 0 ? np : 0}, last = {last_page_len};
   std::iota(ind.begin(), ind.end(), 0);
   PagedKVCache c;
+  c.layout = layout;
   c.k = k.view();
   c.v = v.view();
   c.indptr = TensorView(iptr.data(), DType::i32, {2});

@@ -48,6 +48,7 @@ int rotation_copies(size_t bytes_per_copy);
 struct BenchPagedKV {
   int num_kv_heads = 0, head_dim = 0, page_size = 0;
   DType dtype = DType::f16;
+  KVLayout layout = KVLayout::NHD;  // of every page: NHD [page_size, H, D] or HND [H, page_size, D]
   std::vector<int64_t> lens;          // kv_len per request
   std::vector<int32_t> indptr, last;  // host page table: indptr[batch + 1], last_page_len[batch]
   int64_t pages_per_copy = 0;
@@ -63,16 +64,17 @@ struct BenchPagedKV {
   // the host arrays).
   PagedKVCache device_view(int c) const;
   // Copies the pages of request r of copy 0, in order, to k_dst / v_dst (host; room for
-  // indptr[r+1] - indptr[r] pages each). NHD pages in order are the request's tokens in order.
+  // indptr[r+1] - indptr[r] pages each), in the cache's layout.
   void pages_to_host(int r, void* k_dst, void* v_dst) const;
 };
 
-// The CPU reference of one request's decode attention: k, v hold its pages in order (NHD,
-// [pages, page_size, H_kv, D]; at least one page), the last holding last_page_len tokens (0: an
-// empty request);
+// The CPU reference of one request's decode attention: k, v hold its pages in order (NHD
+// [pages, page_size, H_kv, D] or HND [pages, H_kv, page_size, D] as `layout` says; at least one
+// page), the last holding last_page_len tokens (0: an empty request);
 // q [1, H_qo, D]. Returns the f32 output [1, H_qo, D] (what the benchmarks check against).
 HostTensor reference_decode_request(const HostTensor& k, const HostTensor& v, int last_page_len,
-                                    const HostTensor& q, float sm_scale = 0.f);
+                                    const HostTensor& q, float sm_scale = 0.f,
+                                    KVLayout layout = KVLayout::NHD);
 
 // The tolerance rule of tests/common/test_util.h (STYLE.md): `out` passes iff
 //   rel_err(out, ref) <= min(2 * rel_err(ref rounded to dt, ref) + u(dt), 1e-2),

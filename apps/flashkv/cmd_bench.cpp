@@ -178,6 +178,9 @@ void add_bench_command(CLI::App& app) {
   auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
   cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")->capture_default_str();
   cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--layout", [a](const std::string& l) { a->decode.layout = parse_kv_layout(l); },
+         "bench decode: KV page layout, NHD or HND (default NHD)");
   cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
       ->capture_default_str();
   cmd->add_option("--prefill-backend", a->prefill.backend,
@@ -236,8 +239,10 @@ void add_bench_command(CLI::App& app) {
     j["ceilings"] = ceil.to_json();
     j["results"] = nlohmann::json::array();
     if (a->has("merge")) j["merge"] = bench_merge(ceil, s);
+    int decode_failed = 0;
     if (a->has("decode")) {
       j["results"] = bench_decode(a->decode, ceil, s);
+      for (const auto& r : j["results"]) decode_failed += !r.value("ref_ok", false);
       if (a->plan_time) j["plan_time"] = bench_plan_time(s);
     }
     if (a->has("step")) j["step"] = bench_step(a->step, ceil, s);
@@ -267,6 +272,8 @@ void add_bench_command(CLI::App& app) {
     destroy_stream(s);
     write_json_if(a->json, j);
     // After the results are written: a wrong answer fails the command, as verify does.
+    check(decode_failed == 0, decode_failed,
+          " decode configurations failed the reference check (FAIL above)");
     check(prefill_failed == 0, prefill_failed,
           " prefill configurations failed the reference check or did not run (see above)");
     check(variants_failed == 0, variants_failed,

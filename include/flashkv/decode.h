@@ -66,7 +66,8 @@ struct DecodePlanOptions {
   bool balance_tail = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
   DecodeBackend backend = DecodeBackend::kAuto;
-  // The tensor-core kernel's shape (0: the defaults, 3 stages and 4 warps at head_dim <= 128):
+  // The tensor-core kernel's shape (0: the defaults: 2 stages at head_dim 128, and the warps that
+  // BatchDecodeConfig::ctas_per_sm, or with 0 there the batch, picks):
   // KV pipeline stages (2-8) and warps per CTA (2, 4 or 8; a warp takes 16 tokens of each stage).
   // Deeper or wider CTAs need more shared memory: with BatchDecodeConfig.ctas_per_sm CTAs that
   // do not fit one SM together the grid runs in waves (correct, slower). A benchmark knob.
