@@ -81,6 +81,110 @@ __global__ void __launch_bounds__(256) paged_read(Job j) {
   if (acc == 0x9e3779b9u) j.sink[blockIdx.x] = acc;
 }
 
+// The decode kernel's load path without its math: a CTA of 256 threads streams its (request,
+// head, chunk) through a shared-memory pipeline of kStages stages of kTile tokens (K and V, NHD
+// pages), the page ids of the next tile read a tile ahead; each thread reads one 16-byte word of
+// the landed stage (the "compute"), and the stage is refilled after a barrier.
+//  - kBulk false: cp.async 16 B per thread (as flashkv's decode kernel loads);
+//  - kBulk true: one cp.async.bulk per 256-byte row (the TMA engine), issued by warp 0 and
+//    counted on an mbarrier per stage.
+// kComputeCycles: a stand-in for the attention math, spun after each tile lands (0: none).
+template <int kTile, int kStages, bool kBulk, int kComputeCycles = 0>
+__global__ void __launch_bounds__(256) pipe_read(Job j) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kStageBytes = kTile * 256;  // of K (and again of V)
+  __shared__ __align__(8) unsigned long long bars[kStages];
+  const int chunk = blockIdx.x % j.chunks;
+  const int head = (blockIdx.x / j.chunks) % j.heads;
+  const int req = blockIdx.x / (j.chunks * j.heads);
+  const int per_chunk = j.tokens / j.chunks;
+  const int t_begin = chunk * per_chunk;
+  const int tiles = per_chunk / kTile;
+  const long long page_vecs = 16LL * j.heads * 16;
+  const int* pages = j.pages + req * j.pages_per_req;
+  // Rows this thread copies: cp.async, 16 rows x 16 chunks per 256 threads per step; bulk, warp 0's
+  // lanes take rows lane, lane + 32, ...
+  constexpr int kRows = kBulk ? kTile / 32 : kTile * 16 / 256;
+  auto row_of = [&](int i) { return kBulk ? (int)threadIdx.x + 32 * i : ((int)threadIdx.x + 256 * i) / 16; };
+  auto src_of = [&](const uint4* base, int page, int t) {
+    return base + page * page_vecs + ((t % 16) * j.heads + head) * 16 + (kBulk ? 0 : threadIdx.x % 16);
+  };
+  if (kBulk && threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((unsigned)__cvta_generic_to_shared(&bars[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  int next_pages[kRows];
+  auto read_pages = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) next_pages[i] = tile < tiles ? pages[(t_begin + tile * kTile + row_of(i)) / 16] : 0;
+  };
+  auto issue = [&](int tile) {
+    const int s = tile % kStages;
+    unsigned char* k_st = smem + s * 2 * kStageBytes;
+    unsigned char* v_st = k_st + kStageBytes;
+    if (kBulk) {
+      if (threadIdx.x >= 32) return;
+      const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[s]);
+      if (threadIdx.x == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * kStageBytes) : "memory");
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int row = row_of(i), t = t_begin + tile * kTile + row;
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint4* src = src_of(kv ? j.v : j.k, next_pages[i], t);
+          const unsigned dst = (unsigned)__cvta_generic_to_shared((kv ? v_st : k_st) + row * 256);
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(dst), "l"(src), "r"(bar) : "memory");
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int row = row_of(i), t = t_begin + tile * kTile + row;
+        const unsigned off = row * 256 + (threadIdx.x % 16) * 16;
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint4* src = src_of(kv ? j.v : j.k, next_pages[i], t);
+          const unsigned dst = (unsigned)__cvta_generic_to_shared((kv ? v_st : k_st) + off);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  };
+  read_pages(0);
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < tiles) issue(t);
+    else if (!kBulk) asm volatile("cp.async.commit_group;" ::: "memory");
+    read_pages(t + 1);
+  }
+  unsigned acc = 0;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int next = tile + kStages - 1;
+    if (next < tiles) issue(next);
+    else if (!kBulk) asm volatile("cp.async.commit_group;" ::: "memory");
+    read_pages(next + 1);
+    const int s = tile % kStages;
+    if (kBulk) {
+      const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[s]);
+      const unsigned parity = (tile / kStages) & 1;
+      asm volatile("{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+    } else {
+      asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
+      __syncthreads();
+    }
+    const uint4 a = reinterpret_cast<const uint4*>(smem + s * 2 * kStageBytes)[threadIdx.x];
+    const uint4 b = reinterpret_cast<const uint4*>(smem + s * 2 * kStageBytes + kStageBytes)[threadIdx.x];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+    if (kComputeCycles > 0) {
+      const long long c0 = clock64();
+      while (clock64() - c0 < kComputeCycles) {
+      }
+    }
+    __syncthreads();  // the stage is refilled by a later iteration
+  }
+  if (acc == 0x9e3779b9u) j.sink[blockIdx.x] = acc;
+}
+
 // The ceiling kernel's shape (grid-stride, 4 loads in flight per thread) over exactly `vecs`.
 __global__ void stream_read(const uint4* __restrict__ d, long long vecs, unsigned* sink) {
   unsigned acc = 0;
@@ -185,6 +289,37 @@ int main() {
         run(paged_read<16>, "128 KB in flight");
       }
     }
+    // The decode kernel's load path (pipe_read): cp.async vs bulk copies, by tile and stages.
+    auto run_pipe = [&](auto kernel, int tile, int stages, int ctas_per_pair, const char* label) {
+      Job j{nullptr, nullptr, nullptr, pages_per_req, kHeads, w.chunks * ctas_per_pair, w.tokens, kNHD, sink};
+      const int grid = w.reqs * kHeads * j.chunks;
+      const int smem = stages * tile * 512;
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      char name[96];
+      std::snprintf(name, sizeof name, "pipe NHD %d CTAs, %s", grid, label);
+      report(name, median_event_us([&](int r) {
+               const int c = r % kCopies;
+               Job jc = j;
+               jc.k = k;
+               jc.v = v;
+               jc.pages = ids + c * pages;
+               kernel<<<grid, 256, smem>>>(jc);
+             }));
+    };
+    run_pipe(pipe_read<128, 2, false>, 128, 2, 1, "cp.async 128-token tiles x 2 (flashkv's)");
+    run_pipe(pipe_read<128, 2, true>, 128, 2, 1, "bulk 128-token tiles x 2");
+    run_pipe(pipe_read<128, 3, false>, 128, 3, 1, "cp.async 128-token tiles x 3");
+    run_pipe(pipe_read<128, 3, true>, 128, 3, 1, "bulk 128-token tiles x 3");
+    run_pipe(pipe_read<64, 2, false>, 64, 2, 2, "cp.async 64-token tiles x 2, 2/SM");
+    run_pipe(pipe_read<64, 2, true>, 64, 2, 2, "bulk 64-token tiles x 2, 2/SM");
+    run_pipe(pipe_read<64, 3, true>, 64, 3, 2, "bulk 64-token tiles x 3, 2/SM");
+    // The math's share of each tile (~1.98 GHz: 500 cycles ~ 0.25 us), not overlapped with the
+    // next tile's issue at 2 stages, overlapped at 3.
+    run_pipe(pipe_read<128, 2, false, 500>, 128, 2, 1, "cp.async 128 x 2, 500 cycles per tile");
+    run_pipe(pipe_read<128, 2, false, 1000>, 128, 2, 1, "cp.async 128 x 2, 1000 cycles per tile");
+    run_pipe(pipe_read<128, 3, false, 500>, 128, 3, 1, "cp.async 128 x 3, 500 cycles per tile");
+    run_pipe(pipe_read<128, 3, false, 1000>, 128, 3, 1, "cp.async 128 x 3, 1000 cycles per tile");
+    run_pipe(pipe_read<64, 2, false, 500>, 64, 2, 2, "cp.async 64 x 2, 2/SM, 500 cycles per tile");
     CK(cudaFree(kv));
     CK(cudaFree(ids));
     CK(cudaFree(ids_in_order));
