@@ -40,15 +40,36 @@ struct DecodeTilePages {
 
 // (The page table is read with the L2 evict_last hint, as the plan: each run's first page ids are
 // a dependent round trip before its first KV load.)
+//
+// Address arithmetic is most of the instructions a decode CTA issues (the H200 profile of GQA
+// D4: ~560 of ~725 per warp and tile, the math the rest; skipping the math alone saved 2.5 us of
+// 42), so it is kept cheap: the tile row of a thread's j-th load is its first row plus j rows
+// steps (no division per load), token positions are unsigned (a power-of-two page size divides
+// with a shift, not the signed sequence), and offsets are 32-bit below the page (the host
+// checks they fit: BatchDecode::run).
+template <class C>
+__device__ __forceinline__ int decode_load_row(int j) {
+  static_assert(C::kThreads % C::kChunks == 0, "each load step covers whole rows");
+  return (int)threadIdx.x / C::kChunks + j * (C::kThreads / C::kChunks);
+}
+
 template <class C>
 __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   DecodeTilePages<C>& a) {
   const int len = w.kv_end - w.kv_start;
   const u64 policy = l2_evict_last_policy();
+  const int* ids = p.kv_indices + w.page_base;
+  constexpr int kRowStep = C::kThreads / C::kChunks;  // rows between a thread's loads
+  const int t0 = tile * C::kTile + decode_load_row<C>(0);
+  const unsigned pos0 = (unsigned)(w.kv_start + t0);  // >= 0
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
-    const int t = tile * C::kTile + (threadIdx.x + j * C::kThreads) / C::kChunks;
-    a.page[j] = t < len ? ld_evict_last(p.kv_indices + w.page_base + (w.kv_start + t) / C::kPageSize, policy) : -1;
+    const int t = t0 + j * kRowStep;
+    // Whole pages between a thread's rows: its j-th page id is j * kRowStep / page_size after its
+    // first (an immediate offset); else each row's page is its own division.
+    const int* id = kRowStep % C::kPageSize == 0 ? ids + pos0 / C::kPageSize + j * (kRowStep / C::kPageSize)
+                                                 : ids + (pos0 + j * kRowStep) / C::kPageSize;
+    a.page[j] = t < len ? ld_evict_last(id, policy) : -1;
   }
 }
 
@@ -78,22 +99,28 @@ template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   const DecodeTilePages<C>& a, unsigned char* k_stage,
                                                   unsigned char* v_stage) {
-  typedef typename C::kv_t kv_t;
-  const kv_t* kg = static_cast<const kv_t*>(p.k);
-  const kv_t* vg = static_cast<const kv_t*>(p.v);
+  constexpr u32 kElem = sizeof(typename C::kv_t);
+  const char* kg = static_cast<const char*>(p.k);
+  const char* vg = static_cast<const char*>(p.v);
+  const int chunk = threadIdx.x % C::kChunks;
+  // Byte offsets in 32-bit pieces (the host checks the page stride and every in-page offset fit
+  // in 32 bits): one wide multiply-add per load, shared by its K and V copies. Page ids are
+  // int32, so num_pages clamps to 2^31. Shared-memory addresses are 32-bit (no generic-address
+  // conversion per copy).
+  const u32 page_bytes = (u32)p.page_stride * kElem, token_bytes = (u32)p.token_stride * kElem;
+  const u32 in_page = ((u32)w.kv_head * (u32)p.head_stride + (u32)chunk * (16 / kElem)) * kElem;
+  const u32 num_pages = (u32)(p.num_pages < 0x80000000LL ? p.num_pages : 0x80000000LL);
+  const u32 k_dst = smem_addr(k_stage), v_dst = smem_addr(v_stage);
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
-    const int ci = threadIdx.x + j * C::kThreads;
-    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
-    const int pos = w.kv_start + tile * C::kTile + row;
-    const bool valid = (unsigned long long)a.page[j] < (unsigned long long)p.num_pages;
-    const long long off = valid ? (long long)a.page[j] * p.page_stride +
-                                      (long long)(pos % C::kPageSize) * p.token_stride +
-                                      (long long)w.kv_head * p.head_stride + chunk * (16 / (int)sizeof(kv_t))
-                                : 0;
+    const int row = decode_load_row<C>(j);
+    const unsigned pos = (unsigned)(w.kv_start + tile * C::kTile + row);
+    const bool valid = (u32)a.page[j] < num_pages;  // -1 (past the chunk end) is not
+    const u32 page = valid ? (u32)a.page[j] : 0u;
+    const u64 off = (u64)page * page_bytes + ((pos % C::kPageSize) * token_bytes + in_page);
     const u32 so = C::chunk_offset(row, chunk);
-    cp_async_16(k_stage + so, kg + off, valid);
-    cp_async_16(v_stage + so, vg + off, valid);
+    cp_async_16(k_dst + so, kg + off, valid);
+    cp_async_16(v_dst + so, vg + off, valid);
   }
 }
 

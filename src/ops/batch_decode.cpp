@@ -533,7 +533,17 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   for (int64_t s : {kv.page_stride(), kv.token_stride(), kv.head_stride()}) {
     check(s * static_cast<int64_t>(dtype_size(m.kv_dtype)) % 16 == 0,
           "paged_kv: strides must be multiples of 16 bytes for vector loads");
+    check(s >= 0, "paged_kv: expected non-negative strides, got ", s);
   }
+  // The kernels address an element as page * page_stride + (its offset in the page), each part
+  // in 32 bits (kernels/attention/decode_common.cuh: the address arithmetic is most of what a
+  // decode CTA issues).
+  const int64_t elem = static_cast<int64_t>(dtype_size(m.kv_dtype));
+  const int64_t in_page = ((m.page_size - 1) * kv.token_stride() +
+                           (m.num_kv_heads - 1) * kv.head_stride() + m.head_dim) * elem;
+  check(kv.page_stride() * elem <= int64_t{UINT32_MAX} && in_page <= int64_t{UINT32_MAX},
+        "paged_kv: the page stride (", kv.page_stride() * elem, " bytes) and the offsets within a ",
+        "page (up to ", in_page, " bytes) must be below 2^32 bytes");
   check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 &&
             out.stride(1) % 8 == 0,
         "q/out: row strides must be multiples of 16 bytes");

@@ -356,6 +356,16 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   HostTensor lse_bad(DType::f16, {2, kHqo});
   auto dlse_bad = to_device(lse_bad);
   expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse_bad.view); }, "lse");
+  // A page stride of 2^32 bytes or more (the kernels keep in-page and page offsets in 32 bits):
+  // refused before anything is read.
+  {
+    PagedKVCache wide = dc.cache;
+    const int64_t shape[4] = {dc.cache.k.size(0), kPage, kHkv, kD};
+    const int64_t strides[4] = {int64_t{1} << 31, int64_t{kHkv} * kD, kD, 1};  // 2^32 bytes at f16
+    wide.k = TensorView(dc.cache.k.data(), dt, 4, shape, strides, dc.cache.k.device());
+    wide.v = TensorView(dc.cache.v.data(), dt, 4, shape, strides, dc.cache.v.device());
+    expect_error([&] { dec.run(dq.view, wide, dout.view, TensorView()); }, "2^32");
+  }
   // Capturing run() of a plan made without enable_cuda_graph is refused.
   Stream s = create_stream();
   const auto& d = driver();
