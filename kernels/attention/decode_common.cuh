@@ -38,9 +38,6 @@ struct DecodeTilePages {
   int page[C::kLoads];
 };
 
-// (The page table is read with the L2 evict_last hint, as the plan: each run's first page ids are
-// a dependent round trip before its first KV load.)
-//
 // The loads' address arithmetic was most of what a decode CTA issued (H200 profile of GQA D4:
 // ~560 of ~725 warp instructions per warp and tile, the math the rest), and the loop was
 // issue-bound, so it is kept cheap: a thread's j-th row is its first plus j row steps (no
@@ -53,6 +50,8 @@ __device__ __forceinline__ int decode_load_row(int j) {
   return (int)threadIdx.x / C::kChunks + j * (C::kThreads / C::kChunks);
 }
 
+// (The page table is read with the L2 evict_last hint, as the plan: each run's first page ids are
+// a dependent round trip before its first KV load.)
 template <class C>
 __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   DecodeTilePages<C>& a) {

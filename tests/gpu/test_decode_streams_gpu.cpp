@@ -1,7 +1,7 @@
 // plan() and run() of one BatchDecode on more than one stream, with no host synchronization
-// between steps: a plan on another stream must wait for the last run() and the last plan's copy
-// (they read and write the same workspace), and a plan on the same stream relies on stream order
-// alone (runtime/plan_upload.h). Each run's output is checked against the reference.
+// between steps: a plan must wait for the last run() and the last plan's copy, whatever stream
+// they were on (they read and write the same workspace; runtime/plan_upload.h). Each run's output
+// is checked against the reference.
 #include <gtest/gtest.h>
 
 #include "flashkv/reference.h"
