@@ -20,6 +20,7 @@ if command -v compute-sanitizer >/dev/null; then
   filter='DecodeGpu.BothLayoutsAndInterleavingAgree:DecodeGpu.AllEmptyAndSingleTokenBatches:MergeGpu.*:DecodeGraphGpu.BadInputsRaiseNamedErrors'
   filter+=':PrefillGpu.AllEmptyAndTinyBatches:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.QueryLongerThanKvFirstRowsSeeNothing'
   filter+=':DeviceErrorsGpu.AppendBadInputWritesNothingForThatTokenAndRaises:KvAppendGpu.EveryLayoutMatchesReferenceBitwise'
+  filter+=':DeviceErrorsGpu.DecodeRunReportsOutOfRangePageIds:DecodeBadInputGpu.*'
   filter+=':RopeGpu.StridedRowsVectorAndScalarPaths'
   filter+=':DecodeStepGpu.Llama31GqaMatchesUnfusedAndReference:DecodeStepGpu.BadInputsRaiseNamedErrors'
   filter+=':CascadeGpu.TwoAndThreeLevelsMatchPlainAttention'

@@ -38,6 +38,14 @@ struct BatchDecodeConfig {
   // enable_cuda_graph or fixed_split_size auto keeps 2 x 4 warps: a captured graph holds its kernel
   // and grid, and batch invariance needs one kernel whatever the batch.
   int ctas_per_sm = 0;
+  // For plans with DecodePlanOptions::fixed_split_size (batch-invariant output), whose chunk
+  // count follows the KV lengths instead of the grid: the most KV tokens a batch holds in all
+  // (the sum of its kv lengths) and the smallest fixed_split_size plan() will be given. The
+  // workspace then also holds ceil(max_kv_tokens / min_fixed_split_size) + max_batch chunks per
+  // KV head. 0 and 0: sized for dynamic splitting only (a fixed_split_size plan that needs more
+  // partial states than that fails with an error naming these fields).
+  int64_t max_kv_tokens = 0;
+  int min_fixed_split_size = 0;
 };
 
 // Which decode kernel runs. kAuto picks tensor cores wherever their accumulators fit in
@@ -75,7 +83,8 @@ struct DecodePlanOptions {
   int tc_warps = 0;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
   // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
-  // Without it the kernel still never reads outside the cache: out-of-range ids read as zeros.
+  // Without it the kernel still never reads outside the cache: an out-of-range id reads as zeros
+  // and is reported through check_device_errors() (device_errors.h), naming the entry.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
@@ -119,7 +128,9 @@ class BatchDecode {
 
   // q[batch, H_qo, D], out[batch, H_qo, D], lse f32[batch, H_qo] (optional: undefined view).
   // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are
-  // those given to plan()). Enqueued on `stream`.
+  // those given to plan()). Enqueued on `stream`. A page id in kv.indices outside [0, num_pages)
+  // is read as zeros and reported through check_device_errors() (device_errors.h): that
+  // request's output is not meaningful. (Checking on the host would cost a sync per run.)
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
   // run() with other arguments for the plan's user variant (same VariantSpec).

@@ -8,7 +8,8 @@
 // flashkv. Nothing is silent: check_device_errors() reports it.
 //
 // Ops that record device errors: append_paged_kv_cache, get_batch_indices_positions, the RoPE
-// ops (rope.h) and BatchDecode::run_step, on CUDA tensors. The record is allocated (48 bytes,
+// ops (rope.h), BatchDecode::run and run_step (a page id outside the cache: read as zeros, so
+// that request's output is not meaningful), on CUDA tensors. The record is allocated (48 bytes,
 // zeroed) on the first such call on a device; make that first call, or check_device_errors(),
 // before capturing a CUDA graph (allocation is not allowed during capture).
 //

@@ -37,6 +37,9 @@ template <class C>
 struct DecodeTilePages {
   int page[C::kLoads];
 };
+// A load past the chunk's end: no page (as a page id it is out of range, so nothing is read, and
+// it is the one out-of-range id not reported: a page table never needs it).
+constexpr int kDecodeNoPage = -2147483647 - 1;
 
 // The loads' address arithmetic was most of what a decode CTA issued (H200 profile of GQA D4:
 // ~560 of ~725 warp instructions per warp and tile, the math the rest), and the loop was
@@ -68,7 +71,7 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
     // first (an immediate offset); else each row's page is its own division.
     const int* id = kRowStep % C::kPageSize == 0 ? ids + pos0 / C::kPageSize + j * (kRowStep / C::kPageSize)
                                                  : ids + (pos0 + j * kRowStep) / C::kPageSize;
-    a.page[j] = t < len ? ld_evict_last(id, policy) : -1;
+    a.page[j] = t < len ? ld_evict_last(id, policy) : kDecodeNoPage;
   }
 }
 
@@ -89,11 +92,23 @@ __device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlan
   return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta, plan.ctas_per_unit);
 }
 
+// A page id outside [0, num_pages) behind KV position `pos` of work item w (the page table is in
+// device memory: checking it on the host would cost a copy and a synchronization per run). The
+// first one is recorded for check_device_errors(); its keys and values were read as zeros. Out of
+// line: the loads' loop only tests and branches.
+__device__ __noinline__ void decode_report_bad_page(const DecodeParams& p, const DecodeWorkItem& w,
+                                                    unsigned pos, int page, int page_size) {
+  const int op = p.step.new_k != nullptr ? kDeviceOpBatchDecodeStep : kDeviceOpBatchDecode;
+  report_device_error(p.error, kDeviceErrorPageIndex, op, pos, page, p.num_pages,
+                      w.page_base + pos / page_size, w.request);
+}
+
 // Issues the cp.async loads of KV tile `tile` into one pipeline stage (byte pointers to its K
 // and V tiles). Each config lays a stage out with C::chunk_offset(row, chunk) (bytes): plain rows
 // for the CUDA-core kernel, XOR-swizzled rows for ldmatrix in the tensor-core kernel. Past the
-// chunk end (page -1) or on an out-of-range page id the 16 bytes are zero-filled: nothing is read
-// outside the cache, and zeros keep P·V free of NaN from stale shared memory.
+// chunk end (kDecodeNoPage) or on an out-of-range page id the 16 bytes are zero-filled: nothing is
+// read outside the cache, and zeros keep P·V free of NaN from stale shared memory. An
+// out-of-range id is reported (decode_report_bad_page).
 template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   const DecodeTilePages<C>& a, unsigned char* k_stage,
@@ -114,7 +129,9 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
   for (int j = 0; j < C::kLoads; ++j) {
     const int row = decode_load_row<C>(j);
     const unsigned pos = (unsigned)(w.kv_start + tile * C::kTile + row);
-    const bool valid = (u32)a.page[j] < num_pages;  // -1 (past the chunk end) is not
+    const bool valid = (u32)a.page[j] < num_pages;  // kDecodeNoPage (past the chunk end) is not
+    if (!valid && a.page[j] != kDecodeNoPage && chunk == 0)
+      decode_report_bad_page(p, w, pos, a.page[j], C::kPageSize);
     const u32 page = valid ? (u32)a.page[j] : 0u;
     const u64 off = (u64)page * page_bytes + ((pos % C::kPageSize) * token_bytes + in_page);
     const u32 so = C::chunk_offset(row, chunk);

@@ -16,7 +16,6 @@ struct DecodeStepParams {
   const void* new_v;          // [batch, H_kv, D]
   long long k_stride_n, k_stride_h, v_stride_n, v_stride_h;  // elements
   const int* pos_ids;         // [batch] RoPE positions, or nullptr: kv_len - 1
-  DeviceErrorRecord* error;   // where a bad position / page id is reported (device_errors.h)
   int rope;                   // 0: no rotation (q and k are already rotated)
   RopeSpec spec;
 };
@@ -32,7 +31,9 @@ struct DecodeParams {
   long long o_stride_n, o_stride_h;
   long long lse_stride_n;
   long long page_stride, token_stride, head_stride;  // of k and v, elements
-  long long num_pages;      // pages in k / v: ids outside [0, num_pages) are read as zeros
+  long long num_pages;      // pages in k / v: ids outside [0, num_pages) are read as zeros and
+                            // reported to `error`
+  DeviceErrorRecord* error;  // where a bad page id or position is reported (device_errors.h)
   float sm_scale_log2;      // sm_scale * log2(e): logits are kept in base 2
   DecodePlanPtrs plan;
   DecodeStepParams step;

@@ -41,7 +41,7 @@ __device__ __forceinline__ long long decode_step_position(const DecodeParams& p,
   const bool bad = pos < 0 || (p.step.spec.cos_sin_cache != nullptr && pos >= p.step.spec.max_position);
   if (bad) {
     if (threadIdx.x == 0 && w.kv_head == 0) {
-      report_device_error(p.step.error, kDeviceErrorRopePosition, kDeviceOpDecodeStep, w.request, pos,
+      report_device_error(p.error, kDeviceErrorRopePosition, kDeviceOpDecodeStep, w.request, pos,
                           p.step.spec.cos_sin_cache != nullptr ? p.step.spec.max_position : -1, -1,
                           w.request);
     }
@@ -155,7 +155,7 @@ __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const 
       *reinterpret_cast<uint4*>(vd + c * 8) = *reinterpret_cast<const uint4*>(vs + c * 8);
     }
   } else if (threadIdx.x == 0) {
-    report_device_error(p.step.error, kDeviceErrorPageIndex, kDeviceOpDecodeStep, w.request, page,
+    report_device_error(p.error, kDeviceErrorPageIndex, kDeviceOpDecodeStep, w.request, page,
                         p.num_pages, w.page_base + t / C::kPageSize, w.request);
   }
   __syncthreads();

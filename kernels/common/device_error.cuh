@@ -48,6 +48,10 @@ enum DeviceErrorOp : int {
   kDeviceOpApplyLlama31RopePosIds = 6,
   kDeviceOpApplyRopeCosSinCache = 7,
   kDeviceOpDecodeStep = 8,  // BatchDecode::run_step (token = the request)
+  // A page id behind a KV token the decode kernels read: BatchDecode::run, run_step (token = the
+  // token's position in its request).
+  kDeviceOpBatchDecode = 9,
+  kDeviceOpBatchDecodeStep = 10,
 };
 
 // One per device, in device memory, zero while no error is pending. The first error wins: later

@@ -117,25 +117,32 @@ nb::dict prefill_info(const PrefillPlanInfo& i) {
   return d;
 }
 
+BatchDecodeConfig decode_config(int max_batch, int num_qo_heads, int head_dim, int device,
+                                int64_t max_kv_tokens, int min_fixed_split_size) {
+  BatchDecodeConfig cfg;
+  cfg.max_batch = max_batch;
+  cfg.num_qo_heads = num_qo_heads;
+  cfg.head_dim = head_dim;
+  cfg.device = device;
+  cfg.max_kv_tokens = max_kv_tokens;
+  cfg.min_fixed_split_size = min_fixed_split_size;
+  return cfg;
+}
+
 class PyBatchDecode {
  public:
-  PyBatchDecode(OutArray workspace, int max_batch, int num_qo_heads, int head_dim, int device)
+  PyBatchDecode(OutArray workspace, int max_batch, int num_qo_heads, int head_dim, int device,
+                int64_t max_kv_tokens, int min_fixed_split_size)
       : ws_(std::move(workspace), device) {
-    BatchDecodeConfig cfg;
-    cfg.max_batch = max_batch;
-    cfg.num_qo_heads = num_qo_heads;
-    cfg.head_dim = head_dim;
-    cfg.device = device;
-    op_ = std::make_unique<BatchDecode>(cfg, ws_.data, ws_.bytes);
+    op_ = std::make_unique<BatchDecode>(
+        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size),
+        ws_.data, ws_.bytes);
   }
 
-  static size_t workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device) {
-    BatchDecodeConfig cfg;
-    cfg.max_batch = max_batch;
-    cfg.num_qo_heads = num_qo_heads;
-    cfg.head_dim = head_dim;
-    cfg.device = device;
-    return BatchDecode::workspace_bytes(cfg);
+  static size_t workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
+                                int64_t max_kv_tokens, int min_fixed_split_size) {
+    return BatchDecode::workspace_bytes(
+        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size));
   }
 
   void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads, int num_kv_heads,
@@ -677,10 +684,12 @@ void bind_module(nb::module_& m) {
 
   // --- plan/run objects (CUDA workspace) ---
   nb::class_<PyBatchDecode>(m, "BatchDecode")
-      .def(nb::init<OutArray, int, int, int, int>(), arg("workspace"), arg("max_batch"),
-           arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def(nb::init<OutArray, int, int, int, int, int64_t, int>(), arg("workspace"),
+           arg("max_batch"), arg("num_qo_heads"), arg("head_dim"), arg("device"),
+           arg("max_kv_tokens") = 0, arg("min_fixed_split_size") = 0)
       .def_static("workspace_bytes", &PyBatchDecode::workspace_bytes, arg("max_batch"),
-                  arg("num_qo_heads"), arg("head_dim"), arg("device"))
+                  arg("num_qo_heads"), arg("head_dim"), arg("device"), arg("max_kv_tokens") = 0,
+                  arg("min_fixed_split_size") = 0)
       .def("plan", &PyBatchDecode::plan, arg("indptr"), arg("last_page_len"), arg("num_qo_heads"),
            arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
            arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),

@@ -17,7 +17,7 @@ from . import _C
 from . import _arrays as A
 
 # Configuration fields that are counts (rounded up for headroom); the others are exact maxima.
-_COUNTS = ("max_batch", "max_qo_tokens", "max_pages")
+_COUNTS = ("max_batch", "max_qo_tokens", "max_pages", "max_kv_tokens")
 
 
 def _pow2(n: int) -> int:

@@ -233,10 +233,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(
                 f"indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
                 f"buffers given to the constructor (CUDA graph mode)")
+        # fixed_split_size cuts requests into chunks whatever the grid, so the workspace must hold
+        # every chunk's partial state: sized with min_fixed_split_size 1 and max_kv_tokens = this
+        # plan's chunks per KV head (BatchDecodeConfig: ceil(max_kv_tokens / min_fixed_split_size)
+        # + max_batch chunks).
+        chunks = 0
+        if split > 0 and batch > 0:
+            pages = np.diff(indptr_h.astype(np.int64))
+            lens = np.where(pages > 0, (pages - 1) * int(page_size) + last_h.astype(np.int64), 0)
+            chunks = int(((lens + split - 1) // split).sum())
+        need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
+                    num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
+        if chunks > 0:
+            need.update(max_kv_tokens=chunks, min_fixed_split_size=1)
         op = self._slot.acquire(
-            dict(max_batch=max(self._fixed_batch_size, batch, 1), num_qo_heads=int(num_qo_heads),
-                 head_dim=int(head_dim)),
-            f"batch {batch}, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
+            need, f"batch {batch}, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
         stream = A.cuda_stream(self._float_workspace_buffer)
         nnz = int(indptr_h[-1]) if batch > 0 else 0
         if self._use_cuda_graph:

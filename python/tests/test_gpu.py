@@ -204,6 +204,24 @@ def test_batch_decode_kernel_shape_follows_the_batch(lens_shape):
         check_out(out[i], ref[0], dtype)
 
 
+def test_batch_decode_fixed_split_size_beyond_dynamic_capacity():
+    # fixed_split_size (in pages) of 1 page cuts 16 requests of 4000 tokens into 250 chunks each
+    # per KV head: 4000 partial states per head, more than the dynamic-splitting workspace holds
+    # (2 per CTA); the wrapper sizes it for the plan's chunks (BatchDecodeConfig.max_kv_tokens).
+    g = gen(31)
+    hq, hk, d, ps, dtype = 8, 2, 64, 16, "float16"
+    kv_lens = [4000] * 15 + [3]
+    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
+    q = rand((len(kv_lens), hq, d), dtype, g)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace(256), "NHD")
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           q_data_type=tdtype(dtype), fixed_split_size=1)
+    out = w.run(q, cache.cache(False))
+    for i in (0, 7, 14, 15):
+        ref, _ = sdpa_ref(q[i:i + 1], *cache.gather(i))
+        check_out(out[i], ref[0], dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -33,8 +33,11 @@ class FakeOp:
         FakeOp.made.append(self)
 
     @staticmethod
-    def workspace_bytes(device, max_batch, num_qo_heads, head_dim, max_qo_tokens=0):
-        return 1000 * max_batch + 10 * max_qo_tokens + num_qo_heads * head_dim
+    def workspace_bytes(device, max_batch, num_qo_heads, head_dim, max_qo_tokens=0,
+                        max_kv_tokens=0, min_fixed_split_size=0):
+        assert (max_kv_tokens > 0) == (min_fixed_split_size > 0)
+        return (1000 * max_batch + 10 * max_qo_tokens + num_qo_heads * head_dim +
+                (max_kv_tokens // max(min_fixed_split_size, 1)))
 
     def plan(self, *args):
         self.plans.append(args)
@@ -129,6 +132,9 @@ def test_decode_plan_and_run_arguments(fake):
     assert (qt, kt, ot, scale, graph, split, no_split, variant) == (
         "bf16", "bf16", "bf16", 0.0, False, 48, False, None)  # 3 pages of 16 tokens
     assert indptr.tolist() == [0, 1, 2] and last.tolist() == [1, 1]
+    # fixed_split_size sizes the workspace for the plan's chunks per KV head (one 1-token
+    # request per chunk here): BatchDecodeConfig.max_kv_tokens with min_fixed_split_size 1.
+    assert op.cfg["max_kv_tokens"] >= 2 and op.cfg["min_fixed_split_size"] == 1
     q = cuda(np.zeros((2, 8, 64), np.float16))
     kv = cuda(np.zeros((4, 2, 2, 16, 64), np.float16))
     out, lse = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8), np.float32))

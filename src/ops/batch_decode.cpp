@@ -158,8 +158,8 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
   impl_->ws = ops::DecodeWorkspace(cfg, workspace, bytes);
   impl_->upload = runtime::PlanUpload(impl_->ws.plan_layout().bytes, cfg.device);
   impl_->max_smem = device_info(cfg.device).max_smem_per_block;
-  // The error record run_step reports into: allocated now, so a first run_step inside a CUDA
-  // graph capture does not have to allocate.
+  // The error record run() and run_step report bad page ids into: allocated now, so a first run
+  // inside a CUDA graph capture does not have to allocate.
   runtime::device_error_record(cfg.device);
 }
 
@@ -462,7 +462,6 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
     if (step.pos_ids.defined()) rows = std::min(rows, step.pos_ids.size(0));
     m.captured.step_rows = rows;
   }
-  runtime::check_device_errors_if_debug(m.cfg.device, stream);
 }
 
 void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
@@ -573,6 +572,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.token_stride = kv.token_stride();
   p.head_stride = kv.head_stride();
   p.num_pages = kv.num_pages();
+  p.error = runtime::device_error_record(m.cfg.device);
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
   p.plan.ctas_per_unit = m.ctas_per_unit;
@@ -594,6 +594,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
     // recorded while capturing: an event recorded inside a capture cannot be waited on outside.)
     m.upload.record_run(stream);
   }
+  runtime::check_device_errors_if_debug(m.cfg.device, stream);
 }
 
 }  // namespace flashkv

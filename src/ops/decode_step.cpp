@@ -70,7 +70,6 @@ DecodeStepParams make_decode_step_params(const TensorView& new_k, const TensorVi
   p.k_stride_h = new_k.stride(1);
   p.v_stride_n = new_v.stride(0);
   p.v_stride_h = new_v.stride(1);
-  p.error = runtime::device_error_record(shape.device);
   if (step.pos_ids.defined()) {
     const TensorView& pos = step.pos_ids;
     check_device(pos, "step.pos_ids", Device::cuda(shape.device));

@@ -1,5 +1,8 @@
 #include "ops/decode_workspace.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "flashkv/error.h"
 #include "flashkv/runtime.h"
 #include "runtime/driver.h"
@@ -21,13 +24,34 @@ DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
   check(int64_t{cfg.max_batch} * cfg.num_qo_heads <= (int64_t{1} << 28),
         "BatchDecodeConfig: max_batch * num_qo_heads = ", int64_t{cfg.max_batch} * cfg.num_qo_heads,
         " is too large (at most 2^28)");
+  check(cfg.num_sms_to_use >= 0, "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ",
+        cfg.num_sms_to_use);
   const DeviceInfo info = device_info(cfg.device);
   const int sms =
       cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
   Sizes s{};
   s.sms = sms;
   s.num_ctas = sms * (cfg.ctas_per_sm > 0 ? cfg.ctas_per_sm : kAutoCtasPerSm);
+  // Partial-state rows: DESIGN.md's bound for dynamic splitting (2 slots per CTA), or, where the
+  // config sizes for fixed_split_size, one per chunk a batch can be cut into: a request of l tokens
+  // gives ceil(l / fs) <= l / fs + 1 chunks per KV head, so a batch <= T / fs + max_batch.
   s.partial_rows = 2ull * s.num_ctas * cfg.num_qo_heads;
+  check((cfg.max_kv_tokens > 0) == (cfg.min_fixed_split_size > 0),
+        "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected both > 0 (sized for "
+        "fixed_split_size) or both 0, got ", cfg.max_kv_tokens, " and ", cfg.min_fixed_split_size);
+  check(cfg.max_kv_tokens >= 0 && cfg.min_fixed_split_size >= 0,
+        "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected >= 0");
+  if (cfg.max_kv_tokens > 0) {
+    const uint64_t chunks = (static_cast<uint64_t>(cfg.max_kv_tokens) + cfg.min_fixed_split_size - 1) /
+                                static_cast<uint64_t>(cfg.min_fixed_split_size) +
+                            static_cast<uint64_t>(cfg.max_batch);
+    // Work items and slots are indexed with int (max_work_items adds max_batch * num_qo_heads).
+    check(chunks <= (uint64_t{1} << 28) / static_cast<uint64_t>(cfg.num_qo_heads),
+          "BatchDecodeConfig: ceil(max_kv_tokens / min_fixed_split_size) + max_batch = ", chunks,
+          " chunks of ", cfg.num_qo_heads, " heads is too many partial states (at most 2^28 "
+          "rows); use a larger min_fixed_split_size");
+    s.partial_rows = std::max<size_t>(s.partial_rows, chunks * cfg.num_qo_heads);
+  }
   // Work items: one per unsplit tile plus one per partial slot (group 1 is the worst case).
   s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(s.partial_rows);
   s.max_merge_items = static_cast<int>(s.partial_rows / 2);

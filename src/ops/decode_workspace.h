@@ -4,7 +4,8 @@
 //
 // Layout: [plan: header | indptr | work items, merge items][partial lse][partial o][merge arrivals]
 // Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), DESIGN.md's bound; with GQA
-// group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots.
+// group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots. A
+// config sized for fixed_split_size (max_kv_tokens) may raise the row count (decode_workspace.cpp).
 #pragma once
 
 #include <cuda.h>

@@ -54,7 +54,10 @@ const char* op_name(int op) {
     case kDeviceOpApplyRopeCosSinCache:
       return "apply_rope_with_cos_sin_cache";
     case kDeviceOpDecodeStep:
+    case kDeviceOpBatchDecodeStep:
       return "BatchDecode::run_step";
+    case kDeviceOpBatchDecode:
+      return "BatchDecode::run";
     default:
       return "a flashkv kernel";
   }
@@ -127,6 +130,13 @@ std::string message(const DeviceErrorRecord& r) {
                             " is out of range: expected 1 <= last_page_len <= ", r.limit,
                             " (page_size) for a request with pages", skipped);
     case kDeviceErrorPageIndex:
+      if (r.op == kDeviceOpBatchDecode || r.op == kDeviceOpBatchDecodeStep) {
+        return detail::concat("paged_kv.indices[", r.index, "] = ", r.value,
+                              " is out of range: expected 0 <= page < ", r.limit,
+                              " (num_pages) (KV position ", r.token, " of request ", r.request,
+                              "); its keys and values were read as zeros, so request ", r.request,
+                              "'s output and lse are not meaningful");
+      }
       if (r.index < 0) {
         return detail::concat("the page of ", subject(r), ", ", r.value,
                               ", is out of range: expected 0 <= page < ", r.limit, " (num_pages)",

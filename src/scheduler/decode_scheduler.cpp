@@ -298,7 +298,8 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
                : (num_chunks > kCountSaturation / heads ? kCountSaturation : num_chunks * heads);
   const char* advice =
       opts.fixed_split_size > 0
-          ? "use a larger fixed_split_size or a larger workspace"
+          ? "use a larger fixed_split_size, or size the workspace for it "
+            "(BatchDecodeConfig.max_kv_tokens and min_fixed_split_size)"
           : "size the workspace with max_decode_slots / max_decode_work_items, or use a larger "
             "fixed_split_size";
   check(num_slots <= opts.max_slots, "plan_decode: the schedule needs ", num_slots,

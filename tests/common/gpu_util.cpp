@@ -1,5 +1,8 @@
 #include "common/gpu_util.h"
 
+#include <cstdint>
+#include <vector>
+
 namespace flashkv::test {
 namespace {
 TensorView device_view(void* data, const HostTensor& h, int device) {
@@ -29,6 +32,20 @@ DeviceTensor poisoned_like(const HostTensor& h, int device) {
 }
 
 void to_host(const DeviceTensor& d, HostTensor& h) { d.buf.copy_to_host(h.data(), h.nbytes()); }
+
+::testing::AssertionResult all_bytes_are(const DeviceTensor& d, uint8_t byte) {
+  device_synchronize(d.buf.device());  // a launch that should not have happened has finished
+  std::vector<uint8_t> bytes(d.view.nbytes());
+  d.buf.copy_to_host(bytes.data(), bytes.size());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] != byte) {
+      return ::testing::AssertionFailure()
+             << d.view.str() << ": byte " << i << " of " << bytes.size() << " is "
+             << static_cast<int>(bytes[i]) << ", expected " << static_cast<int>(byte);
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
 
 DeviceCache to_device(const PagedCacheHost& h, int device) {
   DeviceCache d;

@@ -28,6 +28,10 @@ DeviceTensor to_device(const HostTensor& h, int device = 0);
 DeviceTensor poisoned_like(const HostTensor& h, int device = 0);
 // Copies a device tensor back into `h` (same size).
 void to_host(const DeviceTensor& d, HostTensor& h);
+// Success iff every byte of d's view is still `byte` (0xff: the poison of poisoned_like), so a
+// call that must write nothing did not write even one element; the failure names the first
+// byte that changed.
+::testing::AssertionResult all_bytes_are(const DeviceTensor& d, uint8_t byte = 0xff);
 
 // The paged cache on the device: k/v (or the interleaved kv) and the index tensors.
 struct DeviceCache {

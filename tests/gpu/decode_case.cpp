@@ -17,8 +17,68 @@ std::string DecodeCase::str() const {
      << (opts.backend == DecodeBackend::kCudaCores     ? " cuda-cores"
          : opts.backend == DecodeBackend::kTensorCores ? " tensor-cores"
                                                        : " auto")
-     << (ctas_per_sm ? " ctas_per_sm " + std::to_string(ctas_per_sm) : "");
+     << (ctas_per_sm ? " ctas_per_sm " + std::to_string(ctas_per_sm) : "")
+     << (num_sms_to_use ? " num_sms_to_use " + std::to_string(num_sms_to_use) : "");
   return os.str();
+}
+
+namespace {
+// Row r of a [batch, ...] tensor flattened to doubles: elements [r * n, (r + 1) * n).
+std::vector<double> row_of(const std::vector<double>& t, int64_t r, int64_t n) {
+  return std::vector<double>(t.begin() + r * n, t.begin() + (r + 1) * n);
+}
+
+// Lists the first failures (at most 5) of `count` requests; reason(i) is "" for a pass.
+template <class Reason>
+::testing::AssertionResult list_failures(size_t count, Reason&& reason) {
+  int failed = 0;
+  std::string first;
+  for (size_t i = 0; i < count; ++i) {
+    const std::string why = reason(i);
+    if (why.empty()) continue;
+    if (++failed <= 5) first += "\n  request " + std::to_string(i) + ": " + why;
+  }
+  if (failed == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << failed << " of " << count << " requests fail on their own" << first;
+}
+}  // namespace
+
+std::vector<ToleranceCheck> check_tolerance_per_request(const std::vector<double>& out,
+                                                        const std::vector<double>& ref,
+                                                        const std::vector<double>& ref_lowp,
+                                                        int64_t batch, double floor) {
+  std::vector<ToleranceCheck> checks;
+  if (batch == 0) return checks;
+  const int64_t n = static_cast<int64_t>(ref.size()) / batch;
+  for (int64_t r = 0; r < batch; ++r) {
+    checks.push_back(
+        check_tolerance(row_of(out, r, n), row_of(ref, r, n), row_of(ref_lowp, r, n), floor));
+  }
+  return checks;
+}
+
+std::vector<double> rel_err_per_request(const std::vector<double>& got,
+                                        const std::vector<double>& ref, int64_t batch) {
+  std::vector<double> errs;
+  if (batch == 0) return errs;
+  const int64_t n = static_cast<int64_t>(ref.size()) / batch;
+  for (int64_t r = 0; r < batch; ++r) errs.push_back(rel_err(row_of(got, r, n), row_of(ref, r, n)));
+  return errs;
+}
+
+::testing::AssertionResult every_request_passes(const std::vector<ToleranceCheck>& checks) {
+  return list_failures(checks.size(),
+                       [&](size_t i) { return checks[i].pass ? std::string() : checks[i].str(); });
+}
+
+::testing::AssertionResult every_request_within(const std::vector<double>& errs, double bound) {
+  return list_failures(errs.size(), [&](size_t i) {
+    if (errs[i] <= bound) return std::string();  // (a NaN error fails)
+    std::ostringstream os;
+    os << "rel_err " << errs[i] << " > " << bound;
+    return os.str();
+  });
 }
 
 DecodeOutcome run_decode_case(const DecodeCase& c) {
@@ -49,6 +109,9 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   cfg.num_qo_heads = c.num_qo_heads;
   cfg.head_dim = c.head_dim;
   cfg.ctas_per_sm = c.ctas_per_sm;
+  cfg.num_sms_to_use = c.num_sms_to_use;
+  cfg.max_kv_tokens = c.max_kv_tokens;
+  cfg.min_fixed_split_size = c.min_fixed_split_size;
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
   Stream s = create_stream();
@@ -61,11 +124,15 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   o.plan = dec.plan_info();
   to_host(dout, o.out_host);
   to_host(dlse, lse);
-  o.out = check_tolerance(o.out_host.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(),
-                          tolerance_floor(c.dtype));
-  const auto lse_d = lse.to_doubles();
+  const auto out_d = o.out_host.to_doubles(), ref_d = ref.to_doubles(),
+             ref_lowp_d = ref_lowp.to_doubles();
+  o.out = check_tolerance(out_d, ref_d, ref_lowp_d, tolerance_floor(c.dtype));
+  o.out_requests =
+      check_tolerance_per_request(out_d, ref_d, ref_lowp_d, B, tolerance_floor(c.dtype));
+  const auto lse_d = lse.to_doubles(), ref_lse_d = ref_lse.to_doubles();
   o.lse_nan = any_nan(lse_d);
-  o.lse_err = rel_err(lse_d, ref_lse.to_doubles());
+  o.lse_err = rel_err(lse_d, ref_lse_d);
+  o.lse_err_requests = rel_err_per_request(lse_d, ref_lse_d, B);
   return o;
 }
 
@@ -73,6 +140,8 @@ void expect_decode_ok(const DecodeCase& c, const DecodeOutcome& o) {
   EXPECT_TRUE(o.out.pass) << c.str() << ": " << o.out.str();
   EXPECT_FALSE(o.lse_nan) << c.str();
   EXPECT_LE(o.lse_err, 1e-4) << c.str();
+  EXPECT_TRUE(every_request_passes(o.out_requests)) << c.str() << " (out)";
+  EXPECT_TRUE(every_request_within(o.lse_err_requests, 1e-4)) << c.str() << " (lse)";
 }
 
 }  // namespace flashkv::test

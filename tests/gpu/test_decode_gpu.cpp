@@ -174,6 +174,109 @@ TEST_F(DecodeGpu, SplitOptions) {
   }
 }
 
+// GQA ratio 2 and groups that are not powers of two (3: 24/8, 6: 12/2). Auto takes the
+// tensor-core kernel at head_dim 64 and 128 (groups up to 16 fit its registers: decode.h) and CUDA
+// cores at 256; where both can run, the CUDA-core kernel runs the case too.
+TEST_F(DecodeGpu, GqaRatioTwoAndNonPowerOfTwoGroups) {
+  struct Shape {
+    int qo, kv, head_dim;
+    DType dtype;
+  };
+  const Shape shapes[] = {{16, 8, 128, DType::f16},  {24, 8, 64, DType::bf16},
+                          {24, 8, 128, DType::f16},  {24, 8, 256, DType::f16},
+                          {12, 2, 128, DType::bf16}, {12, 2, 256, DType::bf16}};
+  uint64_t seed = 300;
+  for (const Shape& sh : shapes) {
+    DecodeCase c;
+    c.kv_lens = kMixedLens;
+    c.num_qo_heads = sh.qo;
+    c.num_kv_heads = sh.kv;
+    c.head_dim = sh.head_dim;
+    c.dtype = sh.dtype;
+    c.layout = (seed % 2) ? KVLayout::HND : KVLayout::NHD;
+    c.seed = seed++;
+    const DecodeOutcome o = run_decode_case(c);
+    expect_decode_ok(c, o);
+    EXPECT_EQ(o.plan.tensor_cores, sh.head_dim <= 128) << c.str();
+    if (sh.head_dim <= 128) {
+      c.opts.backend = DecodeBackend::kCudaCores;
+      const DecodeOutcome cuda_cores = run_decode_case(c);
+      expect_decode_ok(c, cuda_cores);
+      EXPECT_FALSE(cuda_cores.plan.tensor_cores) << c.str();
+    }
+  }
+}
+
+// A 131072-token request among small and empty ones (f16, page 16): the long one is split across
+// the GPU while the others run whole, and each request is checked on its own (run_decode_case),
+// so a wrong short request is not hidden by the long one. 8/2 heads keep the host cache ~140 MB.
+TEST_F(DecodeGpu, MixedBatchWithA131072TokenRequest) {
+  for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+    DecodeCase c;
+    c.kv_lens = {1, 131072, 0, 17, 300, 5, 1000};
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    c.opts.backend = b;
+    c.seed = 14;
+    const DecodeOutcome o = run_decode_case(c);
+    expect_decode_ok(c, o);
+    EXPECT_EQ(o.plan.tensor_cores, b == DecodeBackend::kTensorCores) << c.str();
+    EXPECT_GT(o.plan.num_split_tiles, 0) << c.str() << ": the long request must be split";
+  }
+}
+
+// BatchDecodeConfig.num_sms_to_use = 16 leaves the other SMs to overlapped work: the plan's grid
+// is 16 SMs' worth of CTAs (PlanInfo.num_ctas = 16 x PlanInfo.ctas_per_sm), and the output, long
+// request split over that smaller grid included, is still right.
+TEST_F(DecodeGpu, NumSmsToUseLimitsTheGrid) {
+  const int kSms = 16;
+  ASSERT_GE(device_info(0).sm_count, kSms);
+  std::vector<int64_t> lens = kMixedLens;
+  lens.push_back(20000);
+  for (DecodeBackend b : {DecodeBackend::kAuto, DecodeBackend::kCudaCores}) {
+    for (int ctas_per_sm : {0, 4}) {
+      DecodeCase c;
+      c.kv_lens = lens;
+      c.num_sms_to_use = kSms;
+      c.ctas_per_sm = ctas_per_sm;
+      c.opts.backend = b;
+      c.seed = 70 + ctas_per_sm;
+      const DecodeOutcome o = run_decode_case(c);
+      expect_decode_ok(c, o);
+      if (ctas_per_sm > 0) EXPECT_EQ(o.plan.ctas_per_sm, ctas_per_sm) << c.str();
+      EXPECT_EQ(o.plan.num_ctas, kSms * o.plan.ctas_per_sm) << c.str();
+      EXPECT_GT(o.plan.num_split_tiles, 0)
+          << c.str() << ": 20000 tokens over " << o.plan.num_ctas << " CTAs must be split";
+    }
+  }
+}
+
+// fixed_split_size cuts requests by their lengths, not the grid: 8 requests of 8000 tokens in
+// chunks of 16 are 4000 partial states per KV head, beyond the dynamic-splitting workspace (2 per
+// CTA). Without sizing, plan() refuses and names the config fields that size for it; with
+// BatchDecodeConfig.max_kv_tokens / min_fixed_split_size it runs, checked against the reference.
+TEST_F(DecodeGpu, FixedSplitSizeBeyondDynamicCapacityNeedsTheConfigSizing) {
+  DecodeCase c;
+  c.kv_lens = std::vector<int64_t>(8, 8000);
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.opts.fixed_split_size = 16;
+  c.seed = 81;
+  try {
+    run_decode_case(c);
+    ADD_FAILURE() << "plan() accepted 4000 chunks per KV head in a workspace sized for "
+                     "dynamic splitting";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_kv_tokens"), std::string::npos) << e.what();
+  }
+  c.max_kv_tokens = 8 * 8000;
+  c.min_fixed_split_size = 16;
+  const DecodeOutcome o = run_decode_case(c);
+  expect_decode_ok(c, o);
+  EXPECT_EQ(o.plan.num_split_tiles, 8 * 2) << c.str();
+}
+
 }  // namespace
 }  // namespace flashkv::test
 

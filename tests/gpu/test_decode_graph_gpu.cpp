@@ -12,6 +12,7 @@
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/reference.h"
+#include "gpu/decode_case.h"
 #include "runtime/driver.h"
 
 namespace flashkv::test {
@@ -69,7 +70,8 @@ PagedKVCache host_cache(const Pool& pool, const Batch& b) {
   c.v = pool.v.view();
   c.indptr = b.indptr.view();
   c.indices =
-      TensorView(const_cast<void*>(b.indices.data()), DType::i32, {b.indptr.get(b.lens.size())});
+      TensorView(const_cast<void*>(b.indices.data()), DType::i32,
+                 {static_cast<int64_t>(b.indptr.get(b.lens.size()))});
   c.last_page_len = b.last.view();
   return c;
 }
@@ -134,44 +136,72 @@ TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
     dq.buf.copy_from_host(q.data(), q.nbytes());
     d_indices.copy_from_host(sb.indices.data(), sb.indices.nbytes());
     dout.buf.fill_bytes(0xff);
+    dlse.buf.fill_bytes(0xff);  // so a replay that skips the LSE shows, step by step
     dec.plan(sb.indptr.view().data_as<int32_t>(), sb.last.view().data_as<int32_t>(), B, kHqo, kHkv,
              kD, kPage, dt, dt, dt, opts, s);
     check_cu(d.cuGraphLaunch(exec, s), "graph launch");
     synchronize(s);
 
     HostTensor ref(DType::f32, {B, kHqo, kD}), ref_lowp(dt, {B, kHqo, kD});
-    reference::batch_decode(q.view(), host_cache(pool, sb), ref.view(), TensorView());
+    HostTensor ref_lse(DType::f32, {B, kHqo});
+    reference::batch_decode(q.view(), host_cache(pool, sb), ref.view(), ref_lse.view());
     for (int64_t i = 0; i < ref.numel(); ++i) ref_lowp.set(i, ref.get(i));  // as decode_case.cpp
-    HostTensor got(dt, {B, kHqo, kD});
+    HostTensor got(dt, {B, kHqo, kD}), got_lse(DType::f32, {B, kHqo});
     dout.buf.copy_to_host(got.data(), got.nbytes());
-    EXPECT_TRUE(matches_reference(got.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), dt))
+    dlse.buf.copy_to_host(got_lse.data(), got_lse.nbytes());
+    const auto got_d = got.to_doubles(), ref_d = ref.to_doubles(),
+               ref_lowp_d = ref_lowp.to_doubles();
+    EXPECT_TRUE(matches_reference(got_d, ref_d, ref_lowp_d, dt))
         << "step " << step << " batch " << B;
+    EXPECT_TRUE(every_request_passes(
+        check_tolerance_per_request(got_d, ref_d, ref_lowp_d, B, tolerance_floor(dt))))
+        << "step " << step << " batch " << B;
+    // LSE: the same bound as decode_case.cpp, whole batch and per request (an empty request's
+    // -inf compares equal).
+    const auto lse_d = got_lse.to_doubles(), ref_lse_d = ref_lse.to_doubles();
+    EXPECT_FALSE(any_nan(lse_d)) << "step " << step << ": an LSE row was not written";
+    EXPECT_LE(rel_err(lse_d, ref_lse_d), 1e-4) << "step " << step << " batch " << B;
+    EXPECT_TRUE(every_request_within(rel_err_per_request(lse_d, ref_lse_d, B), 1e-4))
+        << "step " << step << " batch " << B << " (lse)";
   }
   d.cuGraphExecDestroy(exec);
   d.cuGraphDestroy(graph);
   destroy_stream(s);
 }
 
+// Batch invariance (fixed_split_size): one request's output is bitwise the same whatever else is
+// in the batch, at any position, planned with or without enable_cuda_graph, run eagerly, from a
+// graph captured for its batch, or from one graph captured once and replayed after re-plans for
+// other batches (peers lose this once split-KV and graphs meet: flashinfer#2424, sglang#10417).
 TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
   const DType dt = DType::bf16;
+  const int kMaxBatch = 16;
   Pool pool(2000, dt);
-  BatchDecodeConfig cfg{16, kHqo, kD};
+  BatchDecodeConfig cfg{kMaxBatch, kHqo, kD};
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
-  DecodePlanOptions opts;
-  opts.fixed_split_size = 256;
-  opts.enable_cuda_graph = true;
+  DecodePlanOptions graph_opts;
+  graph_opts.fixed_split_size = 256;
+  graph_opts.enable_cuda_graph = true;
+  DecodePlanOptions eager_opts = graph_opts;
+  eager_opts.enable_cuda_graph = false;
+  const size_t row_bytes = size_t{kHqo} * kD * dtype_size(dt);
   std::mt19937 rng(3);
-  // The request under test: 3000 tokens (12 chunks), always the same pages and query.
+
+  // The request under test, x: 3000 tokens (12 chunks), always the same pages and query.
   HostTensor qx(dt, {1, kHqo, kD});
   qx.fill_random(77);
   std::vector<int32_t> x_pages;
   for (int i = 0; i < 188; ++i) x_pages.push_back(1500 + i);  // ceil(3000/16) = 188 pages
 
-  auto run_batch = [&](const std::vector<int64_t>& others, int x_pos, bool graph) {
+  // x at x_pos among `others`, whose pages come from [0, 1500); their queries vary by batch.
+  struct XBatch {
+    int size = 0, x_pos = 0;
+    HostTensor q, indptr, last, indices;
+  };
+  const auto make_x_batch = [&](const std::vector<int64_t>& others, int x_pos) {
     std::vector<int64_t> lens = others;
     lens.insert(lens.begin() + x_pos, 3000);
-    // Page table: x uses x_pages; others use pages from [0, 1500).
     std::vector<int64_t> indptr{0}, last, idx;
     int next = 0;
     for (size_t i = 0; i < lens.size(); ++i) {
@@ -181,13 +211,34 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
       indptr.push_back(indptr.back() + pages);
       last.push_back(pages ? lens[i] - (pages - 1) * kPage : 0);
     }
-    const int B = static_cast<int>(lens.size());
-    HostTensor q(dt, {B, kHqo, kD});
-    q.fill_random(5 + B);
-    std::memcpy(static_cast<char*>(q.data()) + x_pos * kHqo * kD * 2, qx.data(), qx.nbytes());
-    HostTensor hi = make_i32(indptr), hl = make_i32(last), hx = make_i32(idx);
-    auto dq = to_device(q), di = to_device(hi), dl = to_device(hl), dx = to_device(hx);
-    HostTensor out(dt, {B, kHqo, kD});
+    XBatch b;
+    b.size = static_cast<int>(lens.size());
+    b.x_pos = x_pos;
+    b.q = HostTensor(dt, {b.size, kHqo, kD});
+    b.q.fill_random(5 + b.size);
+    std::memcpy(static_cast<char*>(b.q.data()) + x_pos * row_bytes, qx.data(), row_bytes);
+    b.indptr = make_i32(indptr);
+    b.last = make_i32(last);
+    b.indices = make_i32(idx);
+    return b;
+  };
+  const auto plan = [&](const XBatch& b, const DecodePlanOptions& opts, Stream s) {
+    dec.plan(b.indptr.view().data_as<int32_t>(), b.last.view().data_as<int32_t>(), b.size, kHqo,
+             kHkv, kD, kPage, dt, dt, dt, opts, s);
+  };
+  // x's row of a device output, as bytes.
+  const auto x_row = [&](const DeviceTensor& dout, int x_pos) {
+    std::vector<uint8_t> row(row_bytes);
+    dout.buf.copy_to_host(row.data(), row_bytes, x_pos * row_bytes);
+    return row;
+  };
+
+  // Plans the batch and runs it eagerly, or captures run() into a graph of its own (on tensors
+  // of the batch's size) and launches that once.
+  const auto run_batch = [&](const XBatch& b, const DecodePlanOptions& opts, bool graph) {
+    auto dq = to_device(b.q), di = to_device(b.indptr), dl = to_device(b.last),
+         dx = to_device(b.indices);
+    HostTensor out(dt, {b.size, kHqo, kD});
     auto dout = poisoned_like(out);
     PagedKVCache dc;
     dc.k = pool.dk.view;
@@ -196,8 +247,7 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
     dc.indices = dx.view;
     dc.last_page_len = dl.view;
     Stream s = create_stream();
-    dec.plan(hi.view().data_as<int32_t>(), hl.view().data_as<int32_t>(), B, kHqo, kHkv, kD, kPage,
-             dt, dt, dt, opts, s);
+    plan(b, opts, s);
     if (graph) {
       const auto& d = driver();
       CUgraph g;
@@ -210,23 +260,96 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
       synchronize(s);
       d.cuGraphExecDestroy(e);
       d.cuGraphDestroy(g);
+      dec.forget_captured_graphs();  // the next batch may be larger than this graph's rows
     } else {
       dec.run(dq.view, dc, dout.view, TensorView(), s);
     }
     synchronize(s);
     destroy_stream(s);
-    dout.buf.copy_to_host(out.data(), out.nbytes());
-    std::vector<uint8_t> row(qx.nbytes());
-    std::memcpy(row.data(), static_cast<char*>(out.data()) + x_pos * kHqo * kD * 2, row.size());
-    return row;
+    return x_row(dout, b.x_pos);
   };
-  const auto alone = run_batch({}, 0, false);
-  const auto a = run_batch({100, 5000, 7}, 2, false);
-  const auto b = run_batch({1, 1, 1, 1, 900, 12000, 64, 3}, 5, false);
-  const auto c = run_batch({4000, 20}, 1, true);
-  EXPECT_EQ(alone, a) << "output changed with the rest of the batch";
-  EXPECT_EQ(alone, b) << "output changed with the rest of the batch";
-  EXPECT_EQ(alone, c) << "output changed between eager and graph replay";
+
+  const XBatch lone = make_x_batch({}, 0);
+  const auto alone = run_batch(lone, graph_opts, false);
+  // The baseline itself is right (a wrong but constant output would be "invariant" too).
+  {
+    PagedKVCache hc;
+    hc.k = pool.k.view();
+    hc.v = pool.v.view();
+    hc.indptr = lone.indptr.view();
+    hc.indices = lone.indices.view();
+    hc.last_page_len = lone.last.view();
+    HostTensor ref(DType::f32, {1, kHqo, kD}), ref_lowp(dt, {1, kHqo, kD}), got(dt, {1, kHqo, kD});
+    reference::batch_decode(qx.view(), hc, ref.view(), TensorView());
+    for (int64_t i = 0; i < ref.numel(); ++i) ref_lowp.set(i, ref.get(i));
+    std::memcpy(got.data(), alone.data(), row_bytes);
+    EXPECT_TRUE(matches_reference(got.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), dt));
+  }
+  const std::vector<std::pair<std::vector<int64_t>, int>> others = {
+      {{100, 5000, 7}, 2}, {{1, 1, 1, 1, 900, 12000, 64, 3}, 5}, {{4000, 20}, 1}, {{0, 2999}, 0}};
+  for (const auto& [lens, pos] : others) {
+    const XBatch b = make_x_batch(lens, pos);
+    EXPECT_EQ(alone, run_batch(b, graph_opts, false))
+        << "eager (enable_cuda_graph plan): output changed with the rest of the batch, x at "
+        << pos;
+    EXPECT_EQ(alone, run_batch(b, eager_opts, false))
+        << "eager (plan without enable_cuda_graph): output changed, x at " << pos;
+    EXPECT_EQ(alone, run_batch(b, graph_opts, true))
+        << "graph captured for the batch: output changed, x at " << pos;
+  }
+  EXPECT_EQ(alone, run_batch(lone, eager_opts, false)) << "plan without enable_cuda_graph";
+
+  // The serving pattern: one graph captured at max_batch rows over the full indices buffer,
+  // then plan() + replay per batch.
+  HostTensor q_rows(dt, {kMaxBatch, kHqo, kD}), out_rows(dt, {kMaxBatch, kHqo, kD});
+  DeviceTensor dq = to_device(q_rows), dout = poisoned_like(out_rows);
+  const int64_t kIndices = 4096;  // more than any batch below uses (at most ~1100 pages)
+  DeviceBuffer d_indices(kIndices * sizeof(int32_t));
+  // The graph-mode run() reads only indices; indptr / last_page_len give it a batch of at least
+  // the plan's (their values are the plan's business).
+  DeviceTensor dindptr = to_device(HostTensor(DType::i32, {kMaxBatch + 1}));
+  DeviceTensor dlast = to_device(HostTensor(DType::i32, {kMaxBatch}));
+  PagedKVCache dc;
+  dc.k = pool.dk.view;
+  dc.v = pool.dv.view;
+  dc.indptr = dindptr.view;
+  dc.last_page_len = dlast.view;
+  dc.indices = TensorView(d_indices.data(), DType::i32, {kIndices}, Device::cuda(0));
+  std::vector<XBatch> replayed;
+  for (const auto& [lens, pos] : others) replayed.push_back(make_x_batch(lens, pos));
+  replayed.push_back(lone);
+  std::vector<int64_t> full;  // a full batch: x and 15 others of random lengths
+  for (int i = 0; i < kMaxBatch - 1; ++i) full.push_back(rng() % 2000);
+  replayed.push_back(make_x_batch(full, 9));
+  Stream s = create_stream();
+  const auto& d = driver();
+  const auto upload = [&](const XBatch& b) {
+    dq.buf.copy_from_host(b.q.data(), b.q.nbytes());
+    d_indices.copy_from_host(b.indices.data(), b.indices.nbytes());
+  };
+  upload(replayed.back());
+  plan(replayed.back(), graph_opts, s);
+  synchronize(s);
+  CUgraph graph;
+  CUgraphExec exec;
+  check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+  dec.run(dq.view, dc, dout.view, TensorView(), s);
+  check_cu(d.cuStreamEndCapture(s, &graph), "end capture");
+  check_cu(d.cuGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (size_t i = 0; i < replayed.size(); ++i) {
+    const XBatch& b = replayed[i];
+    synchronize(s);  // the previous replay is done with q / indices
+    upload(b);
+    dout.buf.fill_bytes(0xff);
+    plan(b, graph_opts, s);
+    check_cu(d.cuGraphLaunch(exec, s), "graph launch");
+    synchronize(s);
+    EXPECT_EQ(alone, x_row(dout, b.x_pos)) << "replayed graph after re-plan " << i << " (batch "
+                                           << b.size << ", x at " << b.x_pos << "): output changed";
+  }
+  d.cuGraphExecDestroy(exec);
+  d.cuGraphDestroy(graph);
+  destroy_stream(s);
 }
 
 // A captured graph holds fixed q/out/indices pointers, kernel, sm_scale and CTA units: a later
@@ -289,30 +412,35 @@ TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   destroy_stream(s);
 }
 
+// Every refused call throws flashkv::Error naming the argument and writes nothing: out and lse
+// are poisoned (0xff bytes) and every byte must still be poison after each refused call.
+// (test_decode_bad_input_gpu.cpp has the page-table, dtype, shape and device cases.)
 TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   const DType dt = DType::f16;
   BatchDecodeConfig cfg{4, kHqo, kD};
   const size_t need = BatchDecode::workspace_bytes(cfg);
   DeviceBuffer ws(need);
-  auto expect_error = [](auto&& fn, const std::string& needle) {
+  PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 1);
+  DeviceCache dc = to_device(cache);
+  HostTensor q(dt, {2, kHqo, kD}), out(dt, {2, kHqo, kD}), lse(DType::f32, {2, kHqo});
+  q.fill_random(1);
+  auto dq = to_device(q), dout = poisoned_like(out), dlse = poisoned_like(lse);
+  auto expect_error = [&](auto&& fn, const std::string& needle) {
     try {
       fn();
       ADD_FAILURE() << "expected flashkv::Error containing '" << needle << "'";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
+    EXPECT_TRUE(all_bytes_are(dout)) << "out written by the call refused for '" << needle << "'";
+    EXPECT_TRUE(all_bytes_are(dlse)) << "lse written by the call refused for '" << needle << "'";
   };
   expect_error([&] { BatchDecode small(cfg, ws.data(), need - 1); }, "workspace");
 
   BatchDecode dec(cfg, ws.data(), ws.size());
-  PagedCacheHost cache = make_paged_cache({40, 3}, kPage, kHkv, kD, KVLayout::NHD, dt, 1);
-  DeviceCache dc = to_device(cache);
-  HostTensor q(dt, {2, kHqo, kD}), out(dt, {2, kHqo, kD});
-  q.fill_random(1);
-  auto dq = to_device(q), dout = poisoned_like(out);
   const int32_t* ip = cache.indptr.view().data_as<int32_t>();
   const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
-  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView()); },
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
                "before a successful plan");
   expect_error([&] { dec.plan(ip, lp, 5, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "batch_size");
   expect_error([&] { dec.plan(ip, lp, 2, kHqo, 5, kD, kPage, dt, dt, dt); }, "num_kv_heads");
@@ -327,17 +455,21 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
                "kv_indptr[2]");
   DecodePlanOptions neg_scale;
   neg_scale.sm_scale = -1.f;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, neg_scale); }, "sm_scale");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, neg_scale); },
+               "sm_scale");
   DecodePlanOptions bad_shape;
   bad_shape.tc_stages = 1;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "tc_stages");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
+               "tc_stages");
   bad_shape = {};
   bad_shape.tc_warps = 3;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "tc_warps");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
+               "tc_warps");
   bad_shape = {};
   bad_shape.tc_stages = 8;
   bad_shape.tc_warps = 8;  // 8 stages of 128 tokens: 1 MB of shared memory
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); }, "shared memory");
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
+               "shared memory");
   BatchDecodeConfig neg_ctas = cfg;
   neg_ctas.ctas_per_sm = -1;
   expect_error([&] { (void)BatchDecode::workspace_bytes(neg_ctas); }, "ctas_per_sm");
@@ -348,14 +480,23 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, check_idx); },
                "kv_indices[2]");
 
+  // A plan() that throws leaves the object unplanned, never half-planned (batch_decode.cpp), even
+  // after a successful one: run() is then refused rather than run on a stale plan.
+  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
+  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); },
+               "kv_dtype");
+  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
+               "before a successful plan");
+
   dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
   HostTensor q3(dt, {3, kHqo, kD});
   auto dq3 = to_device(q3);
-  expect_error([&] { dec.run(dq3.view, dc.cache, dout.view, TensorView()); }, "q:");
-  expect_error([&] { dec.run(q.view(), dc.cache, dout.view, TensorView()); }, "q:");  // host tensor
+  expect_error([&] { dec.run(dq3.view, dc.cache, dout.view, dlse.view); }, "q:");
+  expect_error([&] { dec.run(q.view(), dc.cache, dout.view, dlse.view); }, "q:");  // host tensor
   HostTensor lse_bad(DType::f16, {2, kHqo});
-  auto dlse_bad = to_device(lse_bad);
+  auto dlse_bad = poisoned_like(lse_bad);
   expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse_bad.view); }, "lse");
+  EXPECT_TRUE(all_bytes_are(dlse_bad)) << "the refused f16 lse was written";
   // A page stride of 2^32 bytes or more (the kernels keep in-page and page offsets in 32 bits):
   // refused before anything is read.
   {
@@ -364,22 +505,25 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
     const int64_t strides[4] = {int64_t{1} << 31, int64_t{kHkv} * kD, kD, 1};  // 2^32 bytes at f16
     wide.k = TensorView(dc.cache.k.data(), dt, 4, shape, strides, dc.cache.k.device());
     wide.v = TensorView(dc.cache.v.data(), dt, 4, shape, strides, dc.cache.v.device());
-    expect_error([&] { dec.run(dq.view, wide, dout.view, TensorView()); }, "2^32");
+    expect_error([&] { dec.run(dq.view, wide, dout.view, dlse.view); }, "2^32");
   }
   // Capturing run() of a plan made without enable_cuda_graph is refused.
   Stream s = create_stream();
   const auto& d = driver();
   check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
-  expect_error([&] { dec.run(dq.view, dc.cache, dout.view, TensorView(), s); },
-               "enable_cuda_graph");
-  CUgraph g;
+  try {
+    dec.run(dq.view, dc.cache, dout.view, dlse.view, s);
+    ADD_FAILURE() << "expected flashkv::Error containing 'enable_cuda_graph'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("enable_cuda_graph"), std::string::npos) << e.what();
+  }
+  CUgraph g = nullptr;
   d.cuStreamEndCapture(s, &g);
   if (g) d.cuGraphDestroy(g);
   destroy_stream(s);
-  // Nothing was written by any refused call.
-  HostTensor got(dt, {2, kHqo, kD});
-  to_host(dout, got);
-  EXPECT_TRUE(any_nan(got.to_doubles())) << "a refused call wrote the output";
+  // (Checked after the capture ended: a synchronizing copy is not allowed during one.)
+  EXPECT_TRUE(all_bytes_are(dout)) << "a refused capture wrote out";
+  EXPECT_TRUE(all_bytes_are(dlse)) << "a refused capture wrote lse";
 }
 
 }  // namespace

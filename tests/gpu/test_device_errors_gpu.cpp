@@ -1,7 +1,8 @@
-// Bad device-resident input to the KV-cache ops and RoPE (device_errors.h): the kernel writes
-// nothing for the bad token (the cache is bitwise what the reference gives for the valid tokens
-// alone; a RoPE row keeps its old values, or its poison), check_device_errors() raises a message
-// naming the op, the argument and the values, and the record is reset (a second check passes).
+// Bad device-resident input to the KV-cache ops, RoPE and plain batch decode (device_errors.h):
+// the kernel writes nothing for the bad token (the cache is bitwise what the reference gives for
+// the valid tokens alone; a RoPE row keeps its old values, or its poison; the other decode
+// requests are still right), check_device_errors() raises a message naming the op, the argument
+// and the values, and the record is reset (a second check passes).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "flashkv/decode.h"
 #include "flashkv/device_errors.h"
 #include "flashkv/kv_ops.h"
+#include "flashkv/reference.h"
 #include "flashkv/reference_kv_ops.h"
 #include "gpu/append_case.h"
+#include "gpu/decode_case.h"
 
 namespace flashkv::test {
 namespace {
@@ -233,6 +237,76 @@ TEST_F(DeviceErrorsGpu, BatchPositionsSeqLenShorterThanAppend) {
   const std::vector<double> want_pos = {8, 9, -1, -1, -1, -1, -1, 0};
   EXPECT_EQ(bi.to_doubles(), want_bi);
   EXPECT_EQ(pos.to_doubles(), want_pos);
+}
+
+// Plain BatchDecode::run over a device page table with one request's page id out of range
+// (>= num_pages, or negative; plan() saw only the host indptr / last_page_len): the decode kernel
+// records it, check_device_errors() names the op and the paged_kv.indices entry and resets the
+// record, and every other request's output and LSE still match the reference. Both kernels.
+TEST_F(DeviceErrorsGpu, DecodeRunReportsOutOfRangePageIds) {
+  const int Hq = 32, Hkv = 8, D = 128, page = 16;
+  const DType dt = DType::f16;
+  const std::vector<int64_t> lens = {300, 3, 1000, 0, 17};
+  const int64_t B = static_cast<int64_t>(lens.size());
+  PagedCacheHost cache = make_paged_cache(lens, page, Hkv, D, KVLayout::NHD, dt, 21);
+  DeviceCache dc = to_device(cache);
+  HostTensor q(dt, {B, Hq, D});
+  q.fill_random(22);
+  const DeviceTensor dq = to_device(q);
+  HostTensor ref(DType::f32, {B, Hq, D}), ref_lowp(dt, {B, Hq, D}), ref_lse(DType::f32, {B, Hq});
+  reference::batch_decode(q.view(), cache.cache, ref.view(), ref_lse.view());
+  for (int64_t i = 0; i < ref.numel(); ++i) ref_lowp.set(i, ref.get(i));
+  const auto ref_d = ref.to_doubles(), ref_lowp_d = ref_lowp.to_doubles(),
+             ref_lse_d = ref_lse.to_doubles();
+
+  BatchDecodeConfig cfg;
+  cfg.max_batch = 8;
+  cfg.num_qo_heads = Hq;
+  cfg.head_dim = D;
+  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  BatchDecode dec(cfg, ws.data(), ws.size());
+  const int64_t num_pages = cache.cache.num_pages();
+  struct BadPage {
+    int request;
+    int64_t page;  // the request's page (entry indptr[request] + page of paged_kv.indices)
+    int64_t id;
+  };
+  // Request 0's second page past the cache; request 2's last page (a partial one) negative.
+  const BadPage bad_pages[] = {{0, 1, num_pages}, {2, (1000 + page - 1) / page - 1, -1}};
+  EXPECT_NO_THROW(check_device_errors(0)) << "an earlier test left an error pending";
+  for (DecodeBackend backend : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+    for (const BadPage& bad : bad_pages) {
+      SCOPED_TRACE(::testing::Message()
+                   << (backend == DecodeBackend::kTensorCores ? "tensor cores" : "CUDA cores")
+                   << ": request " << bad.request << " page " << bad.page << " = " << bad.id);
+      const int64_t entry = at(cache.indptr, bad.request) + bad.page;
+      ASSERT_LT(entry, at(cache.indptr, bad.request + 1));
+      upload(dc.indices, with_entry(cache.indices, entry, bad.id));
+      DecodePlanOptions opts;
+      opts.backend = backend;
+      dec.plan(cache.indptr.view().data_as<int32_t>(),
+               cache.last_page_len.view().data_as<int32_t>(), static_cast<int>(B), Hq, Hkv, D, page,
+               dt, dt, dt, opts);
+      EXPECT_EQ(dec.plan_info().tensor_cores, backend == DecodeBackend::kTensorCores);
+      HostTensor got(dt, {B, Hq, D}), got_lse(DType::f32, {B, Hq});
+      DeviceTensor dout = poisoned_like(got), dlse = poisoned_like(got_lse);
+      dec.run(dq.view, dc.cache, dout.view, dlse.view);
+      synchronize();
+      expect_device_error({"BatchDecode::run", "paged_kv.indices["});
+      upload(dc.indices, cache.indices);  // valid again for the next case
+      to_host(dout, got);
+      to_host(dlse, got_lse);
+      const auto got_d = got.to_doubles(), lse_d = got_lse.to_doubles();
+      const std::vector<ToleranceCheck> out_checks =
+          check_tolerance_per_request(got_d, ref_d, ref_lowp_d, B, tolerance_floor(dt));
+      const std::vector<double> lse_errs = rel_err_per_request(lse_d, ref_lse_d, B);
+      for (int64_t r = 0; r < B; ++r) {
+        if (r == bad.request) continue;  // its output is not specified
+        EXPECT_TRUE(out_checks[r].pass) << "request " << r << ": " << out_checks[r].str();
+        EXPECT_LE(lse_errs[r], 1e-4) << "request " << r << " (lse)";
+      }
+    }
+  }
 }
 
 TEST_F(DeviceErrorsGpu, CheckWithNothingPendingPasses) {
