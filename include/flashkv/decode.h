@@ -83,10 +83,13 @@ struct DecodePlanOptions {
   int tc_warps = 0;
   // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
   // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
-  // Without it the kernel still never reads outside the cache: an out-of-range id reads as zeros
-  // and is reported through check_device_errors() (device_errors.h), naming the entry.
+  // Without it the kernel still never reads outside the cache: an out-of-range id reads as zeros.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;
+  // The kernel also reports a device page id outside [0, num_pages) through check_device_errors()
+  // (device_errors.h), naming the entry and its request. A kernel variant that costs 1-6 % on
+  // the H200, so off by default; FLASHKV_CHECK_DEVICE_ERRORS=1 turns it on for every plan.
+  bool check_page_ids = false;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
   // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan().
   Variant variant;
@@ -129,8 +132,8 @@ class BatchDecode {
   // q[batch, H_qo, D], out[batch, H_qo, D], lse f32[batch, H_qo] (optional: undefined view).
   // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are
   // those given to plan()). Enqueued on `stream`. A page id in kv.indices outside [0, num_pages)
-  // is read as zeros and reported through check_device_errors() (device_errors.h): that
-  // request's output is not meaningful. (Checking on the host would cost a sync per run.)
+  // is read as zeros (that request's output is not meaningful); with check_page_ids it is also
+  // reported through check_device_errors() (device_errors.h).
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
   // run() with other arguments for the plan's user variant (same VariantSpec).

@@ -141,13 +141,15 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     return reinterpret_cast<unsigned char*>(base + stage * C::kStageElems);
   };
   DecodeTilePages<C> pages;  // of the next tile to issue
+  unsigned bad_pages = 0;    // a page id outside the cache was seen (decode_check_pages)
   decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
-                     [&](int s, bool is_v) { return stage_bytes(is_v ? v_smem : k_smem, s); }, pages);
+                     [&](int s, bool is_v) { return stage_bytes(is_v ? v_smem : k_smem, s); }, pages,
+                     bad_pages);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
     if (next < num_tiles) {
       const int ns = next % C::kStages;
-      decode_issue_tile<C>(p, w, next, pages, stage_bytes(k_smem, ns), stage_bytes(v_smem, ns));
+      decode_issue_tile<C>(p, w, next, pages, stage_bytes(k_smem, ns), stage_bytes(v_smem, ns), bad_pages);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
@@ -208,6 +210,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     }
     __syncthreads();
   }
+  decode_check_pages<C>(p, w, bad_pages);
   if (timeline >= 0) decode_timeline_stamp(timeline + 2);
 
   // Merge the kBdz token lanes of each head through shared memory (the pipeline is drained).

@@ -92,15 +92,38 @@ __device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlan
   return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta, plan.ctas_per_unit);
 }
 
-// A page id outside [0, num_pages) behind KV position `pos` of work item w (the page table is in
-// device memory: checking it on the host would cost a copy and a synchronization per run). The
-// first one is recorded for check_device_errors(); its keys and values were read as zeros. Out of
-// line: the loads' loop only tests and branches.
-__device__ __noinline__ void decode_report_bad_page(const DecodeParams& p, const DecodeWorkItem& w,
-                                                    unsigned pos, int page, int page_size) {
+// Page ids outside [0, num_pages) are always read as zeros (never outside the cache). Reporting
+// them is compiled in only where asked (DecodePlanOptions::check_page_ids, or the debug mode
+// FLASHKV_CHECK_DEVICE_ERRORS=1: the kernel source then starts with this define), because it
+// costs: a flag per load in the loads' loop made GQA D1-D4 and MHA D2/D3 1-6 % slower on the H200
+// (bench/results/decode-page-check-ab-2026-11-30.log). (The page table is in device memory:
+// checking it on the host would cost a copy and a synchronization per run.) The loads note a bad
+// id in `bad_pages`; after the item's loop a thread that saw one rescans the item's page ids and
+// records the first bad one for check_device_errors().
+#ifndef FLASHKV_DECODE_CHECK_PAGES
+#define FLASHKV_DECODE_CHECK_PAGES 0
+#endif
+constexpr bool kDecodeCheckPages = FLASHKV_DECODE_CHECK_PAGES != 0;
+
+template <class C>
+__device__ __noinline__ void decode_report_bad_pages(const DecodeParams& p, const DecodeWorkItem& w) {
   const int op = p.step.new_k != nullptr ? kDeviceOpBatchDecodeStep : kDeviceOpBatchDecode;
-  report_device_error(p.error, kDeviceErrorPageIndex, op, pos, page, p.num_pages,
-                      w.page_base + pos / page_size, w.request);
+  const int first = w.kv_start / C::kPageSize, last = (w.kv_end - 1) / C::kPageSize;
+  for (int i = first; i <= last; ++i) {
+    const int page = p.kv_indices[w.page_base + i];
+    if ((unsigned long long)page >= (unsigned long long)p.num_pages) {
+      const int pos = max(w.kv_start, i * C::kPageSize);
+      report_device_error(p.error, kDeviceErrorPageIndex, op, pos, page, p.num_pages, w.page_base + i,
+                          w.request);
+      return;
+    }
+  }
+}
+template <class C>
+__device__ __forceinline__ void decode_check_pages(const DecodeParams& p, const DecodeWorkItem& w, unsigned bad_pages) {
+  if constexpr (kDecodeCheckPages) {
+    if (bad_pages != 0) decode_report_bad_pages<C>(p, w);
+  }
 }
 
 // Issues the cp.async loads of KV tile `tile` into one pipeline stage (byte pointers to its K
@@ -108,11 +131,12 @@ __device__ __noinline__ void decode_report_bad_page(const DecodeParams& p, const
 // for the CUDA-core kernel, XOR-swizzled rows for ldmatrix in the tensor-core kernel. Past the
 // chunk end (kDecodeNoPage) or on an out-of-range page id the 16 bytes are zero-filled: nothing is
 // read outside the cache, and zeros keep P·V free of NaN from stale shared memory. An
-// out-of-range id is reported (decode_report_bad_page).
+// out-of-range id sets bad_pages where page ids are checked (kDecodeCheckPages; reported after the
+// item: decode_check_pages).
 template <class C>
 __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
                                                   const DecodeTilePages<C>& a, unsigned char* k_stage,
-                                                  unsigned char* v_stage) {
+                                                  unsigned char* v_stage, unsigned& bad_pages) {
   constexpr u32 kElem = sizeof(typename C::kv_t);
   const char* kg = static_cast<const char*>(p.k);
   const char* vg = static_cast<const char*>(p.v);
@@ -130,8 +154,7 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
     const int row = decode_load_row<C>(j);
     const unsigned pos = (unsigned)(w.kv_start + tile * C::kTile + row);
     const bool valid = (u32)a.page[j] < num_pages;  // kDecodeNoPage (past the chunk end) is not
-    if (!valid && a.page[j] != kDecodeNoPage && chunk == 0)
-      decode_report_bad_page(p, w, pos, a.page[j], C::kPageSize);
+    if constexpr (kDecodeCheckPages) bad_pages |= (unsigned)(!valid && a.page[j] != kDecodeNoPage);
     const u32 page = valid ? (u32)a.page[j] : 0u;
     const u64 off = (u64)page * page_bytes + ((pos % C::kPageSize) * token_bytes + in_page);
     const u32 so = C::chunk_offset(row, chunk);

@@ -124,9 +124,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   const int len = w.kv_end - w.kv_start;
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
   DecodeTilePages<C> pages;  // of the next tile to issue
+  unsigned bad_pages = 0;    // a page id outside the cache was seen (decode_check_pages)
   decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
                      [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageElems * 2; },
-                     pages);
+                     pages, bad_pages);
   // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
   // (not loaded before the main loop's first issue, which the barrier below precedes).
   // The main loop fills stage kStages - 1 first, after the barrier that ends the rotation below.
@@ -168,7 +169,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     const int next = tile + C::kStages - 1;
     const int ns = next % C::kStages;
     if (next < num_tiles) {
-      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2);
+      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2,
+                           bad_pages);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
@@ -275,6 +277,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     }
     __syncthreads();  // this stage is refilled by a later iteration
   }
+  decode_check_pages<C>(p, w, bad_pages);
   if (timeline >= 0) decode_timeline_stamp(timeline + 2);
 
   // Merge the warps' states (⊕) through shared memory, then write rows < kGroup. Only real rows

@@ -70,7 +70,8 @@ std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int 
 }
 
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group, int page_size,
-                              bool tc, const VariantJit& variant, DecodeTCTuning tuning) {
+                              bool tc, const VariantJit& variant, DecodeTCTuning tuning,
+                              bool check_pages) {
   if (!tc) tuning = {};
   const std::string tuned = tuning == DecodeTCTuning{} ? ""
                                                        : ",s" + std::to_string(tuning.stages) + ",w" +
@@ -79,12 +80,18 @@ KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int g
   const std::string id = std::string(tc ? "decode_tc<" : "decode<") + dtype_name(q_dtype) + "," +
                          dtype_name(kv_dtype) + ",d" + std::to_string(head_dim) + ",g" +
                          std::to_string(group) + ",p" + std::to_string(page_size) + tuned +
-                         (variant.id.empty() ? "" : "," + variant.id) + ">";
+                         (variant.id.empty() ? "" : "," + variant.id) + (check_pages ? ",checked" : "") +
+                         ">";
   const std::string header = tc ? "attention/decode_tc.cuh" : "attention/decode.cuh";
   const std::string kernel =
       decode_kernel_name(q_dtype, kv_dtype, head_dim, group, page_size, tc, variant, tuning);
   const std::string extra = variant.source;
-  return {id, [id, header, kernel, extra] { return make_request(id, header, {kernel}, extra); }};
+  return {id, [id, header, kernel, extra, check_pages] {
+            runtime::CompileRequest r = make_request(id, header, {kernel}, extra);
+            // The one switch the decode headers read before anything else (decode_common.cuh).
+            if (check_pages) r.source = "#define FLASHKV_DECODE_CHECK_PAGES 1\n" + r.source;
+            return r;
+          }};
 }
 }  // namespace ops
 
@@ -96,6 +103,7 @@ struct KernelKey {
   bool tensor_cores = false;
   ops::DecodeTCTuning tuning;  // tensor-core kernel only
   std::string variant;  // VariantJit::id
+  bool check_pages = false;
   bool operator==(const KernelKey&) const = default;
 };
 }  // namespace
@@ -332,10 +340,14 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
       kernel_variant, {"BatchDecode::plan", Device::cuda(cfg.device), batch_size, batch_size,
                        num_qo_heads, head_dim, batch_size == 1 ? m.kv_lens[0] : -1});
   const ops::DecodeTCTuning kernel_tuning = tc ? tuning : ops::DecodeTCTuning{};
-  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, kernel_tuning, vj.id};
+  // Page ids checked in the kernel where asked, or in the device-error debug mode.
+  const bool check_pages = opts.check_page_ids || runtime::device_error_debug_mode();
+  const KernelKey key{q_dtype, kv_dtype, head_dim, group, page_size, tc, kernel_tuning, vj.id,
+                      check_pages};
   if (!(m.decode_fn != nullptr && m.kernel_key == key)) {
     const ops::KernelSpec spec = ops::decode_kernel_spec(q_dtype, kv_dtype, head_dim, group,
-                                                         page_size, tc, vj, kernel_tuning);
+                                                         page_size, tc, vj, kernel_tuning,
+                                                         check_pages);
     const runtime::LoadedModule& mod =
         runtime::KernelCache::instance().module(spec.id, cfg.device, spec.make);
     m.decode_fn = mod.function(

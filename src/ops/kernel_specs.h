@@ -32,10 +32,12 @@ inline constexpr DecodeTCTuning kDecodeTCSmallCtas{0, 2, 4};
 inline constexpr DecodeTCTuning kDecodeTCOneCta{0, 8, 1};
 
 // The batch decode kernel (and its merge stage) for one configuration.
+// check_pages: the kernel also reports page ids outside the cache (DecodePlanOptions::
+// check_page_ids; attention/decode_common.cuh), a slower variant with its own id.
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
                               int page_size, bool tensor_cores = false,
                               const VariantJit& variant = {"", "flashkv::DefaultVariant"},
-                              DecodeTCTuning tuning = {});
+                              DecodeTCTuning tuning = {}, bool check_pages = false);
 // The name expression of that kernel (its function in the compiled module).
 std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
                                int page_size, bool tensor_cores, const VariantJit& variant,

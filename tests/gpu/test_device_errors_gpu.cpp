@@ -274,36 +274,46 @@ TEST_F(DeviceErrorsGpu, DecodeRunReportsOutOfRangePageIds) {
   // Request 0's second page past the cache; request 2's last page (a partial one) negative.
   const BadPage bad_pages[] = {{0, 1, num_pages}, {2, (1000 + page - 1) / page - 1, -1}};
   EXPECT_NO_THROW(check_device_errors(0)) << "an earlier test left an error pending";
-  for (DecodeBackend backend : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
-    for (const BadPage& bad : bad_pages) {
-      SCOPED_TRACE(::testing::Message()
-                   << (backend == DecodeBackend::kTensorCores ? "tensor cores" : "CUDA cores")
-                   << ": request " << bad.request << " page " << bad.page << " = " << bad.id);
-      const int64_t entry = at(cache.indptr, bad.request) + bad.page;
-      ASSERT_LT(entry, at(cache.indptr, bad.request + 1));
-      upload(dc.indices, with_entry(cache.indices, entry, bad.id));
-      DecodePlanOptions opts;
-      opts.backend = backend;
-      dec.plan(cache.indptr.view().data_as<int32_t>(),
-               cache.last_page_len.view().data_as<int32_t>(), static_cast<int>(B), Hq, Hkv, D, page,
-               dt, dt, dt, opts);
-      EXPECT_EQ(dec.plan_info().tensor_cores, backend == DecodeBackend::kTensorCores);
-      HostTensor got(dt, {B, Hq, D}), got_lse(DType::f32, {B, Hq});
-      DeviceTensor dout = poisoned_like(got), dlse = poisoned_like(got_lse);
-      dec.run(dq.view, dc.cache, dout.view, dlse.view);
-      synchronize();
-      expect_device_error({"BatchDecode::run", "paged_kv.indices["});
-      upload(dc.indices, cache.indices);  // valid again for the next case
-      to_host(dout, got);
-      to_host(dlse, got_lse);
-      const auto got_d = got.to_doubles(), lse_d = got_lse.to_doubles();
-      const std::vector<ToleranceCheck> out_checks =
-          check_tolerance_per_request(got_d, ref_d, ref_lowp_d, B, tolerance_floor(dt));
-      const std::vector<double> lse_errs = rel_err_per_request(lse_d, ref_lse_d, B);
-      for (int64_t r = 0; r < B; ++r) {
-        if (r == bad.request) continue;  // its output is not specified
-        EXPECT_TRUE(out_checks[r].pass) << "request " << r << ": " << out_checks[r].str();
-        EXPECT_LE(lse_errs[r], 1e-4) << "request " << r << " (lse)";
+  // check_page_ids off (the default kernel): the bad pages still read as zeros, nothing else is
+  // touched, and nothing is reported.
+  for (bool checked : {true, false}) {
+    for (DecodeBackend backend : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+      for (const BadPage& bad : bad_pages) {
+        SCOPED_TRACE(::testing::Message()
+                     << (backend == DecodeBackend::kTensorCores ? "tensor cores" : "CUDA cores")
+                     << (checked ? ", checked" : ", unchecked") << ": request " << bad.request
+                     << " page " << bad.page << " = " << bad.id);
+        const int64_t entry = at(cache.indptr, bad.request) + bad.page;
+        ASSERT_LT(entry, at(cache.indptr, bad.request + 1));
+        upload(dc.indices, with_entry(cache.indices, entry, bad.id));
+        DecodePlanOptions opts;
+        opts.backend = backend;
+        opts.check_page_ids = checked;
+        dec.plan(cache.indptr.view().data_as<int32_t>(),
+                 cache.last_page_len.view().data_as<int32_t>(), static_cast<int>(B), Hq, Hkv, D,
+                 page, dt, dt, dt, opts);
+        EXPECT_EQ(dec.plan_info().tensor_cores, backend == DecodeBackend::kTensorCores);
+        HostTensor got(dt, {B, Hq, D}), got_lse(DType::f32, {B, Hq});
+        DeviceTensor dout = poisoned_like(got), dlse = poisoned_like(got_lse);
+        dec.run(dq.view, dc.cache, dout.view, dlse.view);
+        synchronize();
+        if (checked) {
+          expect_device_error({"BatchDecode::run", "paged_kv.indices["});
+        } else {
+          EXPECT_NO_THROW(check_device_errors(0));
+        }
+        upload(dc.indices, cache.indices);  // valid again for the next case
+        to_host(dout, got);
+        to_host(dlse, got_lse);
+        const auto got_d = got.to_doubles(), lse_d = got_lse.to_doubles();
+        const std::vector<ToleranceCheck> out_checks =
+            check_tolerance_per_request(got_d, ref_d, ref_lowp_d, B, tolerance_floor(dt));
+        const std::vector<double> lse_errs = rel_err_per_request(lse_d, ref_lse_d, B);
+        for (int64_t r = 0; r < B; ++r) {
+          if (r == bad.request) continue;  // its output is not specified
+          EXPECT_TRUE(out_checks[r].pass) << "request " << r << ": " << out_checks[r].str();
+          EXPECT_LE(lse_errs[r], 1e-4) << "request " << r << " (lse)";
+        }
       }
     }
   }
