@@ -43,7 +43,9 @@ struct BatchDecodeConfig {
   // (the sum of its kv lengths) and the smallest fixed_split_size plan() will be given. The
   // workspace then also holds ceil(max_kv_tokens / min_fixed_split_size) + max_batch chunks per
   // KV head. 0 and 0: sized for dynamic splitting only (a fixed_split_size plan that needs more
-  // partial states than that fails with an error naming these fields).
+  // partial states than that fails with an error naming these fields). Each chunk costs
+  // (head_dim + 1) * 4 bytes per query head of device memory, and ~90 bytes per query head of
+  // the pinned host memory plan() writes its plans to.
   int64_t max_kv_tokens = 0;
   int min_fixed_split_size = 0;
 };
@@ -56,7 +58,8 @@ enum class DecodeBackend : uint8_t { kAuto, kCudaCores, kTensorCores };
 struct DecodePlanOptions {
   float sm_scale = 0.0f;     // 0: 1/sqrt(head_dim)
   int fixed_split_size = 0;  // > 0: split each request's KV in chunks of this many tokens,
-                             // independent of the rest of the batch (batch-invariant output)
+                             // independent of the rest of the batch (batch-invariant output);
+                             // size the workspace for it (BatchDecodeConfig.max_kv_tokens)
   bool disable_split_kv = false;
   // Scheduler tuning (0: the defaults of scheduler/decode_scheduler.h): the fixed cost of a work
   // item in KV-token units (the cost model's alpha) and the shortest chunk dynamic splitting makes.

@@ -37,8 +37,7 @@ template <class C>
 struct DecodeTilePages {
   int page[C::kLoads];
 };
-// A load past the chunk's end: no page (as a page id it is out of range, so nothing is read, and
-// it is the one out-of-range id not reported: a page table never needs it).
+// A load past the chunk's end: no page (as a page id it is out of range, so nothing is read).
 constexpr int kDecodeNoPage = -2147483647 - 1;
 
 // The loads' address arithmetic was most of what a decode CTA issued (H200 profile of GQA D4:
@@ -98,8 +97,8 @@ __device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlan
 // costs: a flag per load in the loads' loop made GQA D1-D4 and MHA D2/D3 1-6 % slower on the H200
 // (bench/results/decode-page-check-ab-2026-11-30.log). (The page table is in device memory:
 // checking it on the host would cost a copy and a synchronization per run.) The loads note a bad
-// id in `bad_pages`; after the item's loop a thread that saw one rescans the item's page ids and
-// records the first bad one for check_device_errors().
+// id in `bad_pages`; after the item's loop, if any thread saw one, thread 0 rescans the item's page
+// ids and records the first bad one for check_device_errors().
 #ifndef FLASHKV_DECODE_CHECK_PAGES
 #define FLASHKV_DECODE_CHECK_PAGES 0
 #endif
@@ -119,10 +118,11 @@ __device__ __noinline__ void decode_report_bad_pages(const DecodeParams& p, cons
     }
   }
 }
+// Every thread of the CTA calls it (a barrier where page ids are checked).
 template <class C>
 __device__ __forceinline__ void decode_check_pages(const DecodeParams& p, const DecodeWorkItem& w, unsigned bad_pages) {
   if constexpr (kDecodeCheckPages) {
-    if (bad_pages != 0) decode_report_bad_pages<C>(p, w);
+    if (__syncthreads_or(bad_pages != 0) && threadIdx.x == 0) decode_report_bad_pages<C>(p, w);
   }
 }
 
@@ -154,7 +154,9 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
     const int row = decode_load_row<C>(j);
     const unsigned pos = (unsigned)(w.kv_start + tile * C::kTile + row);
     const bool valid = (u32)a.page[j] < num_pages;  // kDecodeNoPage (past the chunk end) is not
-    if constexpr (kDecodeCheckPages) bad_pages |= (unsigned)(!valid && a.page[j] != kDecodeNoPage);
+    if constexpr (kDecodeCheckPages) {  // by position: a page id equal to kDecodeNoPage is bad too
+      bad_pages |= (unsigned)(!valid && tile * C::kTile + row < w.kv_end - w.kv_start);
+    }
     const u32 page = valid ? (u32)a.page[j] : 0u;
     const u64 off = (u64)page * page_bytes + ((pos % C::kPageSize) * token_bytes + in_page);
     const u32 so = C::chunk_offset(row, chunk);

@@ -57,20 +57,24 @@ class OpSlot:
         differs from it in one of `exact_fields` (a mode, such as the decode cascade's
         max_qo_tokens = 0: taken as given, never rounded or kept from an earlier plan). `what`
         describes the plan for error messages."""
+        # A field the current config lacks (an optional one, e.g. decode's max_kv_tokens) is 0.
         def fits(k, v):
-            return self.cfg[k] == v if k in exact_fields else self.cfg[k] >= v
+            have = self.cfg.get(k, 0)
+            return have == v if k in exact_fields else have >= v
 
         if self.op is not None and all(fits(k, v) for k, v in need.items()):
             return self.op
         if self.op is not None and self.frozen:
-            over = ", ".join(f"{k} {v} {'!=' if k in exact_fields else '>'} {self.cfg[k]}"
+            over = ", ".join(f"{k} {v} {'!=' if k in exact_fields else '>'} {self.cfg.get(k, 0)}"
                              for k, v in need.items() if not fits(k, v))
             raise ValueError(
                 f"plan: {over}: in CUDA graph mode the wrapper is sized by its first plan() "
                 f"(and the buffers given to the constructor); create another wrapper for a larger "
                 f"configuration")
-        exact = dict(need) if self.cfg is None else {
-            k: (v if k in exact_fields else max(v, self.cfg[k])) for k, v in need.items()}
+        # Grown to cover the current config too (fields `need` leaves out are kept as they are).
+        # Every field grows with the need (decode's min_fixed_split_size is always 1: decode.py).
+        exact = dict(need) if self.cfg is None else {**self.cfg, **{
+            k: (v if k in exact_fields else max(v, self.cfg.get(k, 0))) for k, v in need.items()}}
         roomy = {k: (_pow2(v) if k in _COUNTS and k not in exact_fields and not self.frozen
                      else v)
                  for k, v in exact.items()}

@@ -234,11 +234,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 f"indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
                 f"buffers given to the constructor (CUDA graph mode)")
         # fixed_split_size cuts requests into chunks whatever the grid, so the workspace must hold
-        # every chunk's partial state: sized with min_fixed_split_size 1 and max_kv_tokens = this
-        # plan's chunks per KV head (BatchDecodeConfig: ceil(max_kv_tokens / min_fixed_split_size)
-        # + max_batch chunks).
+        # every chunk's partial state. BatchDecodeConfig holds ceil(max_kv_tokens /
+        # min_fixed_split_size) + max_batch chunks per KV head; the wrapper passes the chunk count
+        # itself with min_fixed_split_size 1, a field that only grows (OpSlot.acquire). Eagerly: this
+        # plan's chunks. CUDA graph mode sizes once, for the most the indices buffer can describe
+        # (its pages full), so later plans with longer requests fit the captured workspace.
         chunks = 0
-        if split > 0 and batch > 0:
+        if split > 0 and self._use_cuda_graph:
+            tokens = int(self._paged_kv_indices_buf.shape[0]) * int(page_size)
+            chunks = (tokens + split - 1) // split
+        elif split > 0 and batch > 0:
             pages = np.diff(indptr_h.astype(np.int64))
             lens = np.where(pages > 0, (pages - 1) * int(page_size) + last_h.astype(np.int64), 0)
             chunks = int(((lens + split - 1) // split).sum())

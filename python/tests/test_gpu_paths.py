@@ -173,6 +173,36 @@ def test_decode_cuda_graph_buffers(fake):
     assert len(FakeOp.made) == 1
 
 
+def test_decode_fixed_split_sizing_survives_mixed_plans(fake):
+    # Plans with and without fixed_split_size in any order: the op's config gains the chunk
+    # sizing (max_kv_tokens, min_fixed_split_size 1) once and keeps it while the batch grows.
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(1_000_000, np.uint8)))
+    decode_plan(w, 2)
+    assert "max_kv_tokens" not in FakeOp.made[-1].cfg
+    decode_plan(w, 2, fixed_split_size=1)  # 2 one-token requests: 2 chunks per head
+    assert FakeOp.made[-1].cfg["max_kv_tokens"] >= 2
+    assert FakeOp.made[-1].cfg["min_fixed_split_size"] == 1
+    decode_plan(w, 9)  # no split, a larger batch: re-made, the chunk sizing kept
+    assert FakeOp.made[-1].cfg["max_kv_tokens"] >= 2 and FakeOp.made[-1].cfg["max_batch"] >= 9
+    decode_plan(w, 9, fixed_split_size=1)  # 9 chunks
+    assert FakeOp.made[-1].cfg["max_kv_tokens"] >= 9
+
+
+def test_decode_fixed_split_sizing_in_cuda_graph_mode(fake):
+    # Graph mode sizes once for the most the indices buffer describes (32 full pages of 16 tokens,
+    # chunks of 16: 32 chunks per head), so plans whose requests grow keep the same object.
+    bufs = [cuda(np.zeros(5), np.int32), cuda(np.zeros(32), np.int32), cuda(np.zeros(4), np.int32)]
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(
+        cuda(np.zeros(100_000, np.uint8)), use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+        paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
+    for pages in (1, 2, 8):  # one request of `pages` full pages
+        w.plan(np.array([0, pages]), cuda(np.arange(pages), np.int32), np.array([16]), 8, 2, 64, 16,
+               fixed_split_size=1)
+    assert len(FakeOp.made) == 1
+    assert FakeOp.made[-1].cfg["max_kv_tokens"] == 32
+    assert FakeOp.made[-1].cfg["min_fixed_split_size"] == 1
+
+
 def test_prefill_cuda_graph_pins_tokens_and_tile(fake):
     bufs = dict(qo_indptr_buf=cuda(np.zeros(3), np.int32),
                 paged_kv_indptr_buf=cuda(np.zeros(3), np.int32),

@@ -114,6 +114,7 @@ struct BatchDecode::Impl {
   runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
   int max_smem = 0;             // the device's opt-in shared memory per block
   int64_t nnz_pages = 0;        // kv_indptr[batch] of the plan in force
+  DeviceErrorRecord* error_record = nullptr;  // the device's (runtime/device_errors.h)
   // What a CUDA graph captured by run() holds fixed: later plans must fit it.
   struct Captured {
     bool any = false;
@@ -168,7 +169,7 @@ BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t b
   impl_->max_smem = device_info(cfg.device).max_smem_per_block;
   // The error record run() and run_step report bad page ids into: allocated now, so a first run
   // inside a CUDA graph capture does not have to allocate.
-  runtime::device_error_record(cfg.device);
+  impl_->error_record = runtime::device_error_record(cfg.device);
 }
 
 BatchDecode::~BatchDecode() = default;
@@ -584,7 +585,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   p.token_stride = kv.token_stride();
   p.head_stride = kv.head_stride();
   p.num_pages = kv.num_pages();
-  p.error = runtime::device_error_record(m.cfg.device);
+  p.error = m.error_record;
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
   p.plan.ctas_per_unit = m.ctas_per_unit;

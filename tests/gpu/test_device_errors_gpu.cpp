@@ -298,7 +298,12 @@ TEST_F(DeviceErrorsGpu, DecodeRunReportsOutOfRangePageIds) {
         dec.run(dq.view, dc.cache, dout.view, dlse.view);
         synchronize();
         if (checked) {
-          expect_device_error({"BatchDecode::run", "paged_kv.indices["});
+          // The entry, its value and its request (the KV position depends on where the item
+          // starts).
+          expect_device_error(
+              {"BatchDecode::run",
+               "paged_kv.indices[" + std::to_string(entry) + "] = " + std::to_string(bad.id),
+               "of request " + std::to_string(bad.request)});
         } else {
           EXPECT_NO_THROW(check_device_errors(0));
         }
