@@ -8,17 +8,16 @@
 // flashkv. Nothing is silent: check_device_errors() reports it.
 //
 // Ops that record device errors: append_paged_kv_cache, get_batch_indices_positions, the RoPE
-// ops (rope.h), BatchDecode::run_step, and BatchDecode::run and run_step's page ids where the plan
-// asked (DecodePlanOptions::check_page_ids, or debug mode below; a page id outside the cache is
-// read as zeros, so that request's output is not meaningful), on CUDA tensors. The record is allocated (48 bytes,
-// zeroed) on the first such call on a device; make that first call, or check_device_errors(),
-// before capturing a CUDA graph (allocation is not allowed during capture).
+// ops (rope.h) and BatchDecode::run_step, on CUDA tensors; and BatchDecode::run / run_step's
+// page ids where the plan asks (DecodePlanOptions::check_page_ids, or debug mode below; a page id
+// outside the cache is read as zeros, so that request's output is not meaningful). The record is
+// allocated (48 bytes, zeroed) on the first such call on a device; make that first call, or
+// check_device_errors(), before capturing a CUDA graph (allocation is not allowed during capture).
 //
 // Debug mode: with the environment variable FLASHKV_CHECK_DEVICE_ERRORS=1 (read once), every
 // such op calls check_device_errors() on its stream right after its launch (and BatchDecode checks
-// its page ids), so the error is
-// raised by the call that caused it (like CUDA_LAUNCH_BLOCKING; it synchronizes, so it is skipped
-// while the stream is being captured into a graph).
+// its page ids), so the error is raised by the call that caused it (like CUDA_LAUNCH_BLOCKING; it
+// synchronizes, so it is skipped while the stream is being captured into a graph).
 #pragma once
 
 #include "flashkv/runtime.h"

@@ -4,6 +4,8 @@ implement yet, paged-cache unpacking, plan/run consistency checks on the CPU pat
 import itertools
 import weakref
 
+import numpy as np
+
 from . import _arrays as A
 
 _BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
@@ -90,6 +92,13 @@ def plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type=None):
     kv = q if kv_data_type is None else A.dtype_name(kv_data_type)
     o = q if o_data_type is None else A.dtype_name(o_data_type)
     return q, kv, o
+
+
+def host_kv_lens(indptr, last_page_len, page_size):
+    """KV lengths (int64 [batch]) of a host page table: (pages - 1) * page_size + last_page_len,
+    0 for a request without pages."""
+    pages = indptr[1:].astype(np.int64) - indptr[:-1]
+    return np.where(pages > 0, (pages - 1) * int(page_size) + last_page_len, 0)
 
 
 def unpack_paged_kv_cache(paged_kv_cache):

@@ -244,8 +244,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             tokens = int(self._paged_kv_indices_buf.shape[0]) * int(page_size)
             chunks = (tokens + split - 1) // split
         elif split > 0 and batch > 0:
-            pages = np.diff(indptr_h.astype(np.int64))
-            lens = np.where(pages > 0, (pages - 1) * int(page_size) + last_h.astype(np.int64), 0)
+            lens = C.host_kv_lens(indptr_h, last_h, page_size)
             chunks = int(((lens + split - 1) // split).sum())
         need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
                     num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
@@ -402,8 +401,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError(f"{name}: expected {plan['batch']} rows (one new token per "
                                  f"request of the plan), got shape {tuple(x.shape)}")
         indptr, last = plan["indptr"], plan["last_page_len"]
-        pages = indptr[1:] - indptr[:-1]
-        kv_len = np.where(pages > 0, (pages - 1) * plan["page_size"] + last, 0).astype(np.int32)
+        kv_len = C.host_kv_lens(indptr, last, plan["page_size"]).astype(np.int32)
         if plan["batch"] and kv_len.min() < 1:
             raise ValueError(
                 f"run_step: every request must have kv_len >= 1 in the plan (the page table after "

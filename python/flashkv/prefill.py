@@ -329,8 +329,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise ValueError(f"paged_kv_indptr, paged_kv_last_page_len: expected {batch + 1} and "
                              f"{batch} entries (qo_indptr's batch {batch}), got {kv_h.shape[0]} "
                              f"and {last_h.shape[0]}")
-        pages = kv_h[1:].astype(np.int64) - kv_h[:-1]
-        kv_lens = np.where(pages > 0, (pages - 1) * int(page_size) + last_h, 0)
+        kv_lens = C.host_kv_lens(kv_h, last_h, page_size)
         self._plan_variant(plan, np.diff(plan["qo_indptr"]), kv_lens, custom_mask,
                            packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
                            rope_scale, rope_theta, variant_extras)
