@@ -12,6 +12,7 @@
 #include "flashkv/kv_ops.h"
 #include "flashkv/merge.h"
 #include "flashkv/paged_kv.h"
+#include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/reference_cascade.h"

@@ -10,6 +10,7 @@
 
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "flashkv/reference.h"
 #include "ops/cached_op.h"
 #include "runtime/driver.h"
@@ -72,6 +73,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   check_ndim(v, "v", 3);
   check_shape(v, "v", {k.size(0), k.size(1), k.size(2)});
   check(k.stride(0) == v.stride(0) && k.stride(1) == v.stride(1), "v: expected the strides of k");
+  check_contiguous_kv_heads(k, layout, static_cast<int>(q.size(0)));  // names the layout
   const int device = q.device().index;
   const int64_t kv_len = layout == KVLayout::NHD ? k.size(0) : k.size(1);
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.size(1) : k.size(0);

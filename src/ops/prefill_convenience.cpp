@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "ops/cached_op.h"
@@ -49,6 +50,7 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   check_ndim(k, "k", 3);
   check_ndim(v, "v", 3);
   check_shape(v, "v", {k.size(0), k.size(1), k.size(2)});
+  check_contiguous_kv_heads(k, layout, static_cast<int>(q.size(1)));  // names the layout
   const bool nhd = layout == KVLayout::NHD;
   const int64_t kv_len = nhd ? k.size(0) : k.size(1);
   const int64_t num_kv_heads = nhd ? k.size(1) : k.size(0);

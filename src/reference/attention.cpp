@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "flashkv/reference.h"
 #include "reference/attend.h"
 #include "reference/parallel.h"
@@ -263,10 +264,8 @@ std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorVie
   check(k.size(2) == qo.head_dim, "k: head_dim ", k.size(2), " (shape ", k.shape_str(),
         ") does not match q's head_dim ", qo.head_dim);
   check_shape(v, "v", {k.size(0), k.size(1), k.size(2)});
-  const bool nhd = layout == KVLayout::NHD;
-  const int num_kv_heads = static_cast<int>(k.size(nhd ? 1 : 0));
-  check_heads(qo.num_qo_heads, num_kv_heads);
-  return {k.size(nhd ? 0 : 1), num_kv_heads};
+  // The heads k's shape reads in this layout; the message names the layout.
+  return check_contiguous_kv_heads(k, layout, qo.num_qo_heads);
 }
 
 }  // namespace detail
