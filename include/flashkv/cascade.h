@@ -94,7 +94,9 @@ class MultiLevelCascade {
 
   // q / out [rows, H_qo, D] in the batch's own row order, lse f32 [rows, H_qo] optional (natural
   // log). `kv` supplies the cache tensors (k, v, layout); its index tensors are not read: the plan
-  // holds device copies of every level's page ids. Allocates nothing, never synchronizes.
+  // holds device copies of every level's page ids. Allocates nothing, never synchronizes. plan()
+  // refuses a negative page id and keeps the largest; run() throws, naming its entry, before
+  // anything is launched when it is >= kv.num_pages() (plan_checks.h).
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
            Stream stream = nullptr);
 

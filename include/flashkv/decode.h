@@ -84,11 +84,14 @@ struct DecodePlanOptions {
   // do not fit one SM together the grid runs in waves (correct, slower). A benchmark knob.
   int tc_stages = 0;
   int tc_warps = 0;
-  // Optional host copy of kv_indices (kv_indptr[batch] entries) and the cache's page count: when
-  // given, plan() checks every page id is in [0, num_pages) and names the first that is not.
-  // Without it the kernel still never reads outside the cache: an out-of-range id reads as zeros.
+  // Optional host copy of kv_indices (kv_indptr[batch] entries; read during plan() only), checked
+  // at no GPU cost (plan_checks.h): plan() names the first page id < 0 (or >= num_pages when
+  // num_pages > 0) and keeps the largest; run() / run_step() compare it with the page count of the
+  // cache they are given and throw, naming the entry, before anything is launched. Without it
+  // the kernel still never reads outside the cache: an out-of-range id reads as zeros (and is
+  // reported with check_page_ids below).
   const int32_t* kv_indices_host = nullptr;
-  int64_t num_pages = 0;
+  int64_t num_pages = 0;  // 0: compare with the cache at run()
   // The kernel also reports a device page id outside [0, num_pages) through check_device_errors()
   // (device_errors.h), naming the entry and its request. A kernel variant that costs 1-6 % on
   // the H200, so off by default; FLASHKV_CHECK_DEVICE_ERRORS=1 turns it on for every plan.
@@ -136,7 +139,8 @@ class BatchDecode {
   // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are
   // those given to plan()). Enqueued on `stream`. A page id in kv.indices outside [0, num_pages)
   // is read as zeros (that request's output is not meaningful); with check_page_ids it is also
-  // reported through check_device_errors() (device_errors.h).
+  // reported through check_device_errors() (device_errors.h). With kv_indices_host given to
+  // plan(), run() throws before launching when the plan's largest page id is >= kv.num_pages().
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
   // run() with other arguments for the plan's user variant (same VariantSpec).

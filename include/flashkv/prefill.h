@@ -67,11 +67,13 @@ struct PrefillPlanOptions {
   int tile_rows = 0;  // query-tile rows (16, 32, 64, 128; >= the GQA group: a tile holds whole
                       // tokens); 0: the paper's heuristic (the smallest tile >= the average
                       // query length x GQA group)
-  // Optional host copy of kv_indices (paged only) and the cache's page count: when given, plan()
-  // checks every page id and names the first out-of-range one. Without it the kernel still never
-  // reads outside the cache: out-of-range ids read as zeros.
+  // Optional host copy of kv_indices (paged only; read during plan() only), checked at no GPU
+  // cost (plan_checks.h): plan() names the first page id < 0 (or >= num_pages when num_pages > 0)
+  // and keeps the largest; run() compares it with the cache's page count and throws, naming the
+  // entry, before anything is launched. Without it the kernel still never reads outside the
+  // cache: out-of-range ids read as zeros.
   const int32_t* kv_indices_host = nullptr;
-  int64_t num_pages = 0;
+  int64_t num_pages = 0;  // 0: compare with the cache at run()
   PrefillBackend backend = PrefillBackend::kAuto;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
   // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan(), its

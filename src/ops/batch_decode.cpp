@@ -9,6 +9,7 @@
 #include "attention/decode_shape.cuh"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "ops/decode_shape_choice.h"
 #include "ops/decode_step.h"
 #include "ops/decode_workspace.h"
@@ -114,6 +115,7 @@ struct BatchDecode::Impl {
   runtime::PlanUpload upload;  // the plan's pinned buffers and copies into the workspace
   int max_smem = 0;             // the device's opt-in shared memory per block
   int64_t nnz_pages = 0;        // kv_indptr[batch] of the plan in force
+  PageIdMax page_ids;           // its largest host page id (DecodePlanOptions::kv_indices_host)
   DeviceErrorRecord* error_record = nullptr;  // the device's (runtime/device_errors.h)
   // What a CUDA graph captured by run() holds fixed: later plans must fit it.
   struct Captured {
@@ -194,27 +196,14 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   check(batch_size >= 0 && batch_size <= cfg.max_batch,
         "batch_size: expected 0 <= batch_size <= ", cfg.max_batch,
         " (BatchDecodeConfig.max_batch), got ", batch_size);
-  check(kv_indptr != nullptr,
-        "kv_indptr: expected a host array of batch_size + 1 entries, got null");
-  check(batch_size == 0 || kv_last_page_len != nullptr,
-        "kv_last_page_len: expected a host array of batch_size entries, got null");
-  check_heads(num_qo_heads, num_kv_heads);
+  // The checks the host path of the Python wrappers runs too (plan_checks.h).
+  check_decode_plan(kv_indptr, kv_last_page_len, batch_size, num_qo_heads, num_kv_heads, head_dim,
+                    page_size, q_dtype, kv_dtype, o_dtype);
   check(num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchDecodeConfig.num_qo_heads), got ", num_qo_heads);
-  check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);
   check(head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
         " (BatchDecodeConfig.head_dim), got ", head_dim);
-  check(page_size >= 1, "page_size: expected >= 1, got ", page_size);
   const int group = num_qo_heads / num_kv_heads;
-  check(group <= 64, "num_qo_heads / num_kv_heads: expected a GQA group of at most 64, got ",
-        group);
-  for (auto [t, n] : {std::pair{q_dtype, "q_dtype"}, {o_dtype, "o_dtype"}}) {
-    check(t == DType::f16 || t == DType::bf16, n, ": expected f16 or bf16, got ", dtype_name(t));
-  }
-  check(kv_dtype == q_dtype, "kv_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
-        dtype_name(kv_dtype));
-  check(o_dtype == q_dtype, "o_dtype: expected ", dtype_name(q_dtype), " (the q dtype), got ",
-        dtype_name(o_dtype));
   check(opts.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", opts.fixed_split_size);
   check(decode_tc_shape_valid(opts.tc_stages, 0), "DecodePlanOptions.tc_stages: expected 0 (default) or 2-8, got ",
         opts.tc_stages);
@@ -222,28 +211,20 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
         "DecodePlanOptions.tc_warps: expected 0 (default), 2, 4 or 8, got ", opts.tc_warps);
   check(opts.sm_scale >= 0.0f && std::isfinite(opts.sm_scale),
         "sm_scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), got ", opts.sm_scale);
-  check(kv_indptr[0] == 0 || batch_size == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
 
   m.kv_lens.resize(batch_size);
-  for (int i = 0; i < batch_size; ++i) {
-    check(kv_indptr[i + 1] >= kv_indptr[i], "kv_indptr[", i + 1, "] = ", kv_indptr[i + 1],
-          ": expected >= kv_indptr[", i, "] = ", kv_indptr[i]);
-    const bool empty = kv_indptr[i + 1] == kv_indptr[i];
-    check(empty || (kv_last_page_len[i] >= 1 && kv_last_page_len[i] <= page_size),
-          "kv_last_page_len[", i, "] = ", kv_last_page_len[i],
-          ": expected 1 <= value <= ", page_size, " (page_size)");
+  for (int i = 0; i < batch_size; ++i)
     m.kv_lens[i] = paged_kv_len(kv_indptr, kv_last_page_len, page_size, i);
-  }
 
-  if (opts.kv_indices_host != nullptr) {
-    check(opts.num_pages > 0,
-          "DecodePlanOptions.num_pages: expected > 0 with kv_indices_host, got ", opts.num_pages);
-    for (int64_t j = 0; j < (batch_size > 0 ? kv_indptr[batch_size] : 0); ++j) {
-      const int32_t id = opts.kv_indices_host[j];
-      check(id >= 0 && id < opts.num_pages, "kv_indices[", j, "] = ", id,
-            " is out of range: expected 0 <= index < ", opts.num_pages, " (num_pages)");
-    }
-  }
+  // A host copy of the page ids: checked here (>= 0, and < num_pages when given); run() compares
+  // the largest with the cache's page count before it launches (plan_checks.h).
+  check(opts.num_pages >= 0, "DecodePlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
+        opts.num_pages);
+  const PageIdMax page_ids =
+      opts.kv_indices_host != nullptr
+          ? check_page_ids(opts.kv_indices_host, batch_size > 0 ? kv_indptr[batch_size] : 0,
+                           opts.num_pages)
+          : PageIdMax{};
 
   // The kernel's shape: CTAs per SM and warps per CTA (ops/decode_shape_choice.cpp says why).
   ops::DecodeShapeInputs shape_in;
@@ -420,6 +401,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.variant_args = variant_args;
   m.sm_scale = sm_scale;
   m.nnz_pages = nnz;
+  m.page_ids = page_ids;
+  m.opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
   m.ctas_per_unit = s.ctas_per_unit;
   m.info.num_ctas = s.num_ctas;
   m.info.num_work_items = static_cast<int>(s.num_cta_work_items());  // what the CTAs run
@@ -521,6 +504,8 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   kv.validate_shapes();
   check_device(kv.k, "paged_kv.k", dev);
   check_device(kv.indices, "paged_kv.indices", dev);
+  // The plan's host page ids (if it had them) against this cache: no GPU work.
+  check_page_ids_fit(m.page_ids, kv.num_pages());
   // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
   if (kv.indices.size(0) < m.nnz_pages) {
     fail("paged_kv.indices: expected at least ", m.nnz_pages,

@@ -63,6 +63,8 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   kv.validate_shapes();
   check_device(kv.k, "paged_kv.k", dev);
   check_device(kv.indices, "paged_kv.indices", dev);
+  // The plan's host page ids (if it had them) against this cache: no GPU work.
+  check_page_ids_fit(c.page_ids, kv.num_pages());
   check_dtype(kv.k, "paged_kv.k", c.kv_dtype);
   check(kv.page_size() == c.page_size, "paged_kv.page_size: expected ", c.page_size,
         " (the plan's), got ", kv.page_size());

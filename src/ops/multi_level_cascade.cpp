@@ -16,6 +16,7 @@
 #include "attention/cascade_params.cuh"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "ops/cascade_workspace.h"
 #include "ops/jit_util.h"
@@ -107,6 +108,7 @@ struct MultiLevelCascade::Impl {
   int64_t rows = 0;
   bool gather = false;  // q rows reordered (or graph mode): gather q, merge-scatter the output
   CascadePlanInfo info;
+  PageIdMax page_ids;  // the plan's largest page id (run() checks it against the cache)
   CUfunction gather_fn = nullptr, merge_fn = nullptr;
 };
 
@@ -165,6 +167,9 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
             (b.batch_size == 0 || b.kv_last_page_len != nullptr),
         "CascadeBatch: kv_indptr, kv_indices and kv_last_page_len are required host arrays");
   check(b.page_size >= 1, "CascadeBatch.page_size: expected >= 1, got ", b.page_size);
+  // The checks the host path of the Python wrapper runs too (plan_checks.h); the largest page id
+  // is compared with the cache's page count at run().
+  const PageIdMax page_ids = check_cascade_plan(b, shape);
   check(shape.num_qo_heads <= cfg.num_qo_heads && shape.head_dim <= cfg.head_dim,
         "CascadeShape: num_qo_heads / head_dim exceed MultiLevelCascadeConfig's (",
         cfg.num_qo_heads, " / ", cfg.head_dim, ")");
@@ -292,6 +297,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   m.layout = std::move(layout);
   m.num_levels = levels;
   m.rows = rows;
+  m.page_ids = page_ids;
   m.gather = opts.enable_cuda_graph || !is_identity(m.layout.qo_rows);
   m.info.num_levels = real_levels;
   m.info.cascade = use;
@@ -329,6 +335,9 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
               (lse.size(0) <= 1 || lse.stride(0) >= sh.num_qo_heads),
           "lse: expected [rows, num_qo_heads] with contiguous heads and non-overlapping rows");
   }
+  check_defined(kv.k, "paged_kv.k");
+  // The plan's page ids against this cache, before anything is launched: no GPU work.
+  check_page_ids_fit(m.page_ids, kv.num_pages());
   const bool capturing = runtime::stream_is_capturing(stream);
   check(m.opts.enable_cuda_graph || !capturing,
         "MultiLevelCascade::run: the stream is being captured, but plan() was called without "

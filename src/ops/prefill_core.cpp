@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "flashkv/error.h"
+#include "flashkv/plan_checks.h"
 #include "ops/jit_util.h"
 #include "ops/variant_jit.h"
 #include "runtime/driver.h"
@@ -148,24 +149,15 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   planned = false;  // a plan() that throws leaves the object unplanned, never half-planned
   check(batch_size >= 0 && batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
         cfg.max_batch, " (BatchPrefillConfig.max_batch), got ", batch_size);
-  check(qo_indptr != nullptr, "qo_indptr: expected a host array of batch_size + 1 entries, got null");
-  check(kv_indptr != nullptr, "kv_indptr: expected a host array of batch_size + 1 entries, got null");
-  check(!paged || batch_size == 0 || kv_last_page_len != nullptr,
-        "kv_last_page_len: expected a host array of batch_size entries, got null");
-  check_heads(n_qo_heads, n_kv_heads);
+  // The checks the host path of the Python wrappers runs too (plan_checks.h).
+  check_prefill_plan(qo_indptr, kv_indptr, kv_last_page_len, batch_size, n_qo_heads, n_kv_heads, hd,
+                     page_sz, paged, qt, kvt, ot);
   check(n_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchPrefillConfig.num_qo_heads), got ", n_qo_heads);
-  check(is_supported_head_dim(hd), "head_dim: expected 64, 128 or 256, got ", hd);
   check(hd <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
         " (BatchPrefillConfig.head_dim), got ", hd);
-  check(!paged || page_sz >= 1, "page_size: expected >= 1, got ", page_sz);
   const int group = n_qo_heads / n_kv_heads;
-  check(group <= scheduler::kMaxPrefillTileRows,
-        "num_qo_heads / num_kv_heads: expected a GQA group of at most 128, got ", group);
-  check(qt == DType::f16 || qt == DType::bf16, "q_dtype: expected f16 or bf16, got ",
-        dtype_name(qt));
-  check(kvt == qt, "kv_dtype: expected ", dtype_name(qt), " (the q dtype), got ", dtype_name(kvt));
-  check(ot == qt, "o_dtype: expected ", dtype_name(qt), " (the q dtype), got ", dtype_name(ot));
+  static_assert(kMaxPrefillGroup <= scheduler::kMaxPrefillTileRows);
   check(o.fixed_split_size >= 0, "fixed_split_size: expected >= 0, got ", o.fixed_split_size);
   check(o.sm_scale >= 0.0f && std::isfinite(o.sm_scale),
         "sm_scale: expected a finite value >= 0 (0 means 1/sqrt(head_dim)), got ", o.sm_scale);
@@ -175,40 +167,25 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
         o.tile_rows);
   check(o.tile_rows == 0 || o.tile_rows >= group, "PrefillPlanOptions.tile_rows: expected >= the ",
         "GQA group (", group, ": a tile holds whole query tokens), got ", o.tile_rows);
-  check(batch_size == 0 || qo_indptr[0] == 0, "qo_indptr[0]: expected 0, got ", qo_indptr[0]);
-  check(batch_size == 0 || kv_indptr[0] == 0, "kv_indptr[0]: expected 0, got ", kv_indptr[0]);
 
   qo_lens.resize(batch_size);
   kv_lens.resize(batch_size);
   for (int i = 0; i < batch_size; ++i) {
-    check(qo_indptr[i + 1] >= qo_indptr[i], "qo_indptr[", i + 1, "] = ", qo_indptr[i + 1],
-          ": expected >= qo_indptr[", i, "] = ", qo_indptr[i]);
-    check(kv_indptr[i + 1] >= kv_indptr[i], "kv_indptr[", i + 1, "] = ", kv_indptr[i + 1],
-          ": expected >= kv_indptr[", i, "] = ", kv_indptr[i]);
     qo_lens[i] = qo_indptr[i + 1] - qo_indptr[i];
-    if (paged) {
-      const bool empty = kv_indptr[i + 1] == kv_indptr[i];
-      check(empty || (kv_last_page_len[i] >= 1 && kv_last_page_len[i] <= page_sz),
-            "kv_last_page_len[", i, "] = ", kv_last_page_len[i], ": expected 1 <= value <= ",
-            page_sz, " (page_size)");
-      kv_lens[i] = paged_kv_len(kv_indptr, kv_last_page_len, page_sz, i);
-    } else {
-      kv_lens[i] = kv_indptr[i + 1] - kv_indptr[i];
-    }
+    kv_lens[i] = paged ? paged_kv_len(kv_indptr, kv_last_page_len, page_sz, i)
+                       : kv_indptr[i + 1] - kv_indptr[i];
   }
   const int64_t qo_total = batch_size > 0 ? qo_indptr[batch_size] : 0;
   const int64_t kv_total = batch_size > 0 ? kv_indptr[batch_size] : 0;
   check(qo_total <= cfg.max_qo_tokens, "qo_indptr[batch_size] = ", qo_total,
         ": expected at most ", cfg.max_qo_tokens, " query tokens (BatchPrefillConfig.max_qo_tokens)");
-  if (paged && o.kv_indices_host != nullptr) {
-    check(o.num_pages > 0, "PrefillPlanOptions.num_pages: expected > 0 with kv_indices_host, got ",
-          o.num_pages);
-    for (int64_t j = 0; j < kv_total; ++j) {
-      const int32_t id = o.kv_indices_host[j];
-      check(id >= 0 && id < o.num_pages, "kv_indices[", j, "] = ", id,
-            " is out of range: expected 0 <= index < ", o.num_pages, " (num_pages)");
-    }
-  }
+  // A host copy of the page ids: checked here (>= 0, and < num_pages when given); the paged run()
+  // compares the largest with the cache's page count before it launches (plan_checks.h).
+  check(o.num_pages >= 0, "PrefillPlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
+        o.num_pages);
+  const PageIdMax plan_page_ids = paged && o.kv_indices_host != nullptr
+                                      ? check_page_ids(o.kv_indices_host, kv_total, o.num_pages)
+                                      : PageIdMax{};
 
   // The query tile (the paper's heuristic unless the caller fixes it) and the variant (plain
   // attention unless opts.variant says otherwise) select the kernel, JIT-compiled here (first
@@ -331,6 +308,7 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   sm_scale = scale;
   nnz_qo = qo_total;
   nnz_kv = kv_total;
+  page_ids = plan_page_ids;
   info.num_ctas = sched_ctas;
   info.num_work_items = static_cast<int>(s.work.size());
   info.num_split_tiles = static_cast<int>(s.merge.size());

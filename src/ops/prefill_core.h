@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/prefill_params.cuh"
+#include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "ops/prefill_kernel.h"
 #include "ops/prefill_tma.h"
@@ -52,6 +53,7 @@ struct PrefillCore {
   float sm_scale = 0.f;
   int64_t nnz_qo = 0;
   int64_t nnz_kv = 0;  // paged: kv_indptr[batch] page ids; ragged: KV rows
+  PageIdMax page_ids;  // paged, with PrefillPlanOptions::kv_indices_host: the largest page id
   unsigned grid = 0;
   PrefillPlanInfo info;
 
