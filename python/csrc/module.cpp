@@ -454,10 +454,119 @@ void bind_prefill_common(nb::class_<T>& c) {
       .def("plan_info", &T::plan_info);
 }
 
+
+// --- plan()'s argument checks (flashkv/plan_checks.h): the GPU ops run them in plan(); the
+// wrappers' host path calls these, so both paths refuse the same plans with the same message.
+// Names: the wrapper's argument names (qo_indptr, kv_indptr, kv_indices, kv_last_page_len).
+struct PyNames {
+  std::string qo, kv, indices, last;
+  PageTableNames names() const {
+    return {qo.c_str(), kv.c_str(), indices.c_str(), last.c_str()};
+  }
+};
+
+PlanTarget plan_target(bool host) { return host ? PlanTarget::kHost : PlanTarget::kGpu; }
+
+// (largest page id, its entry) of a host page table, or None without one (device-resident ids).
+nb::object page_id_max(const OptionalIn& indices, int64_t nnz, const PyNames& n) {
+  if (!indices) return nb::none();
+  const int32_t* ids = host_i32(*indices, n.indices.c_str(), nnz);
+  const PageIdMax m = check_page_ids(ids, nnz, 0, n.indices.c_str());
+  return nb::make_tuple(m.id, m.entry);
+}
+
+void bind_plan_checks(nb::module_& m) {
+  m.def(
+      "check_decode_plan",
+      [](const InArray& indptr, const InArray& last_page_len, const OptionalIn& indices,
+         int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+         const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+         bool host, const std::string& indptr_name, const std::string& indices_name,
+         const std::string& last_name) {
+        const PyNames n{"qo_indptr", indptr_name, indices_name, last_name};
+        const int batch = batch_of(indptr, n.kv.c_str());
+        const int32_t* ip = host_i32(indptr, n.kv.c_str(), batch + 1);
+        const int32_t* lp = host_i32(last_page_len, n.last.c_str(), batch);
+        check_decode_plan(ip, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size,
+                          parse_dtype(q_dtype), parse_dtype(kv_dtype), parse_dtype(o_dtype),
+                          plan_target(host), n.names());
+        return page_id_max(indices, batch > 0 ? ip[batch] : 0, n);
+      },
+      arg("indptr"), arg("last_page_len"), arg("indices").none(), arg("num_qo_heads"),
+      arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
+      arg("o_dtype"), arg("host"), arg("indptr_name") = "indptr",
+      arg("indices_name") = "indices", arg("last_page_len_name") = "last_page_len");
+  m.def(
+      "check_prefill_plan",
+      [](const InArray& qo_indptr, const InArray& kv_indptr, const OptionalIn& last_page_len,
+         const OptionalIn& indices, int num_qo_heads, int num_kv_heads, int head_dim,
+         int page_size, const std::string& q_dtype, const std::string& kv_dtype,
+         const std::string& o_dtype, bool host, const std::string& qo_name,
+         const std::string& kv_name, const std::string& indices_name,
+         const std::string& last_name) {
+        const PyNames n{qo_name, kv_name, indices_name, last_name};
+        const bool paged = last_page_len.has_value();
+        const int batch = batch_of(qo_indptr, n.qo.c_str());
+        const int32_t* qp = host_i32(qo_indptr, n.qo.c_str(), batch + 1);
+        const int32_t* kp = host_i32(kv_indptr, n.kv.c_str(), batch + 1);
+        const int32_t* lp = paged ? host_i32(*last_page_len, n.last.c_str(), batch) : nullptr;
+        check_prefill_plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size,
+                           paged, parse_dtype(q_dtype), parse_dtype(kv_dtype),
+                           parse_dtype(o_dtype), plan_target(host), n.names());
+        return page_id_max(paged ? indices : OptionalIn(), batch > 0 ? kp[batch] : 0, n);
+      },
+      arg("qo_indptr"), arg("kv_indptr"), arg("last_page_len").none(), arg("indices").none(),
+      arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("page_size"),
+      arg("q_dtype"), arg("kv_dtype"), arg("o_dtype"), arg("host"),
+      arg("qo_indptr_name") = "qo_indptr", arg("kv_indptr_name") = "paged_kv_indptr",
+      arg("indices_name") = "paged_kv_indices",
+      arg("last_page_len_name") = "paged_kv_last_page_len");
+  m.def(
+      "check_cascade_plan",
+      [](const OptionalIn& qo_indptr, const InArray& kv_indptr, const InArray& kv_indices,
+         const InArray& kv_last_page_len, int page_size, int num_qo_heads, int num_kv_heads,
+         int head_dim, const std::string& dtype, bool host) {
+        const PyNames n{"qo_indptr", "paged_kv_indptr", "paged_kv_indices",
+                        "paged_kv_last_page_len"};
+        CascadeBatch b;
+        b.batch_size = batch_of(kv_indptr, n.kv.c_str());
+        b.kv_indptr = host_i32(kv_indptr, n.kv.c_str(), b.batch_size + 1);
+        b.kv_last_page_len = host_i32(kv_last_page_len, n.last.c_str(), b.batch_size);
+        b.qo_indptr = qo_indptr ? host_i32(*qo_indptr, n.qo.c_str(), b.batch_size + 1) : nullptr;
+        b.page_size = page_size;
+        CascadeShape shape;
+        shape.num_qo_heads = num_qo_heads;
+        shape.num_kv_heads = num_kv_heads;
+        shape.head_dim = head_dim;
+        shape.dtype = parse_dtype(dtype);
+        // kv_indices null: its ids are checked below, once kv_indptr is known to be sound.
+        check_cascade_plan(b, shape, plan_target(host), n.names());
+        const int64_t nnz = b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0;
+        b.kv_indices = host_i32(kv_indices, n.indices.c_str(), nnz);
+        const PageIdMax mx = check_page_ids(b.kv_indices, nnz, 0, n.indices.c_str());
+        return nb::make_tuple(mx.id, mx.entry);
+      },
+      arg("qo_indptr").none(), arg("kv_indptr"), arg("kv_indices"), arg("kv_last_page_len"),
+      arg("page_size"), arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("dtype"),
+      arg("host"));
+  m.def(
+      "check_page_ids_fit",
+      [](int64_t max_id, int64_t entry, int64_t num_pages, const std::string& name) {
+        check_page_ids_fit(PageIdMax{max_id, entry}, num_pages, name.c_str());
+      },
+      arg("max_id"), arg("entry"), arg("num_pages"), arg("name"));
+  m.def(
+      "check_single_kv",
+      [](const InArray& k, const std::string& layout, int num_qo_heads) {
+        check_contiguous_kv_heads(view_of(k, "k"), parse_kv_layout(layout), num_qo_heads);
+      },
+      arg("k"), arg("layout"), arg("num_qo_heads"));
+}
 }  // namespace
 
 void bind_module(nb::module_& m) {
   register_error_translator();
+  bind_plan_checks(m);
 
   bind_variants(m);
   m.def("cuda_available", &cuda_available);

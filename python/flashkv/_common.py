@@ -6,6 +6,7 @@ import weakref
 
 import numpy as np
 
+from . import _C
 from . import _arrays as A
 
 _BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
@@ -203,3 +204,55 @@ def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
     if ops is not None:
         return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)
     return wrapper._run(q, k, v, out, lse, return_lse)
+
+
+# --- plan()'s checks on the host path ---------------------------------------------------------
+# The GPU path's plan() runs flashkv's C++ checks (include/flashkv/plan_checks.h) inside the C++
+# op; the host path (CPU reference) runs the same C++ functions through _C.check_*_plan, so a plan
+# the GPU refuses is refused on the host too, with the same message (and CI, without a GPU, covers
+# them). Page ids: plan() checks a host page table's ids are >= 0 and keeps its largest id
+# (plan["page_id_max"] = (id, entry), None for device-resident ids); run() compares it with the
+# cache's page count before anything runs (check_page_ids_fit). Device-resident page tables are
+# checked only on request, in the kernel (check_page_ids / FLASHKV_CHECK_DEVICE_ERRORS=1).
+
+
+def check_page_ids_fit(plan, k, name: str):
+    """run(), host side and without a sync: the plan's largest page id is below the page count of
+    the cache run() was given (k: the k cache, [num_pages, ...]). Raises ValueError naming the
+    entry (the C++ message) before anything is written."""
+    m = plan.get("page_id_max")
+    if m is not None and m[0] >= int(k.shape[0]):
+        _C.check_page_ids_fit(int(m[0]), int(m[1]), int(k.shape[0]), name)
+
+
+# HOST WORKSPACE RULE -- the one place to change it. The host path runs the CPU reference, which
+# allocates what it needs itself, so today a host float_workspace_buffer only has to be non-empty
+# (HOST_WORKSPACE_MIN_BYTES). To make the host path demand what the GPU path would (so a buffer
+# too small for the GPU is refused in CI too), return that from host_workspace_need_bytes, e.g.
+# the C++ op's minimum workspace bytes for `need` at a nominal SM count; check_host_workspace
+# then names it.
+HOST_WORKSPACE_MIN_BYTES = 1
+
+
+def host_workspace_need_bytes(op_class, need: dict) -> int:
+    """Bytes a host float_workspace_buffer must hold for a plan: `op_class` the C++ op the GPU
+    path would use (_C.BatchDecode, _C.BatchPrefillPaged, _C.BatchPrefillRagged,
+    _C.MultiLevelCascade), `need` the configuration it would ask OpSlot.acquire for (max_batch,
+    num_qo_heads, head_dim, ...). Today: HOST_WORKSPACE_MIN_BYTES (see above)."""
+    del op_class, need
+    return HOST_WORKSPACE_MIN_BYTES
+
+
+def nbytes(buf) -> int:
+    return int(buf.nbytes) if hasattr(buf, "nbytes") else buf.numel() * buf.element_size()
+
+
+def check_host_workspace(buf, need_bytes: int, what: str):
+    """plan() on the host path: ValueError naming float_workspace_buffer and the minimum bytes
+    when the buffer holds fewer than need_bytes (host_workspace_need_bytes)."""
+    have = nbytes(buf)
+    if have < need_bytes:
+        raise ValueError(
+            f"float_workspace_buffer: {have} bytes is too small for this plan ({what}): flashkv "
+            f"needs at least {need_bytes} bytes (host workspace; e.g. numpy.empty({need_bytes}, "
+            f"numpy.uint8)); pass a larger buffer")

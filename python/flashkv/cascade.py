@@ -161,7 +161,9 @@ class MultiLevelCascadeAttentionWrapper:
         """Plan every level (FlashInfer's arguments): lists of ``num_levels`` qo_indptr,
         paged_kv_indptr, paged_kv_indices and paged_kv_last_page_len arrays, level 0 first.
         ``causal`` applies to the last level only. Unsupported variants raise
-        NotImplementedError, as the prefill wrapper's plan()."""
+        NotImplementedError, as the prefill wrapper's plan(). Each level's plan() runs the
+        paged prefill wrapper's checks (page ids included: host ids >= 0 at plan(), the largest
+        below the cache's page count at run(), before anything is written)."""
         # Each level's prefill would place queries and keys by that level's KV alone: RoPE,
         # windows and ALiBi need the request's positions, so variants stay unsupported here.
         C.check_variant(pos_encoding_mode, window_left, logits_soft_cap)
@@ -189,6 +191,11 @@ class MultiLevelCascadeAttentionWrapper:
         """Cascade attention: q ``[nnz_qo, num_qo_heads, head_dim]`` (the levels' row order),
         paged_kv_cache a ``(k_cache, v_cache)`` tuple or one ``[num_pages, 2, ...]`` array.
         Returns out, or (out, lse) with ``return_lse`` (base 2)."""
+        # Every level's page ids against the cache before the first level writes out.
+        k, _ = C.unpack_paged_kv_cache(paged_kv_cache)
+        for level, wrapper in enumerate(self._batch_prefill_wrappers):
+            C.require_plan(wrapper._plan)
+            C.check_page_ids_fit(wrapper._plan, k, f"paged_kv_indices_arr[{level}]")
         out, lse = self._batch_prefill_wrappers[-1].run(q, paged_kv_cache, out=out, lse=lse,
                                                         return_lse=True)
         for wrapper in self._batch_prefill_wrappers[:-1]:
@@ -261,6 +268,11 @@ class MultiLevelCascadeWrapper:
         GPU). ``use_cascade``: "auto" (cost model), "always" (whenever a prefix is shared) or
         "never"; ``min_group_size``: requests that must share a prefix to form a group.
         RoPE, windows and soft-capping raise NotImplementedError. Not during graph capture.
+        The same C++ checks run on the host and the GPU path (page table, heads, head_dim 64,
+        128 or 256, dtype, a non-empty host workspace); every page id must be >= 0 here, and
+        run() raises ValueError naming the entry (``paged_kv_indices[j] = id is out of range
+        [0, num_pages)``) when the largest is not below the cache's page count, before
+        anything is written.
         """
         C.check_variant(pos_encoding_mode, window_left, logits_soft_cap)
         if use_cascade not in ("auto", "always", "never"):
@@ -281,23 +293,31 @@ class MultiLevelCascadeWrapper:
                     indptr=kv_h, indices=A.host_i32(paged_kv_indices, "paged_kv_indices"),
                     last_page_len=A.host_i32(paged_kv_last_page_len, "paged_kv_last_page_len"))
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
+        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths: the page
+        # table, its ids (>= 0; the largest is compared with the cache at run()), the shape.
+        plan["page_id_max"] = A.call(
+            _C.check_cascade_plan, qo_h, kv_h, plan["indices"], plan["last_page_len"],
+            plan["page_size"], plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt,
+            not self._on_gpu)
+        pages = int(kv_h[-1]) if batch > 0 else 0
+        need = dict(max_batch=max(batch, 1), max_qo_tokens=0 if qo_h is None else max(rows, 1),
+                    max_pages=max(pages, 1), num_qo_heads=plan["num_qo_heads"],
+                    head_dim=plan["head_dim"], max_levels=self._max_levels)
+        what = (f"batch {batch}, {'decode' if qo_h is None else f'{rows} query rows'}, {pages} "
+                f"pages, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
         if not self._on_gpu:
+            C.check_host_workspace(self._float_workspace_buffer,
+                                   C.host_workspace_need_bytes(_C.MultiLevelCascade, need), what)
             self._plan = plan
             return
-        pages = int(kv_h[-1]) if batch > 0 else 0
         cfg = self._slot.cfg
         if self._use_cuda_graph and cfg is not None and (cfg["max_qo_tokens"] == 0) != (
                 qo_h is None):
             sized = "decode (qo_indptr None)" if cfg["max_qo_tokens"] == 0 else "prefill rows"
             raise ValueError(f"qo_indptr: in CUDA graph mode the wrapper keeps the mode of its "
                              f"first plan(), {sized}; create another wrapper for the other")
-        op = self._slot.acquire(
-            dict(max_batch=max(batch, 1), max_qo_tokens=0 if qo_h is None else max(rows, 1),
-                 max_pages=max(pages, 1), num_qo_heads=plan["num_qo_heads"],
-                 head_dim=plan["head_dim"], max_levels=self._max_levels),
-            f"batch {batch}, {'decode' if qo_h is None else f'{rows} query rows'}, {pages} "
-            f"pages, num_qo_heads {num_qo_heads}, head_dim {head_dim}",
-            exact_fields=("max_qo_tokens",) if qo_h is None else ())
+        op = self._slot.acquire(need, what,
+                                exact_fields=("max_qo_tokens",) if qo_h is None else ())
         op.plan(qo_h, kv_h, plan["indices"], plan["last_page_len"], plan["page_size"],
                 plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt,
                 plan["causal"], plan["sm_scale"], use_cascade, int(min_group_size),
@@ -316,6 +336,7 @@ class MultiLevelCascadeWrapper:
         C.require_plan(plan)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         C.check_same_side(self._on_gpu, self._device, q, "q")
+        C.check_page_ids_fit(plan, k, "paged_kv_indices")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)
         if self._on_gpu:

@@ -77,6 +77,7 @@ def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, str
     if len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"k, v: expected two 3-D arrays of one shape, got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")
+    A.call(_C.check_single_kv, k, kv_layout, hq)  # heads that do not divide: names the layout
     kv_len, hk = (int(k.shape[0]), int(k.shape[1])) if nhd else (int(k.shape[1]), int(k.shape[0]))
     slot = _workspace.own_slot(_C.BatchDecode, q, dict(max_batch=1, num_qo_heads=hq, head_dim=d),
                                f"num_qo_heads {hq}, head_dim {d}")
@@ -100,11 +101,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     ``float_workspace_buffer``: any contiguous buffer (FlashInfer's 128 MB uint8 tensor is the
     usual choice). On a CUDA device the wrapper runs flashkv's GPU kernels and keeps its plan in
-    this buffer; a host buffer (e.g. ``numpy.empty(1, numpy.uint8)``) makes the wrapper run the
-    CPU reference on host arrays instead. The flashkv plan object is created at ``plan()`` time,
-    sized for the plan (batch, heads, head_dim) inside the buffer; a plan that needs more than
-    the buffer holds raises ValueError naming the bytes it needs (a few MB for typical models:
-    it grows with SMs x heads x head_dim and with the batch).
+    this buffer; a host buffer (e.g. ``numpy.empty(1, numpy.uint8)``; not empty: plan() raises
+    ValueError naming the bytes it needs) makes the wrapper run the CPU reference on host arrays
+    instead, with the GPU plan's argument checks. The flashkv plan object is created at ``plan()``
+    time, sized for the plan (batch, heads, head_dim) inside the buffer; a plan that needs more than
+    the buffer holds raises ValueError naming the bytes it needs (a few MB for typical models: it
+    grows with SMs x heads x head_dim and with the batch).
 
     ``use_cuda_graph``: as FlashInfer, pass ``paged_kv_indptr_buffer`` ``[max_batch + 1]``,
     ``paged_kv_indices_buffer`` and ``paged_kv_last_page_len_buffer`` ``[max_batch]`` (CUDA int32);
@@ -192,6 +194,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
         wrapper keeps every variant array it was given. The math is in
         include/flashkv/variants.h. Host wrappers run the built-ins on the CPU reference; a user
         variant there raises NotImplementedError.
+
+        Checks (the same C++ checks on the host and the GPU path, so a plan the GPU refuses is
+        refused by a host wrapper too): page_size >= 1, num_qo_heads a multiple of num_kv_heads
+        (a GQA group of at most 64), head_dim 64, 128 or 256, one dtype for q, kv and out
+        (float16 or bfloat16; a host wrapper also takes float32), indptr from 0 and
+        non-decreasing, last_page_len in [1, page_size] for each request with pages; a host
+        wrapper's workspace must not be empty. Page ids: with ``indices`` on the host, plan()
+        checks each is >= 0 and keeps the largest, and run() raises ValueError naming the entry
+        (``indices[j] = id is out of range [0, num_pages)``) when it is not below the cache's
+        page count, before anything is launched or written (no GPU work, no sync; in CUDA graph
+        mode at capture, not at replay). Device-resident ``indices`` are not read on the host:
+        set ``FLASHKV_CHECK_DEVICE_ERRORS=1`` to have the kernel check them (an out-of-range id
+        then raises from :func:`flashkv.check_device_errors`; otherwise it reads as zeros).
         """
         C.check_variant(block_tables=block_tables, seq_lens=seq_lens)
         if q_len_per_req != 1:
@@ -201,6 +216,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         indptr_h = A.host_i32(indptr, "indptr")
         last_h = A.host_i32(last_page_len, "last_page_len")
         batch = indptr_h.shape[0] - 1
+        self._plan = None  # a plan() that raises leaves the wrapper unplanned
+        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths; with a
+        # host page table also its ids (>= 0; the largest is compared with the cache at run()).
+        indices_h = (None if self._on_gpu and A.is_cuda(indices)
+                     else A.host_i32(indices, "indices"))
+        page_id_max = A.call(_C.check_decode_plan, indptr_h, last_h, indices_h, int(num_qo_heads),
+                             int(num_kv_heads), int(head_dim), int(page_size), q_dt, kv_dt, o_dt,
+                             not self._on_gpu)
         split = 0 if fixed_split_size is None or fixed_split_size <= 0 else (
             int(fixed_split_size) * int(page_size))
         plan = dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
@@ -208,8 +231,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     page_size=int(page_size), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
                     indptr=indptr_h, last_page_len=last_h,
                     window_left=-1 if window_left is None else int(window_left),
-                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"))
-        self._plan = None  # a plan() that raises leaves the wrapper unplanned
+                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"),
+                    page_id_max=page_id_max)
         keep = []
         plan["variant"] = V.plan_variant(
             on_gpu=self._on_gpu, like=self._float_workspace_buffer,
@@ -226,7 +249,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             # this grows only with the distinct arrays given).
             self._graph_keep.update((id(x), x) for x in keep)
         if not self._on_gpu:
-            plan["indices"] = A.host_i32(indices, "indices")
+            need = dict(max_batch=max(batch, 1), num_qo_heads=int(num_qo_heads),
+                        head_dim=int(head_dim))
+            C.check_host_workspace(
+                self._float_workspace_buffer, C.host_workspace_need_bytes(_C.BatchDecode, need),
+                f"batch {batch}, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
+            plan["indices"] = indices_h
             self._plan = plan
             return
         if self._use_cuda_graph and batch > self._fixed_batch_size:
@@ -262,9 +290,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             plan["run_indptr"] = self._paged_kv_indptr_buf
             plan["run_last_page_len"] = self._paged_kv_last_page_len_buf
         else:
-            plan["indices"] = (A.device_i32(indices) if A.is_cuda(indices)
-                               else A.to_device_like(A.host_i32(indices, "indices"),
-                                                     self._float_workspace_buffer))
+            plan["indices"] = (A.device_i32(indices) if indices_h is None
+                               else A.to_device_like(indices_h, self._float_workspace_buffer))
             plan["run_indptr"], plan["run_last_page_len"] = indptr_h, last_h
         op.plan(indptr_h, last_h, int(num_qo_heads), int(num_kv_heads), int(head_dim),
                 int(page_size), q_dt, kv_dt, o_dt, plan["sm_scale"], self._use_cuda_graph,
@@ -287,7 +314,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         (or CuPy's); allocates nothing else and never synchronizes, so it can be captured in a
         CUDA graph in CUDA graph mode. ``enable_pdl`` is accepted and ignored. On torch CUDA
         tensors this is the torch custom op ``flashkv::batch_decode_run`` (``..._out`` with
-        ``out``/``lse``), which torch.compile captures; plan() stays outside the graph.
+        ``out``/``lse``), which torch.compile captures; plan() stays outside the graph. A page id
+        of a host page table given to plan() that is not below the cache's page count raises
+        ValueError naming the entry, before anything is written (see :meth:`plan`).
         """
         C.require_plan(self._plan, window_left)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
@@ -302,6 +331,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         plan = self._plan
         C.require_plan(plan)
         C.check_same_side(self._on_gpu, self._device, q, "q")
+        C.check_page_ids_fit(plan, k, "indices")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)
         if self._on_gpu:
@@ -381,6 +411,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         rd = 0 if rotary_dim is None else int(rotary_dim)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
         C.check_same_side(self._on_gpu, self._device, q, "q")
+        C.check_page_ids_fit(plan, k, "indices")
         out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
                              return_lse)
         if self._on_gpu:

@@ -134,6 +134,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
 
 def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, backend, stream):
     qo_len, hq, d = (int(x) for x in q.shape)
+    A.call(_C.check_single_kv, k, kv_layout, hq)  # heads that do not divide: names the layout
     hk = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
     need = dict(max_batch=1, max_qo_tokens=max(qo_len, 1), num_qo_heads=hq, head_dim=d)
@@ -247,6 +248,16 @@ class _BatchPrefillBase:
             f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
             f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
 
+    def _check_host_workspace(self, plan):
+        """The host path's workspace rule (_common.check_host_workspace), for the configuration
+        the GPU path would ask for."""
+        need = dict(max_batch=max(plan["batch"], 1), max_qo_tokens=max(plan["nnz_qo"], 1),
+                    num_qo_heads=plan["num_qo_heads"], head_dim=plan["head_dim"])
+        C.check_host_workspace(
+            self._float_workspace_buffer, C.host_workspace_need_bytes(self._op_class, need),
+            f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
+            f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
+
     def _planned(self, op):
         if self._use_cuda_graph and not self._tile_rows:
             self._tile_rows = op.plan_info()["tile_rows"]
@@ -313,6 +324,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``, ``variant``,
         ``variant_args``, ``mask_indptr`` (flashkv.prefill's docstring). Must not be called while
         a CUDA graph is being captured.
+
+        Checks: the same C++ checks on the host and the GPU path (a host wrapper refuses what the
+        GPU plan refuses): page_size >= 1, num_qo_heads a multiple of num_kv_heads (a GQA group
+        of at most 128), head_dim 64, 128 or 256, one dtype for q, kv and out (float16 or
+        bfloat16; a host wrapper also takes float32), indptrs from 0 and non-decreasing,
+        last_page_len in [1, page_size] for each request with pages, a non-empty host
+        workspace. Page ids as :meth:`BatchDecodeWithPagedKVCacheWrapper.plan`: host
+        ``paged_kv_indices`` are checked here (>= 0) and their largest against the cache's page
+        count at run(), before anything is written (``paged_kv_indices[j] = id is out of range
+        [0, num_pages)``); device-resident ones only by the kernel with
+        ``FLASHKV_CHECK_DEVICE_ERRORS=1`` (otherwise an out-of-range id reads as zeros).
         """
         C.check_variant(prefix_len_ptr=prefix_len_ptr,
                         token_pos_in_items_ptr=token_pos_in_items_ptr,
@@ -329,12 +351,21 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             raise ValueError(f"paged_kv_indptr, paged_kv_last_page_len: expected {batch + 1} and "
                              f"{batch} entries (qo_indptr's batch {batch}), got {kv_h.shape[0]} "
                              f"and {last_h.shape[0]}")
+        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths; with a
+        # host page table also its ids (>= 0; the largest is compared with the cache at run()).
+        indices_h = (None if self._on_gpu and A.is_cuda(paged_kv_indices)
+                     else A.host_i32(paged_kv_indices, "paged_kv_indices"))
+        plan["page_id_max"] = A.call(
+            _C.check_prefill_plan, plan["qo_indptr"], kv_h, last_h, indices_h,
+            plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], plan["page_size"],
+            plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"], not self._on_gpu)
         kv_lens = C.host_kv_lens(kv_h, last_h, page_size)
         self._plan_variant(plan, np.diff(plan["qo_indptr"]), kv_lens, custom_mask,
                            packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
                            rope_scale, rope_theta, variant_extras)
         if not self._on_gpu:
-            plan["indices"] = A.host_i32(paged_kv_indices, "paged_kv_indices")
+            self._check_host_workspace(plan)
+            plan["indices"] = indices_h
             self._plan = plan
             return
         op = self._acquire(plan)
@@ -350,10 +381,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
             plan.update(indices=b["paged_kv_indices_buf"], run_indptr=b["paged_kv_indptr_buf"],
                         run_last_page_len=b["paged_kv_last_page_len_buf"])
         else:
-            plan["indices"] = (A.device_i32(paged_kv_indices) if A.is_cuda(paged_kv_indices)
-                               else A.to_device_like(A.host_i32(paged_kv_indices,
-                                                                "paged_kv_indices"),
-                                                     self._float_workspace_buffer))
+            plan["indices"] = (A.device_i32(paged_kv_indices) if indices_h is None
+                               else A.to_device_like(indices_h, self._float_workspace_buffer))
             plan.update(run_indptr=kv_h, run_last_page_len=last_h)
         op.plan(plan["qo_indptr"], kv_h, last_h, plan["num_qo_heads"], plan["num_kv_heads"],
                 plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
@@ -374,7 +403,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         (FlashInfer's convention). Outputs are allocated in q's framework unless given. GPU work
         goes on torch's (or CuPy's) current stream and can be captured in CUDA graph mode. On
         torch CUDA tensors this is the torch custom op ``flashkv::batch_prefill_paged_run``
-        (``..._out`` with ``out``/``lse``), which torch.compile captures.
+        (``..._out`` with ``out``/``lse``), which torch.compile captures. A host page id not below
+        the cache's page count raises ValueError naming the entry, before anything is written.
         """
         self._check_run(return_lse, lse, window_left)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
@@ -387,6 +417,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         """run() on the planned batch, eager (also the body of the torch custom op)."""
         plan = self._plan
         C.require_plan(plan)
+        C.check_page_ids_fit(plan, k, "paged_kv_indices")
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
             A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
@@ -434,7 +465,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         """Plan ragged prefill (FlashInfer's arguments): qo_indptr and kv_indptr ``[batch + 1]``
         (tokens), int32 on the host or the device. ``fixed_split_size`` is in KV tokens here
         (ragged KV has no pages). Variants as
-        :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`'s (flashkv.prefill's docstring)."""
+        :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`'s (flashkv.prefill's docstring), and
+        its checks (the same on the host and the GPU path)."""
         C.check_variant(prefix_len_ptr=prefix_len_ptr,
                         token_pos_in_items_ptr=token_pos_in_items_ptr,
                         max_item_len_ptr=max_item_len_ptr)
@@ -446,10 +478,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         if kv_h.shape[0] != plan["batch"] + 1:
             raise ValueError(f"kv_indptr: expected {plan['batch'] + 1} entries (qo_indptr's "
                              f"batch + 1), got {kv_h.shape[0]}")
+        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths.
+        A.call(_C.check_prefill_plan, plan["qo_indptr"], kv_h, None, None, plan["num_qo_heads"],
+               plan["num_kv_heads"], plan["head_dim"], 1, plan["q_dtype"], plan["kv_dtype"],
+               plan["o_dtype"], not self._on_gpu, kv_indptr_name="kv_indptr")
         self._plan_variant(plan, np.diff(plan["qo_indptr"]), np.diff(kv_h), custom_mask,
                            packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
                            rope_scale, rope_theta, variant_extras)
         if not self._on_gpu:
+            self._check_host_workspace(plan)
             self._plan = plan
             return
         op = self._acquire(plan)
