@@ -36,7 +36,7 @@ inline constexpr DecodeTCTuning kDecodeTCOneCta{0, 8, 1};
 // check_page_ids; attention/decode_common.cuh), a slower variant with its own id.
 KernelSpec decode_kernel_spec(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
                               int page_size, bool tensor_cores = false,
-                              const VariantJit& variant = {"", "flashkv::DefaultVariant"},
+                              const VariantJit& variant = plain_variant_jit(),
                               DecodeTCTuning tuning = {}, bool check_pages = false);
 // The name expression of that kernel (its function in the compiled module).
 std::string decode_kernel_name(DType q_dtype, DType kv_dtype, int head_dim, int group_size,
@@ -49,7 +49,7 @@ bool decode_tc_supported(int head_dim, int group_size);
 // 1 paged with a power-of-two page size, 2 any page size); see ops/prefill_kernel.h.
 // With a variant (ops/variant_jit.h) its id joins the kernel id and its source the module.
 KernelSpec prefill_kernel_spec(DType dtype, int head_dim, int rows, int kv_source,
-                               const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+                               const VariantJit& variant = plain_variant_jit());
 // The Hopper wgmma prefill kernel (attention/prefill_hopper_ws.cuh) for one (dtype, head_dim, KV
 // source); its query tile is always 128 rows and it runs plain attention only.
 KernelSpec prefill_hopper_kernel_spec(DType dtype, int head_dim, int kv_source);

@@ -39,7 +39,7 @@ inline PrefillKV prefill_kv_source(bool paged, int page_size) {
 std::string prefill_config_type(DType dtype, int head_dim, int rows, PrefillKV kv);
 // The kernel's name expression: flashkv::batch_prefill_kernel<config, variant type>.
 std::string prefill_kernel_name(DType dtype, int head_dim, int rows, PrefillKV kv,
-                                const VariantJit& variant = {"", "flashkv::DefaultVariant"});
+                                const VariantJit& variant = plain_variant_jit());
 // The Hopper kernel's: flashkv::batch_prefill_hopper_ws_kernel<PrefillHopperConfig<...>, variant,
 // kv_tma> (KV by TMA boxes, or by the producer warpgroup's cp.async gather).
 std::string prefill_hopper_kernel_name(DType dtype, int head_dim, PrefillKV kv, bool kv_tma);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -241,7 +242,11 @@ VariantJit variant_jit(const Variant& v) {
   j.transforms_qk = b.rope.mode != RopeMode::none;
   const int flags = builtin_flags(b);
   if (flags != 0) {
-    j.id = "b" + std::to_string(flags);
+    // Constructed, then moved: g++ 12 reports a false -Wrestrict when `"b" + std::to_string()`
+    // or an assignment from a literal inlines basic_string::_M_replace here (GCC PR 105651).
+    char id[16];
+    std::snprintf(id, sizeof(id), "b%d", flags);
+    j.id = std::string(id);
     j.type = "flashkv::BuiltinVariant<" + std::to_string(flags) + ">";
     j.source = "\n#include \"variants/builtin.cuh\"\n";
   }

@@ -22,6 +22,13 @@ struct VariantJit {
   bool operator==(const VariantJit& o) const { return id == o.id; }
 };
 
+// Plain attention (flashkv::DefaultVariant): the kernels' default variant.
+inline VariantJit plain_variant_jit() {
+  VariantJit j;
+  j.type = "flashkv::DefaultVariant";
+  return j;
+}
+
 // The kernel side of `v` for head_dim `head_dim` (plan time; checks the user spec's shape: names,
 // identifiers, parameter kinds).
 VariantJit variant_jit(const Variant& v);
