@@ -2,7 +2,9 @@
 // written as device C++ in a VariantSpec, JIT-compiled into batch decode (BatchDecode over a
 // paged f16 cache, GQA 8/2, head_dim 128) and checked against a double-precision reference
 // written here, independent of flashkv's own. Then a spec with a typo shows how a compile error
-// in variant source is reported. Exit 0 on PASS (or without a GPU), 1 on FAIL.
+// in variant source is reported. Without a GPU only that part runs: NVRTC needs no GPU, and
+// flashkv::precompile() compiles the variant into the decode kernel for sm_90a, as plan() would.
+// Exit 0 on PASS, 1 on FAIL.
 #include <flashkv/flashkv.h>
 
 #include <algorithm>
@@ -51,6 +53,33 @@ std::vector<uint16_t> random_f16(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// A typo in the source (`bais`): compiling it throws flashkv::Error carrying NVRTC's log, whose
+// positions are lines of spec.source, named "<Name>.variant(<line>)". `compile` compiles the
+// variant (plan() on a GPU, precompile() without one). True when the error was reported so.
+template <class Compile>
+bool show_compile_error(Compile&& compile) {
+  std::string typo = kT5Source;
+  typo.replace(typo.find("a.bias["), 7, "a.bais[");
+  const VariantSpec spec = t5_spec("T5Typo", typo);
+  bool reported = false;
+  try {
+    compile(spec);
+    std::printf("FAIL: the typo compiled\n");
+  } catch (const Error& e) {
+    std::istringstream lines(e.what());
+    std::string line;
+    std::printf("compile error, as reported:\n");
+    for (int shown = 0; shown < 3 && std::getline(lines, line);) {
+      if (line.find("T5Typo.variant(") == std::string::npos) continue;
+      std::printf("  %s\n", line.c_str());
+      reported = true;
+      ++shown;
+    }
+    if (!reported) std::printf("FAIL: no error naming T5Typo.variant(<line>)\n");
+  }
+  return reported;
+}
+
 DeviceBuffer to_device(const void* p, size_t bytes) {
   DeviceBuffer b(bytes);
   b.copy_from_host(p, bytes);
@@ -61,10 +90,21 @@ DeviceBuffer to_device(const void* p, size_t bytes) {
 
 int main() {
   if (!cuda_available()) {
-    // Variant kernels are compiled by plan(), which needs a device; flashkv::precompile() fills
-    // the JIT cache without one but takes no user variants, so there is nothing cheap to show.
-    std::printf("user_variant: no GPU (%s); skipping the run\n", cuda_unavailable_reason().c_str());
-    return 0;
+    // plan() needs a device; precompile() runs NVRTC for a named architecture without one.
+    std::printf("user_variant: no GPU (%s): no decode run; compiling the variant for sm_90a\n",
+                cuda_unavailable_reason().c_str());
+    const bool reported = show_compile_error([](const VariantSpec& spec) {
+      PrecompileOptions o;
+      o.arch = "sm_90a";
+      o.ops = {"decode"};
+      o.dtypes = {DType::f16};
+      o.head_dims = {kDim};
+      o.group_sizes = {kHq / kHk};
+      o.page_sizes = {kPage};
+      o.variants = {Variant::user(spec, VariantArgs())};
+      precompile(o);
+    });
+    return reported ? 0 : 1;
   }
   std::mt19937 rng(7);
   // The paged cache: request b owns ceil(kv_len / kPage) pages, handed out in reverse order so
@@ -154,26 +194,11 @@ int main() {
   std::printf("user_variant: T5 bias decode, kv_lens 1/37/300, max relative error %.3g: %s\n",
               rel, pass ? "PASS" : "FAIL");
 
-  // A typo in the source (`bais`): plan() compiles it and throws flashkv::Error carrying NVRTC's
-  // log, whose positions are lines of spec.source, named "<Name>.variant(<line>)".
-  std::string typo = kT5Source;
-  typo.replace(typo.find("a.bias["), 7, "a.bais[");
-  bool reported = false;
-  try {
+  // The typo, through plan() on the GPU.
+  const bool reported = show_compile_error([&](const VariantSpec& spec) {
     dec.plan(indptr.data(), last_page_len.data(), kBatch, kHq, kHk, kDim, kPage, DType::f16,
              DType::f16, DType::f16,
-             DecodePlanOptions{.variant = Variant::user(t5_spec("T5Typo", typo), t5.args())});
-  } catch (const Error& e) {
-    std::istringstream lines(e.what());
-    std::string line;
-    std::printf("compile error, as reported:\n");
-    for (int shown = 0; shown < 3 && std::getline(lines, line);) {
-      if (line.find("T5Typo.variant(") == std::string::npos) continue;
-      std::printf("  %s\n", line.c_str());
-      reported = true;
-      ++shown;
-    }
-  }
-  if (!reported) std::printf("FAIL: no error naming T5Typo.variant(<line>)\n");
+             DecodePlanOptions{.variant = Variant::user(spec, t5.args())});
+  });
   return pass && reported ? 0 : 1;
 }

@@ -3,10 +3,13 @@
 // $FLASHKV_CACHE_DIR (default ~/.cache/flashkv) and a later run on that GPU finds them.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "flashkv/dtype.h"
+#include "flashkv/variant_spec.h"
 
 namespace flashkv {
 
@@ -17,6 +20,13 @@ struct PrecompileOptions {
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int> group_sizes = {1, 4, 8};  // query heads per KV head
   std::vector<int> page_sizes = {1, 16, 64};
+  // Kernels compiled at once (NVRTC compiles one program per thread); 0: one per hardware thread.
+  int jobs = 1;
+  // Variants (built-in or user; their arguments are not used) compiled into the decode and the
+  // (mma.sync) prefill kernels of these shapes as well as plain attention. A user variant's
+  // compile error throws flashkv::Error with NVRTC's log, as plan() would, without a GPU.
+  // Their kernels come first.
+  std::vector<Variant> variants;
 };
 
 struct PrecompiledKernel {
@@ -25,6 +35,15 @@ struct PrecompiledKernel {
   double ms = 0.0;
 };
 
-std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts);
+// Called as each kernel is done (one call at a time, in completion order): the kernel, how many
+// are done, how many in all.
+using PrecompileProgress =
+    std::function<void(const PrecompiledKernel& kernel, size_t done, size_t total)>;
+
+// Compiles every kernel `opts` names into the disk cache, `opts.jobs` at a time. Returns them in
+// a fixed order (that of the options, whatever the completion order); the first compile error is
+// rethrown after the compiles in flight have finished.
+std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
+                                          const PrecompileProgress& progress = {});
 
 }  // namespace flashkv

@@ -234,16 +234,43 @@ JitStats KernelCache::stats() const {
   return stats_;
 }
 
-std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& id,
-                                                             const std::string& arch,
-                                                             const RequestFactory& make,
-                                                             bool* cold) {
-  // Called with mu_ held.
+KernelCache::CompiledPtr KernelCache::compiled(const std::string& id, const std::string& arch,
+                                               const RequestFactory& make, bool* cold) {
   const std::string mem_key = id + "@" + arch;
-  if (auto it = compiled_.find(mem_key); it != compiled_.end()) {
-    *cold = false;
-    return it->second;
+  std::promise<CompiledPtr> promise;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (auto it = compiled_.find(mem_key); it != compiled_.end()) {
+      *cold = false;
+      return it->second;
+    }
+    if (auto it = pending_.find(mem_key); it != pending_.end()) {
+      // Another thread is compiling this id: wait for it (its error, if any, is rethrown here).
+      std::shared_future<CompiledPtr> f = it->second;
+      lock.unlock();
+      *cold = false;
+      return f.get();
+    }
+    pending_.emplace(mem_key, promise.get_future().share());
   }
+  try {
+    CompiledPtr result = load_or_compile(id, arch, make, cold);
+    std::lock_guard<std::mutex> lock(mu_);
+    compiled_[mem_key] = result;
+    pending_.erase(mem_key);
+    promise.set_value(result);
+    return result;
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(mem_key);
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+KernelCache::CompiledPtr KernelCache::load_or_compile(const std::string& id,
+                                                      const std::string& arch,
+                                                      const RequestFactory& make, bool* cold) {
   CompileRequest req = make();
   req.arch = arch;
   if (req.key_name.empty()) req.key_name = id;
@@ -256,12 +283,15 @@ std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& 
       std::stringstream ss;
       ss << in.rdbuf();
       if (deserialize(ss.str(), key, result.get())) {
+        std::lock_guard<std::mutex> lock(mu_);
         ++stats_.disk_hits;
         *cold = false;
-        compiled_[mem_key] = result;
         return result;
       }
-      ++stats_.corrupt_entries;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.corrupt_entries;
+      }
       if (!quiet())
         std::fprintf(stderr, "flashkv: cache entry %s is corrupt; recompiling\n", path.c_str());
       *result = CompiledKernels{};
@@ -270,8 +300,11 @@ std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& 
   if (!quiet())
     std::fprintf(stderr, "flashkv: compiling %s for %s ...\n", id.c_str(), arch.c_str());
   *result = nvrtc_compile(req);
-  ++stats_.compiles;
-  stats_.compile_ms += result->compile_ms;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.compiles;
+    stats_.compile_ms += result->compile_ms;
+  }
   if (!quiet())
     std::fprintf(stderr, "flashkv: compiled %s in %.0f ms\n", id.c_str(), result->compile_ms);
   *cold = true;
@@ -289,21 +322,25 @@ std::shared_ptr<const CompiledKernels> KernelCache::compiled(const std::string& 
     fs::rename(tmp.str(), path, ec);
     if (ec) fs::remove(tmp.str(), ec);
   }
-  compiled_[mem_key] = result;
   return result;
 }
 
 const LoadedModule& KernelCache::module(const std::string& id, int device,
                                         const RequestFactory& make) {
   const std::string loaded_key = id + "@" + std::to_string(device);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = loaded_.find(loaded_key); it != loaded_.end()) {
-    ++stats_.memory_hits;
-    return *it->second;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = loaded_.find(loaded_key); it != loaded_.end()) {
+      ++stats_.memory_hits;
+      return *it->second;
+    }
+    ensure_context(device);
   }
-  ensure_context(device);
   bool cold = false;
-  auto ck = compiled(id, device_arch(device), make, &cold);
+  auto ck = compiled(id, device_arch(device), make, &cold);  // NVRTC without the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = loaded_.find(loaded_key); it != loaded_.end()) return *it->second;  // raced
+  ensure_context(device);  // current on this thread for the load
   const Driver& d = driver();
   auto mod = std::make_unique<LoadedModule>();
   check_cu(d.cuModuleLoadData(&mod->module, ck->cubin.data()), "cuModuleLoadData(" + id + ")");
@@ -329,7 +366,6 @@ std::string KernelCache::entry_path(const std::string& id, const std::string& ar
 
 bool KernelCache::precompile(const std::string& id, const std::string& arch,
                              const RequestFactory& make) {
-  std::lock_guard<std::mutex> lock(mu_);
   bool cold = false;
   compiled(id, arch, make, &cold);
   return cold;

@@ -6,13 +6,16 @@
 // name expressions + NVRTC version + arch, so editing a header invalidates exactly the entries
 // of the kernels that read it. Disk entries carry a
 // checksum; a corrupt or truncated entry is detected, recompiled and replaced (temp file +
-// rename, so concurrent writers never expose a partial file). Thread-safe.
+// rename, so concurrent writers never expose a partial file). Thread-safe: NVRTC runs outside the
+// cache's lock, so distinct ids compile concurrently (flashkv precompile -j); callers asking for an
+// id that is being compiled wait for that compile instead of starting a second one.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,13 +64,21 @@ class KernelCache {
 
  private:
   KernelCache();
-  std::shared_ptr<const CompiledKernels> compiled(const std::string& id, const std::string& arch,
-                                                  const RequestFactory& make, bool* cold);
+  using CompiledPtr = std::shared_ptr<const CompiledKernels>;
+  // Memory, else an in-flight compile of the same id, else disk or NVRTC (load_or_compile).
+  // Called without mu_ held.
+  CompiledPtr compiled(const std::string& id, const std::string& arch, const RequestFactory& make,
+                       bool* cold);
+  // The disk entry, else NVRTC (and the entry written). Runs without mu_ held (takes it only for
+  // stats_).
+  CompiledPtr load_or_compile(const std::string& id, const std::string& arch,
+                              const RequestFactory& make, bool* cold);
 
   mutable std::mutex mu_;
   std::string dir_;
   std::unordered_map<std::string, std::shared_ptr<const CompiledKernels>> compiled_;  // id@arch
   std::unordered_map<std::string, std::unique_ptr<LoadedModule>> loaded_;             // id@device
+  std::unordered_map<std::string, std::shared_future<CompiledPtr>> pending_;  // id@arch compiling
   JitStats stats_;
 };
 

@@ -2,11 +2,17 @@
 // is hit on the second request, and a corrupt entry is detected and recompiled.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "flashkv/error.h"
@@ -31,15 +37,120 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
   ASSERT_EQ(first.size(), 10u);
   // Second time: every entry is found (memory or disk), nothing recompiles.
   for (const auto& k : precompile(o)) EXPECT_FALSE(k.compiled) << k.id;
-  // Warm lookup (memory hit) cost, printed for the record; the goal is <= 10 us.
+  // Warm lookup (memory hit) cost: the goal is <= 10 us (measured 0.06-0.1 us). The best of 5
+  // batches, so a preempted batch on a loaded CI machine does not decide it.
   const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true);
   constexpr int kReps = 2000;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kReps; ++i) runtime::KernelCache::instance().precompile(spec.id, "sm_90a", spec.make);
-  const double us =
-      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  std::printf("JIT warm lookup (memory hit): %.2f us\n", us);
-  EXPECT_LT(us, 1000.0);
+  double best_us = 1e30;
+  for (int batch = 0; batch < 5; ++batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kReps; ++i)
+      EXPECT_FALSE(runtime::KernelCache::instance().precompile(spec.id, "sm_90a", spec.make));
+    best_us = std::min(best_us, std::chrono::duration<double, std::micro>(
+                                    std::chrono::steady_clock::now() - t0).count() / kReps);
+  }
+  std::printf("JIT warm lookup (memory hit): %.2f us\n", best_us);
+  EXPECT_LT(best_us, 10.0);
+}
+
+TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
+  PrecompileOptions o;
+  o.ops = {"merge", "kv"};
+  o.dtypes = {DType::f16};
+  std::vector<std::string> serial;
+  for (const auto& k : precompile(o)) serial.push_back(k.id);
+  ASSERT_EQ(serial.size(), 4u);  // merge, RoPE, append, batch indices
+  o.jobs = 2;
+  std::vector<size_t> done_counts;
+  std::vector<std::string> reported;
+  const auto parallel = precompile(o, [&](const PrecompiledKernel& k, size_t done, size_t total) {
+    EXPECT_EQ(total, serial.size());
+    done_counts.push_back(done);
+    reported.push_back(k.id);
+  });
+  ASSERT_EQ(parallel.size(), serial.size());
+  for (size_t i = 0; i < serial.size(); ++i) EXPECT_EQ(parallel[i].id, serial[i]) << i;
+  EXPECT_EQ(done_counts, (std::vector<size_t>{1, 2, 3, 4}));
+  std::sort(reported.begin(), reported.end());
+  std::sort(serial.begin(), serial.end());
+  EXPECT_EQ(reported, serial);
+  o.jobs = -1;
+  EXPECT_THROW(precompile(o), Error);
+}
+
+// A trivial kernel whose source no other test (or earlier run) has: always a cold compile.
+runtime::CompileRequest unique_request(const std::string& tag, bool broken = false) {
+  static const auto nonce = std::chrono::steady_clock::now().time_since_epoch().count();
+  runtime::CompileRequest req;
+  req.source = "#include \"primitives/types.cuh\"\n// " + tag + " " + std::to_string(nonce) +
+               "\n__global__ void k() { " + (broken ? "not_declared();" : "") + " }\n";
+  return req;
+}
+
+TEST(Jit, DistinctKernelsCompileConcurrently) {
+  // Each factory waits (up to 20 s) until the other one has started: with NVRTC (and the factory)
+  // run under the cache's lock, the second never starts while the first waits.
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool saw_other[2] = {false, false};
+  auto factory = [&](int which) {
+    return [&, which] {
+      std::unique_lock<std::mutex> lock(mu);
+      ++entered;
+      cv.notify_all();
+      saw_other[which] = cv.wait_for(lock, std::chrono::seconds(20), [&] { return entered == 2; });
+      return unique_request("concurrent" + std::to_string(which));
+    };
+  };
+  auto& cache = runtime::KernelCache::instance();
+  std::thread t0([&] { cache.precompile("concurrent_a", "sm_90a", factory(0)); });
+  std::thread t1([&] { cache.precompile("concurrent_b", "sm_90a", factory(1)); });
+  t0.join();
+  t1.join();
+  EXPECT_TRUE(saw_other[0] && saw_other[1]) << "the two compiles ran one after the other";
+}
+
+TEST(Jit, OneIdRequestedFromManyThreadsCompilesOnce) {
+  std::atomic<int> made{0}, cold{0};
+  auto make = [&] {
+    ++made;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the others arrive meanwhile
+    return unique_request("once");
+  };
+  auto& cache = runtime::KernelCache::instance();
+  const auto before = cache.stats();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] { cold += cache.precompile("compiled_once", "sm_90a", make); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(made.load(), 1);
+  EXPECT_EQ(cold.load(), 1);
+  EXPECT_EQ(cache.stats().compiles, before.compiles + 1);
+}
+
+TEST(Jit, ACompileErrorReachesEveryWaiterAndIsNotCached) {
+  auto make = [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return unique_request("broken", true);
+  };
+  auto& cache = runtime::KernelCache::instance();
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i)
+    threads.emplace_back([&] {
+      try {
+        cache.precompile("broken_once", "sm_90a", make);
+      } catch (const Error& e) {
+        errors += std::string(e.what()).find("not_declared") != std::string::npos;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 3);
+  // Not remembered as compiled: asking again compiles (and fails) again.
+  const auto before = cache.stats();
+  EXPECT_THROW(cache.precompile("broken_once", "sm_90a", make), Error);
+  EXPECT_EQ(cache.stats().compiles, before.compiles);  // NVRTC failed: no compile counted
 }
 
 TEST(Jit, EveryDecodeShapeCompiles) {
@@ -128,7 +239,16 @@ TEST(Jit, CacheKeyCoversExactlyTheIncludedHeaders) {
   // decode.cuh reaches types.cuh through several paths; merge.cuh does not reach decode_common.
   const std::string decode = "#include \"attention/decode.cuh\"\n";
   const std::string merge = "#include  \"attention/merge.cuh\"\n";
-  EXPECT_EQ(runtime::included_sources_hash(decode), runtime::included_sources_hash(decode));
+  // Only the closure counts: not the source text, not the order, not a header named twice or
+  // named directly when it is also reached through another (decode_common.cuh via decode.cuh).
+  const std::string decode_common = "#include \"attention/decode_common.cuh\"\n";
+  EXPECT_EQ(runtime::included_sources_hash(decode),
+            runtime::included_sources_hash("// another kernel\n" + decode +
+                                           "__global__ void other() {}\n"));
+  EXPECT_EQ(runtime::included_sources_hash(decode),
+            runtime::included_sources_hash(decode_common + decode + decode_common));
+  // ... but a closure that lacks some of decode.cuh's headers differs.
+  EXPECT_NE(runtime::included_sources_hash(decode), runtime::included_sources_hash(decode_common));
   EXPECT_NE(runtime::included_sources_hash(decode), runtime::included_sources_hash(merge));
   // merge.cuh's closure is merge.cuh + types.cuh: naming types.cuh as well changes nothing.
   EXPECT_EQ(runtime::included_sources_hash(merge),

@@ -10,6 +10,7 @@
 
 #include "common/test_util.h"
 #include "flashkv/error.h"
+#include "flashkv/jit.h"
 #include "flashkv/variant_spec.h"
 #include "ops/kernel_specs.h"
 #include "ops/variant_jit.h"
@@ -98,6 +99,38 @@ TEST(VariantJit, CompileErrorNamesTheUsersLine) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("Broken.variant(3)"), std::string::npos) << msg;
   }
+}
+
+TEST(VariantJit, PrecompileTakesVariantsAndReportsTheirCompileErrors) {
+  // Without a GPU: precompile() compiles a user variant into the decode (and prefill) kernels,
+  // variants first, and a compile error carries NVRTC's log at the user's line.
+  PrecompileOptions o;
+  o.ops = {"decode", "prefill"};
+  o.dtypes = {DType::f16};
+  o.head_dims = {128};
+  o.group_sizes = {4};
+  o.page_sizes = {16};
+  VariantSpec broken;
+  broken.name = "Broken";
+  broken.source = "struct Broken {\n  using Args = Params;\n  this is not C++;\n};\n";
+  o.variants = {Variant::user(broken, {})};
+  try {
+    precompile(o);
+    FAIL() << "expected a compile error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Broken.variant(3)"), std::string::npos) << msg;
+  }
+  // A good variant: its kernels (CUDA-core and tensor-core decode; 4 tile sizes x 3 KV sources of
+  // prefill) are listed first, with the variant's id in theirs.
+  o.ops = {"decode"};
+  const ops::VariantJit j = ops::variant_jit(Variant::user(t5_bias_spec(), {}));
+  o.variants = {Variant::user(t5_bias_spec(), {})};
+  const auto kernels = precompile(o);
+  ASSERT_EQ(kernels.size(), 2u + 4u);  // the variant's 2, then plain attention's 4
+  EXPECT_NE(kernels[0].id.find(j.id), std::string::npos) << kernels[0].id;
+  EXPECT_NE(kernels[1].id.find(j.id), std::string::npos) << kernels[1].id;
+  EXPECT_EQ(kernels[2].id.find(j.id), std::string::npos) << kernels[2].id;
 }
 
 TEST(VariantJit, UseSoftmaxMismatchIsACompileError) {
