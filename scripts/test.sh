@@ -5,11 +5,23 @@
 # pytest from PyPI) and its pytest suite runs (its GPU tests skip without torch and a GPU);
 # FLASHKV_PYTHON_TESTS=0 skips that part. Then checks that an installed flashkv works from a
 # consumer project through find_package(flashkv), and builds and runs examples/user_variant.
+# The kernel cache of every test is $FLASHKV_CACHE_DIR, a fresh temp dir (removed at the end)
+# when it is not set: tests never write into ~/.cache. With CI=true (CI sets it) the build treats
+# warnings as errors (-DFLASHKV_WERROR=ON); otherwise a newer compiler's new warning only warns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 BUILD=${BUILD:-build}
 JOBS=${JOBS:-$(nproc)}
+SCRATCH=()  # temp dirs removed on exit
+trap 'rm -rf "${SCRATCH[@]}"' EXIT
+if [ -z "${FLASHKV_CACHE_DIR:-}" ]; then
+  FLASHKV_CACHE_DIR=$(mktemp -d -t flashkv-test-cache.XXXXXX)
+  SCRATCH+=("$FLASHKV_CACHE_DIR")
+fi
+export FLASHKV_CACHE_DIR
+WERROR=OFF
+[ "${CI:-}" = true ] && WERROR=ON
 PY_ARGS=(-DFLASHKV_PYTHON=OFF)
 if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
   mkdir -p "$BUILD"
@@ -18,7 +30,8 @@ if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
   PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")
 fi
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${PY_ARGS[@]}" >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHKV_WERROR="$WERROR" \
+  "${PY_ARGS[@]}" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
 if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
@@ -26,6 +39,7 @@ if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
 fi
 # Install into a scratch prefix and build the consumer example against it.
 PREFIX=$(mktemp -d)
+SCRATCH+=("$PREFIX")
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 cmake -S examples/consumer -B "$BUILD/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
 cmake --build "$BUILD/consumer" >/dev/null

@@ -12,6 +12,7 @@
 #include "bench_step.h"
 #include "bench_util.h"
 #include "bench_variants.h"
+#include "cli_checks.h"
 #include "decode_timeline.h"
 #include "commands.h"
 #include "flashkv/error.h"
@@ -20,6 +21,7 @@
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
 #include "json_out.h"
+#include "workloads.h"
 
 namespace flashkv::cli {
 namespace {
@@ -135,12 +137,40 @@ nlohmann::json bench_decode_cpu_reference() {
   return rows;
 }
 
+// --workloads names ids the selected workload set has (the standard one, or --workloads-file's),
+// or PV (bench variants' prefill part). Checked before anything runs, GPU or not.
+void check_workload_ids(const BenchArgs& a) {
+  if (a.workloads.empty()) return;
+  std::vector<std::string> known;
+  for (const auto& w :
+       a.workloads_file.empty() ? standard_workloads() : read_workloads(a.workloads_file))
+    known.push_back(w.id);
+  known.push_back("PV");
+  for (const auto& id : a.workloads)
+    check(std::find(known.begin(), known.end(), id) != known.end(), "--workloads: unknown id '",
+          id, "' (expected some of ", join(known), a.workloads_file.empty() ? "" : " from ",
+          a.workloads_file, ")");
+}
+
 void bench_cpu_only(const BenchArgs& a) {
-  std::printf("No CUDA GPU: %s\n", cuda_unavailable_reason().c_str());
-  if (a.has("variants"))
-    std::printf("bench variants times GPU kernels only: skipped (no CPU form of it).\n");
+  const std::string why = cuda_unavailable_reason();
+  // Kinds that time GPU kernels and have no CPU form: asked for by name, they fail rather than
+  // time something else.
+  std::vector<std::string> gpu_only;
+  for (const char* k : {"step", "cascade", "variants"})
+    if (a.has(k)) gpu_only.push_back(k);
+  check(gpu_only.empty(), "bench ", join(gpu_only, " "), " needs a CUDA GPU (none here: ", why,
+        "); it times GPU kernels and has no CPU form. Without a GPU, `flashkv bench decode` and "
+        "`flashkv bench prefill` time the CPU reference at a small size.");
+  check(a.has("decode") || a.has("prefill"), "bench ", join(a.kinds, " "),
+        " needs a CUDA GPU (none here: ", why,
+        "). Without a GPU, `flashkv bench decode` and `flashkv bench prefill` time the CPU "
+        "reference at a small size.");
+  std::printf("No CUDA GPU: %s\n", why.c_str());
+  for (const char* k : {"ceilings", "merge"})
+    if (a.has(k)) std::printf("bench %s measures the GPU: skipped.\n", k);
   nlohmann::json rows = nlohmann::json::array();
-  if (a.has("decode") || !a.has("prefill")) rows = bench_decode_cpu_reference();
+  if (a.has("decode")) rows = bench_decode_cpu_reference();
   if (a.has("prefill")) {
     std::printf(
         "Running the CPU reference backend at a small size instead (batch prefill, causal, GQA "
@@ -166,23 +196,43 @@ void add_bench_command(CLI::App& app) {
                   "(built-in variants and fused vs unfused RoPE on D1-D6, variants on a 4 x 2048 "
                   "prefill (PV), their JIT cost; f16 "
                   "GQA 32/8 unless --dtypes/--shapes)")
-      ->check(CLI::IsMember({"ceilings", "merge", "decode", "prefill", "step", "cascade",
-                             "variants"}))
+      ->check(one_of({"ceilings", "merge", "decode", "prefill", "step", "cascade", "variants"}))
       ->capture_default_str();
-  cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file");
-  cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file");
-  cmd->add_option("--workloads", a->workloads, "workload ids (default: all of the kind)");
+  cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file")
+      ->check(writable_file());
+  cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file")
+      ->check(writable_file());
+  cmd->add_option("--workloads", a->workloads,
+                  "workload ids: D1-D6, P1-P5, A1, S1, PV (bench variants' prefill) or those of "
+                  "--workloads-file (default: all of the kind)");
   cmd->add_option("--workloads-file", a->workloads_file,
-                  "workloads from peers_torch.py --emit-workloads");
-  auto* shapes_opt = cmd->add_option("--shapes", a->shapes, "gqa-32-8, mha-32-32 (default: both)");
-  auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")->capture_default_str();
-  cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")->capture_default_str();
-  cmd->add_option("--page-size", a->page_size, "page size")->capture_default_str();
+                  "workloads from peers_torch.py --emit-workloads")
+      ->check(CLI::ExistingFile);
+  std::vector<std::string> shape_names;
+  for (const auto& sh : standard_shapes()) shape_names.push_back(sh.name);
+  auto* shapes_opt = cmd->add_option("--shapes", a->shapes, "gqa-32-8, mha-32-32 (default: both)")
+                         ->check(one_of(shape_names));
+  auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")
+                         ->check(one_of({"f16", "bf16"}))
+                         ->capture_default_str();
+  cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")
+      ->check(int_in_range(1))
+      ->capture_default_str();
+  cmd->add_option("--page-size", a->page_size, "page size (tokens per page)")
+      ->check(int_in_range(1, 1 << 16))
+      ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--layout", [a](const std::string& l) { a->decode.layout = parse_kv_layout(l); },
          "bench decode: KV page layout, NHD or HND (default NHD)");
   cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
+      ->check(int_in_range(0, 64))
       ->capture_default_str();
+  cmd->add_option_function<std::vector<int>>(
+         "--workspace-mb",
+         [a](const std::vector<int>& v) { a->decode.workspace_mb = a->prefill.workspace_mb = v; },
+         "decode and prefill: caller workspace sizes to compare, MB (0: workspace_bytes, never "
+         "limiting split-KV; FlashInfer's tests use 32 for decode, 16 for prefill)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefill-backend", a->prefill.backend,
                   "prefill kernel: auto (wgmma on sm_90a where it applies), mma (mma.sync) or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}))
@@ -217,12 +267,17 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--decode-timeline", a->decode.timeline_file,
                   "profiling build of the decode kernels: per-CTA phase timestamps of every "
-                  "configuration into this JSON file (kernels/attention/decode_timeline.cuh)");
+                  "configuration into this JSON file (kernels/attention/decode_timeline.cuh)")
+      ->check(writable_file());
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
+      ->check(int_in_range(1))
       ->capture_default_str();
-  cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")->capture_default_str();
+  cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")
+      ->check(int_in_range(1))
+      ->capture_default_str();
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
   cmd->callback([a, shapes_opt, dtypes_opt] {
+    check_workload_ids(*a);
     if (!cuda_available()) return bench_cpu_only(*a);
     a->shapes_given = shapes_opt->count() > 0;
     a->dtypes_given = dtypes_opt->count() > 0;

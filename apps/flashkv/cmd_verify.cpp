@@ -14,6 +14,7 @@
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
+#include "cli_checks.h"
 #include "json_out.h"
 
 namespace flashkv::cli {
@@ -252,12 +253,15 @@ void add_verify_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "verify", "run every available op on random inputs against the CPU reference");
   auto* json_path = new std::string;
-  cmd->add_option("--json", *json_path, "write the checks as JSON");
+  cmd->add_option("--json", *json_path, "write the checks as JSON")->check(writable_file());
   cmd->callback([json_path] {
     const bool gpu = cuda_available();
     if (!gpu) {
-      std::printf("No CUDA GPU (%s): checking the CPU reference against itself at small size.\n",
-                  cuda_unavailable_reason().c_str());
+      std::printf(
+          "No CUDA GPU (%s): NOTHING IS CHECKED AGAINST A GPU. This only runs the CPU reference\n"
+          "against itself (two code paths of it) at small size; run `flashkv verify` on a GPU\n"
+          "machine to check the GPU kernels.\n",
+          cuda_unavailable_reason().c_str());
     }
     std::vector<Check> checks;
     uint64_t seed = 1;
@@ -281,8 +285,12 @@ void add_verify_command(CLI::App& app) {
                   c.tol);
       j.push_back({{"check", c.name}, {"rel_err", c.err}, {"tol", c.tol}, {"ok", ok}});
     }
-    std::printf("%zu checks, %d failed (%s)\n", checks.size(), failed,
-                gpu ? "GPU vs CPU reference" : "CPU only");
+    if (gpu)
+      std::printf("%zu checks, %d failed (GPU vs CPU reference)\n", checks.size(), failed);
+    else
+      std::printf(
+          "%zu checks, %d failed (CPU reference against itself; no GPU kernel was checked)\n",
+          checks.size(), failed);
     write_json_if(*json_path, {{"gpu", gpu}, {"checks", j}});
     if (failed) throw flashkv::Error(std::to_string(failed) + " verification checks failed");
   });

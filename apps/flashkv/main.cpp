@@ -1,5 +1,7 @@
 // flashkv: info, verify, precompile, bench.
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "flashkv/error.h"
@@ -14,6 +16,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // No subcommand but something else on the line (`flashkv --bogus`): CLI11 would only say
+    // "A subcommand is required"; name what it did not understand.
+    const std::vector<std::string> extra = app.remaining();
+    if (app.get_subcommands().empty() && !extra.empty() && e.get_exit_code() != 0) {
+      std::string names;
+      for (const auto& x : extra) names += (names.empty() ? "" : " ") + x;
+      std::fprintf(stderr,
+                   "flashkv: unknown option or command: %s (expected a command: info, verify, "
+                   "precompile or bench; flashkv --help lists them)\n",
+                   names.c_str());
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
     return app.exit(e);
   } catch (const flashkv::Error& e) {
     std::fprintf(stderr, "flashkv: error: %s\n", e.what());
