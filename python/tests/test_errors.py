@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import flashkv
-from conftest import PagedCache, rand
+from conftest import PagedCache, assert_close, attention_ref, rand
 
 WS = np.empty(16, np.uint8)
 
@@ -92,7 +92,12 @@ def test_index_arrays():
     # int64 (NumPy's default) and Python lists are accepted and converted
     w.plan(cache.indptr.astype(np.int64), list(cache.indices), cache.last_page_len.tolist(), 4, 2,
            64, 4)
-    w.run(q, (cache.k, cache.v))
+    out = w.run(q, (cache.k, cache.v))
+    for i in range(len(cache.kv_lens)):  # the converted page table is the one that was given
+        ref, _ = attention_ref(q[i:i + 1], *cache.gather(i))
+        assert_close(out[i], ref[0], np.float16)
+    w.plan(cache.indptr, cache.indices, cache.last_page_len, 4, 2, 64, 4)  # int32 arrays
+    np.testing.assert_array_equal(out, w.run(q, (cache.k, cache.v)))
     with pytest.raises(TypeError, match="indptr: expected an integer array"):
         w.plan(cache.indptr.astype(np.float32), cache.indices, cache.last_page_len, 4, 2, 64, 4)
     with pytest.raises(ValueError, match="indptr: values do not fit int32"):
