@@ -82,6 +82,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
     bool tail;
     int stages;
     int warps;
+    int workspace_mb;
   };
   std::vector<SchedulerSetting> settings;
   for (double alpha : o.alphas)
@@ -90,7 +91,9 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         for (int tail : o.tail)
           for (int stages : o.stages)
             for (int warps : o.warps)
-              settings.push_back({alpha, min_chunk, balance != 0, tail != 0, stages, warps});
+              for (int mb : o.workspace_mb)
+                settings.push_back(
+                    {alpha, min_chunk, balance != 0, tail != 0, stages, warps, mb});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -104,11 +107,11 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
         st.kv.dtype = dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
-        for (const auto& [alpha, min_chunk, balance, tail, stages, warps] : settings) {
+        for (const auto& [alpha, min_chunk, balance, tail, stages, warps, mb] : settings) {
           const int D = o.head_dim;
           BatchDecodeConfig cfg{st.B, st.Hq, D};
           cfg.ctas_per_sm = o.ctas_per_sm;
-          DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+          DeviceBuffer ws(mb > 0 ? size_t(mb) << 20 : BatchDecode::workspace_bytes(cfg));
           BatchDecode dec(cfg, ws.data(), ws.size());
           DecodePlanOptions po;
           po.work_item_cost_tokens = alpha;
@@ -163,6 +166,10 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           if (tail) sweep += " tail-balanced";
           if (stages > 0 || warps > 0)
             sweep += " stages " + std::to_string(stages) + " warps " + std::to_string(warps);
+          if (mb > 0) {
+            sweep += " ws " + std::to_string(mb) + " MB" + (info.split_limited ? " (limited: " : " (") +
+                     std::to_string(info.num_partial_states) + " partial states)";
+          }
           std::printf(
               "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e%s %s %dx%dw %d items/%d split, plan %.1f us, "
               "run host %.1f us%s\n",
@@ -190,6 +197,10 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                           {"page_size", o.page_size},
                           {"work_items", info.num_work_items},
                           {"split_tiles", info.num_split_tiles},
+                          {"partial_states", info.num_partial_states},
+                          {"workspace_mb", mb},  // 0: workspace_bytes (never limits splitting)
+                          {"workspace_bytes", ws.size()},
+                          {"split_limited", info.split_limited},
                           {"kernel", info.tensor_cores ? "tensor-cores" : "cuda-cores"},
                           {"work_item_cost_tokens", alpha},
                           {"min_chunk_tokens", min_chunk},

@@ -29,6 +29,9 @@ struct DecodeBenchOptions {
   // DecodePlanOptions.tc_stages / tc_warps to sweep (0: the defaults).
   std::vector<int> stages = {0};
   std::vector<int> warps = {0};
+  // Workspace sizes to compare, in MB (0: BatchDecode::workspace_bytes, which never limits
+  // splitting; FlashInfer users pass one fixed buffer, 32 MB in its decode tests).
+  std::vector<int> workspace_mb = {0};
   std::string workloads_file;
   std::string timeline_file;  // non-empty: per-CTA phase timestamps of each configuration (JSON)
 };

@@ -172,7 +172,7 @@ double pct(double x, double ceiling) {
 }
 
 nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const HeadShape& sh,
-                          DType dt, uint64_t seed, const Ceilings& ceil, Stream s) {
+                          DType dt, uint64_t seed, const Ceilings& ceil, Stream s, int mb) {
   PrefillSetup st;
   build(st, o, w, sh, dt, seed, s);
   const int D = o.head_dim;
@@ -183,7 +183,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   cfg.num_qo_heads = st.Hq;
   cfg.head_dim = D;
   cfg.ctas_per_sm = o.ctas_per_sm;
-  DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
+  DeviceBuffer ws(mb > 0 ? size_t(mb) << 20 : BatchPrefillPaged::workspace_bytes(cfg));
   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
   PrefillPlanOptions po;
   po.causal = true;
@@ -227,10 +227,13 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   const char* kernel = info.wgmma ? (info.kv_tma ? "wgmma+tma" : "wgmma") : "mma.sync";
   std::printf(
       "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s %s, tile %d, %d CTAs, %d items/%d "
-      "split, plan %.1f us\n",
+      "split, plan %.1f us%s\n",
       w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tflops, pct16, rc.err, rc.bound,
       rc.pass ? "ok" : "FAIL", kernel, info.tile_rows, info.num_ctas, info.num_work_items,
-      info.num_split_tiles, plan_us[plan_us.size() / 2]);
+      info.num_split_tiles, plan_us[plan_us.size() / 2],
+      mb > 0 ? (", ws " + std::to_string(mb) + " MB" + (info.split_limited ? " (limited)" : ""))
+                   .c_str()
+             : "");
   std::fflush(stdout);
   return {{"workload", w.id},
           {"shape", sh.name},
@@ -258,6 +261,10 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
           {"plan_us_min", plan_us.front()},
           {"plan_us_first", plan_first_us},
           {"tile_rows", info.tile_rows},
+          {"partial_states", info.num_partial_states},
+          {"workspace_mb", mb},  // 0: workspace_bytes (never limits splitting)
+          {"workspace_bytes", ws.size()},
+          {"split_limited", info.split_limited},
           {"kernel", info.wgmma ? "wgmma" : "mma.sync"},
           {"kv_loads", info.kv_tma ? "tma" : "cp.async"},
           {"ctas", info.num_ctas},
@@ -303,7 +310,7 @@ nlohmann::json bench_prefill(const PrefillBenchOptions& o, const Ceilings& ceil,
       for (DType dt : o.dtypes) {
         const uint64_t cfg_seed = seed++;
         try {
-          rows.push_back(run_config(o, w, sh, dt, cfg_seed, ceil, s));
+          for (int mb : o.workspace_mb) rows.push_back(run_config(o, w, sh, dt, cfg_seed, ceil, s, mb));
         } catch (const Error& e) {
           std::printf("%-4s %-10s %-5s FAILED: %s\n", w.id.c_str(), sh.name.c_str(), dtype_name(dt),
                       e.what());

@@ -75,12 +75,18 @@ struct CascadePlanInfo {
   int64_t plain_kv_bytes = 0;  // KV bytes plain attention would read
   int64_t cascade_kv_bytes = 0;  // KV bytes this plan reads
   double estimated_plain_us = 0, estimated_cascade_us = 0;
+  int num_split_tiles = 0;     // split-KV tiles over every level's plan
+  bool split_limited = false;  // some level's workspace share was short (fewer, longer chunks)
   double plan_us = 0;          // CPU time of the last plan()
 };
 
 class MultiLevelCascade {
  public:
+  // The workspace that never limits any level's splitting, and the least one may have (the
+  // fixed buffers and each level's plan arrays: plans then never split KV). A buffer in between
+  // gives each level a share; each level's plans fit their split-KV into it.
   static size_t workspace_bytes(const MultiLevelCascadeConfig& cfg);
+  static size_t min_workspace_bytes(const MultiLevelCascadeConfig& cfg);
   MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* workspace, size_t bytes);
   ~MultiLevelCascade();
   MultiLevelCascade(const MultiLevelCascade&) = delete;

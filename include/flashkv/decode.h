@@ -119,9 +119,19 @@ struct DecodeStepOptions {
 
 class BatchDecode {
  public:
+  // The workspace that never limits splitting: 2 partial states per CTA (the paper's bound), or
+  // what max_kv_tokens / min_fixed_split_size ask for.
   static size_t workspace_bytes(const BatchDecodeConfig& cfg);
+  // The least a workspace may have: the plan arrays of max_batch requests and no partial states
+  // (plans then never split KV).
+  static size_t min_workspace_bytes(const BatchDecodeConfig& cfg);
 
-  // `workspace` is device memory of at least workspace_bytes(cfg) bytes, owned by the caller.
+  // `workspace` is device memory owned by the caller, of at least min_workspace_bytes(cfg) bytes
+  // (else throws, naming that size). With less than workspace_bytes(cfg) the partial states get
+  // what is left after the plan arrays and every plan fits its split-KV into them: longer chunks,
+  // fewer splits (PlanInfo::split_limited says a plan did); a fixed_split_size plan that does not
+  // fit throws, naming the bytes it needs. So one fixed buffer (FlashInfer's usual 128 MB, or
+  // the 16-32 MB of its tests) serves any batch; the cost of a small one is measured in README.
   BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t workspace_bytes);
   ~BatchDecode();
   BatchDecode(const BatchDecode&) = delete;
@@ -172,7 +182,10 @@ class BatchDecode {
   struct PlanInfo {
     int num_ctas = 0;
     int num_work_items = 0;  // items the CTAs run (per KV head; stored once per block)
-    int num_split_tiles = 0;
+    int num_split_tiles = 0;    // (request, kv head) tiles split across CTAs
+    int num_partial_states = 0;  // their chunks: partial-state slots the plan uses
+    int slot_capacity = 0;       // slots the workspace holds at this plan's GQA group
+    bool split_limited = false;  // the workspace was short: fewer, longer chunks than balance wants
     int64_t chunk_bound = 0;
     double plan_us = 0.0;       // CPU time of the last plan()
     double schedule_us = 0.0;   // of which the scheduler (chunking, assignment, work items)

@@ -86,7 +86,10 @@ struct PrefillPlanOptions {
 struct PrefillPlanInfo {
   int num_ctas = 0;
   int num_work_items = 0;
-  int num_split_tiles = 0;
+  int num_split_tiles = 0;     // (query tile, kv head) pairs split across CTAs
+  int num_partial_states = 0;  // their chunks: partial-state slots the plan uses
+  int slot_capacity = 0;       // slots of tile_rows rows the workspace holds
+  bool split_limited = false;  // the workspace was short: fewer, longer chunks than balance wants
   int tile_rows = 0;
   int64_t chunk_bound = 0;  // the longest KV chunk a work item may take (tokens; the split bound)
   bool wgmma = false;       // the plan runs the Hopper wgmma kernel (else mma.sync)
@@ -103,8 +106,15 @@ struct PrefillCore;  // the shared plan/run machinery of both wrappers (src/ops/
 // Ragged queries over a paged KV cache.
 class BatchPrefillPaged {
  public:
+  // The workspace that never limits splitting, and the least one may have (the plan arrays of
+  // the config, no partial states: plans then never split KV).
   static size_t workspace_bytes(const BatchPrefillConfig& cfg);
-  // `workspace`: device memory of at least workspace_bytes(cfg) bytes, owned by the caller.
+  static size_t min_workspace_bytes(const BatchPrefillConfig& cfg);
+  // `workspace`: device memory of at least min_workspace_bytes(cfg) bytes, owned by the caller
+  // (else throws, naming that size). With less than workspace_bytes(cfg) each plan fits its
+  // split-KV into the partial states that fit (PrefillPlanInfo::split_limited says a plan had to;
+  // a fixed_split_size plan that does not fit throws). A plan's need follows its query tile rows
+  // (16-128, chosen from its query lengths), not the configured max_qo_tokens.
   BatchPrefillPaged(const BatchPrefillConfig& cfg, void* workspace, size_t workspace_bytes);
   ~BatchPrefillPaged();
   BatchPrefillPaged(const BatchPrefillPaged&) = delete;
@@ -135,7 +145,8 @@ class BatchPrefillPaged {
 // [kv_indptr[i], kv_indptr[i+1]).
 class BatchPrefillRagged {
  public:
-  static size_t workspace_bytes(const BatchPrefillConfig& cfg);
+  static size_t workspace_bytes(const BatchPrefillConfig& cfg);      // as BatchPrefillPaged's
+  static size_t min_workspace_bytes(const BatchPrefillConfig& cfg);  // as BatchPrefillPaged's
   BatchPrefillRagged(const BatchPrefillConfig& cfg, void* workspace, size_t workspace_bytes);
   ~BatchPrefillRagged();
   BatchPrefillRagged(const BatchPrefillRagged&) = delete;

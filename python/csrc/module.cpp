@@ -109,6 +109,9 @@ nb::dict prefill_info(const PrefillPlanInfo& i) {
   d["num_ctas"] = i.num_ctas;
   d["num_work_items"] = i.num_work_items;
   d["num_split_tiles"] = i.num_split_tiles;
+  d["num_partial_states"] = i.num_partial_states;  // split-KV chunks (slots) the plan uses
+  d["slot_capacity"] = i.slot_capacity;            // slots the workspace holds for this plan
+  d["split_limited"] = i.split_limited;            // the workspace was short: fewer splits
   d["tile_rows"] = i.tile_rows;
   d["chunk_bound"] = i.chunk_bound;
   d["wgmma"] = i.wgmma;
@@ -142,6 +145,11 @@ class PyBatchDecode {
   static size_t workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
                                 int64_t max_kv_tokens, int min_fixed_split_size) {
     return BatchDecode::workspace_bytes(
+        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size));
+  }
+  static size_t min_workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
+                                    int64_t max_kv_tokens, int min_fixed_split_size) {
+    return BatchDecode::min_workspace_bytes(
         decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size));
   }
 
@@ -211,6 +219,9 @@ class PyBatchDecode {
     d["num_ctas"] = i.num_ctas;
     d["num_work_items"] = i.num_work_items;
     d["num_split_tiles"] = i.num_split_tiles;
+    d["num_partial_states"] = i.num_partial_states;  // split-KV chunks (slots) the plan uses
+    d["slot_capacity"] = i.slot_capacity;            // slots the workspace holds for this plan
+    d["split_limited"] = i.split_limited;            // the workspace was short: fewer splits
     d["chunk_bound"] = i.chunk_bound;
     d["plan_us"] = i.plan_us;
     d["schedule_us"] = i.schedule_us;
@@ -275,6 +286,11 @@ class PyBatchPrefill {
   static size_t workspace_bytes(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
                                 int head_dim, int device) {
     return Op::workspace_bytes(
+        prefill_config(max_batch, max_qo_tokens, num_qo_heads, head_dim, device));
+  }
+  static size_t min_workspace_bytes(int max_batch, int64_t max_qo_tokens, int num_qo_heads,
+                                    int head_dim, int device) {
+    return Op::min_workspace_bytes(
         prefill_config(max_batch, max_qo_tokens, num_qo_heads, head_dim, device));
   }
 
@@ -387,6 +403,11 @@ class PyMultiLevelCascade {
     return MultiLevelCascade::workspace_bytes(cascade_config(
         max_batch, max_qo_tokens, max_pages, num_qo_heads, head_dim, max_levels, device));
   }
+  static size_t min_workspace_bytes(int max_batch, int64_t max_qo_tokens, int64_t max_pages,
+                                    int num_qo_heads, int head_dim, int max_levels, int device) {
+    return MultiLevelCascade::min_workspace_bytes(cascade_config(
+        max_batch, max_qo_tokens, max_pages, num_qo_heads, head_dim, max_levels, device));
+  }
 
   // Host page table of the whole batch; qo_indptr None: one query row per request (decode).
   void plan(const OptionalIn& qo_indptr, const InArray& kv_indptr, const InArray& kv_indices,
@@ -435,6 +456,8 @@ class PyMultiLevelCascade {
     d["cascade_kv_bytes"] = i.cascade_kv_bytes;
     d["estimated_plain_us"] = i.estimated_plain_us;
     d["estimated_cascade_us"] = i.estimated_cascade_us;
+    d["num_split_tiles"] = i.num_split_tiles;
+    d["split_limited"] = i.split_limited;
     d["plan_us"] = i.plan_us;
     return d;
   }
@@ -450,6 +473,8 @@ void bind_prefill_common(nb::class_<T>& c) {
         arg("max_qo_tokens"), arg("num_qo_heads"), arg("head_dim"), arg("device"))
       .def_static("workspace_bytes", &T::workspace_bytes, arg("max_batch"), arg("max_qo_tokens"),
                   arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def_static("min_workspace_bytes", &T::min_workspace_bytes, arg("max_batch"),
+                  arg("max_qo_tokens"), arg("num_qo_heads"), arg("head_dim"), arg("device"))
       .def("forget_captured_graphs", &T::forget_captured_graphs)
       .def("plan_info", &T::plan_info);
 }
@@ -799,6 +824,9 @@ void bind_module(nb::module_& m) {
       .def_static("workspace_bytes", &PyBatchDecode::workspace_bytes, arg("max_batch"),
                   arg("num_qo_heads"), arg("head_dim"), arg("device"), arg("max_kv_tokens") = 0,
                   arg("min_fixed_split_size") = 0)
+      .def_static("min_workspace_bytes", &PyBatchDecode::min_workspace_bytes, arg("max_batch"),
+                  arg("num_qo_heads"), arg("head_dim"), arg("device"), arg("max_kv_tokens") = 0,
+                  arg("min_fixed_split_size") = 0)
       .def("plan", &PyBatchDecode::plan, arg("indptr"), arg("last_page_len"), arg("num_qo_heads"),
            arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
            arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
@@ -845,6 +873,9 @@ void bind_module(nb::module_& m) {
       .def_static("workspace_bytes", &PyMultiLevelCascade::workspace_bytes, arg("max_batch"),
                   arg("max_qo_tokens"), arg("max_pages"), arg("num_qo_heads"), arg("head_dim"),
                   arg("max_levels"), arg("device"))
+      .def_static("min_workspace_bytes", &PyMultiLevelCascade::min_workspace_bytes,
+                  arg("max_batch"), arg("max_qo_tokens"), arg("max_pages"), arg("num_qo_heads"),
+                  arg("head_dim"), arg("max_levels"), arg("device"))
       .def("plan", &PyMultiLevelCascade::plan, arg("qo_indptr").none(), arg("kv_indptr"),
            arg("kv_indices"), arg("kv_last_page_len"), arg("page_size"), arg("num_qo_heads"),
            arg("num_kv_heads"), arg("head_dim"), arg("dtype"), arg("causal"), arg("sm_scale"),

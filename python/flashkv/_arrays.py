@@ -33,16 +33,18 @@ _TORCH_OPS = []  # empty until the first try; then [flashkv._torch_ops] or [None
 
 
 def torch_ops(x):
-    """flashkv._torch_ops when x is a tensor its torch custom ops take (a torch CUDA tensor), else
-    None. The ops are registered on the first call with a torch tensor (or when flashkv is
-    imported after torch); None where torch lacks torch.library.custom_op. Traceable by
-    torch.compile: the wrappers route through here so that their run() becomes one custom op."""
+    """flashkv._torch_ops when x is a tensor its torch custom ops take (a torch CUDA tensor) and
+    torch.compile is tracing the call, else None. The ops are registered on the first call with a
+    torch tensor (or when flashkv is imported after torch); None where torch lacks
+    torch.library.custom_op. The wrappers route through here so that under torch.compile their
+    run() becomes one custom op; eagerly they call the same body directly (_torch_ops.tracing
+    says why)."""
     if framework(x) != "torch":
         return None
     if not _TORCH_OPS:
         _TORCH_OPS.append(load_torch_ops())
     ops = _TORCH_OPS[0]
-    return ops if ops is not None and ops.wants(x) else None
+    return ops if ops is not None and ops.wants(x) and ops.tracing() else None
 
 
 def load_torch_ops():

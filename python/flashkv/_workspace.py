@@ -1,13 +1,16 @@
 """The C++ plan/run object behind a wrapper, created at plan() time inside the caller's workspace.
 
-flashkv's BatchDecode / BatchPrefill* / MultiLevelCascade objects need a workspace of
-``workspace_bytes(cfg)`` bytes, sized from a configuration (requests, query tokens, pages, heads,
-head_dim). FlashInfer's wrappers instead take one user buffer (128 MB is usual) and size nothing
-up front. This bridges the two: each plan() asks for a configuration that covers it; the object is
-(re)created only when the plan needs more than the current one, with the request, token and page
-counts rounded up to a power of two when the buffer allows (so a growing batch re-creates it a few
-times, not every step). A plan that needs more than the buffer holds raises ValueError naming the
-size it needs.
+flashkv's BatchDecode / BatchPrefill* / MultiLevelCascade objects are made for a configuration
+(requests, query tokens, pages, heads, head_dim) and take any buffer of at least
+``min_workspace_bytes(cfg)`` (the plan arrays); ``workspace_bytes(cfg)`` is the size that never
+limits split-KV. FlashInfer's wrappers take one user buffer (128 MB is usual; its tests use 16-32
+MB) and size nothing up front. This bridges the two: each plan() asks for a configuration that
+covers it; the object is (re)created only when the plan needs more than the current one, with the
+request, token and page counts rounded up to a power of two when the buffer allows (so a growing
+batch re-creates it a few times, not every step), and always over the whole buffer: what the plan
+arrays leave holds the split-KV partial states, and each plan fits its splits into them (fewer,
+longer chunks when the buffer is short; ``plan_info()["split_limited"]`` says so). Only a plan
+whose arrays alone exceed the buffer raises ValueError, naming the bytes it needs at least.
 
 Under CUDA graphs the object is created once, at the first plan(), and never re-created: a
 captured graph holds pointers into it.
@@ -49,8 +52,8 @@ class OpSlot:
         self.op = None
         self.cfg = None
 
-    def _bytes(self, cfg) -> int:
-        return self.cls.workspace_bytes(**cfg, device=self.device)
+    def _min_bytes(self, cfg) -> int:
+        return self.cls.min_workspace_bytes(**cfg, device=self.device)
 
     def acquire(self, need: dict, what: str, exact_fields=()):
         """The op, re-created if `need` (config field -> value) exceeds the current config, or
@@ -80,14 +83,16 @@ class OpSlot:
                  for k, v in exact.items()}
         required = None
         for cfg in (roomy, exact):
-            required = self._bytes(cfg)
+            required = self._min_bytes(cfg)
             if required <= self.nbytes:
                 break
         else:
+            full = self.cls.workspace_bytes(**exact, device=self.device)
             raise ValueError(
                 f"float_workspace_buffer: {self.nbytes} bytes is too small for this plan "
-                f"({what}): flashkv needs {required} bytes ({self.cls.__name__}.workspace_bytes "
-                f"of {exact}); pass a larger buffer")
+                f"({what}): flashkv needs at least {required} bytes "
+                f"({self.cls.__name__}.min_workspace_bytes of {exact}: the plan arrays, with no "
+                f"room to split KV; {full} bytes never limit splitting); pass a larger buffer")
         self.release()
         self.op = A.call(self.cls, self.workspace, **cfg, device=self.device)
         self.cfg = cfg

@@ -39,6 +39,12 @@ class FakeOp:
         return (1000 * max_batch + 10 * max_qo_tokens + num_qo_heads * head_dim +
                 (max_kv_tokens // max(min_fixed_split_size, 1)))
 
+    # The wrappers size by the least a plan needs (the real ops: the plan arrays; partial states
+    # take what is left). The fake's formula stands for both.
+    @classmethod
+    def min_workspace_bytes(cls, **cfg):
+        return cls.workspace_bytes(**cfg)
+
     def plan(self, *args):
         self.plans.append(args)
 
@@ -98,7 +104,7 @@ def test_workspace_sized_at_plan_and_grown(fake):
     assert FakeOp.made[-1].cfg["max_batch"] == 8 and fake == [0]  # grown after a device sync
     decode_plan(w, 17)  # 32 does not fit 20 000 bytes, 17 does: exact size
     assert FakeOp.made[-1].cfg["max_batch"] == 17
-    with pytest.raises(ValueError, match=r"20000 bytes is too small .* needs 30512 bytes"):
+    with pytest.raises(ValueError, match=r"20000 bytes is too small .* needs at least 30512 bytes"):
         decode_plan(w, 30)
 
 

@@ -40,8 +40,9 @@ RopeShape check_rope_tensors(const TensorView& q, const TensorView& k, const Ten
               .num_qo_heads = static_cast<int>(q.size(1)),
               .num_kv_heads = 0,
               .head_dim = static_cast<int>(q.size(2))};
-  check(s.head_dim >= 2, "q: head_dim (the last dimension) must be >= 2, got shape ",
-        q.shape_str());
+  if (!(s.head_dim >= 2)) {
+    fail("q: head_dim (the last dimension) must be >= 2, got shape ", q.shape_str());
+  }
   check_shape(k, "k", {s.nnz, -1, s.head_dim});
   s.num_kv_heads = static_cast<int>(k.size(1));
   check_dtype(k, "k", q.dtype());
@@ -71,7 +72,9 @@ int check_cos_sin_cache(const TensorView& cos_sin_cache, int head_dim) {
   check_ndim(cos_sin_cache, "cos_sin_cache", 2);
   check_dtype(cos_sin_cache, "cos_sin_cache", DType::f32);
   check_last_dim_contiguous(cos_sin_cache, "cos_sin_cache");
-  check(cos_sin_cache.size(1) <= INT32_MAX, "cos_sin_cache: too wide: ", cos_sin_cache.shape_str());
+  if (!(cos_sin_cache.size(1) <= INT32_MAX)) {
+    fail("cos_sin_cache: too wide: ", cos_sin_cache.shape_str());
+  }
   return resolve_rotary_dim(static_cast<int>(cos_sin_cache.size(1)), head_dim, "cos_sin_cache");
 }
 
@@ -98,8 +101,9 @@ int64_t check_append_tensors(const TensorView& append_key, const TensorView& app
 
 int64_t check_batch_indices_args(const TensorView& append_indptr, const TensorView& seq_lens) {
   check_i32_vector(append_indptr, "append_indptr", -1);
-  check(append_indptr.size(0) >= 1, "append_indptr: expected batch + 1 >= 1 entries, got shape ",
-        append_indptr.shape_str());
+  if (!(append_indptr.size(0) >= 1)) {
+    fail("append_indptr: expected batch + 1 >= 1 entries, got shape ", append_indptr.shape_str());
+  }
   const int64_t batch = append_indptr.size(0) - 1;
   check_i32_vector(seq_lens, "seq_lens", batch);
   return batch;

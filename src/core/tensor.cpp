@@ -1,5 +1,7 @@
 // TensorView and the shared argument checks. Every message starts with the argument's name so a
-// user who passed the wrong tensor knows which one without reading our source.
+// user who passed the wrong tensor knows which one without reading our source. Messages that
+// format a shape are built only on failure (`if (!ok) fail(...)`, not check(ok, ..., str(x)),
+// whose arguments C++ evaluates eagerly): views are made on every run() of every layer.
 #include "flashkv/tensor.h"
 
 #include <cstdint>
@@ -53,7 +55,7 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
   ndim_ = static_cast<int>(shape.size());
   int i = 0;
   for (int64_t s : shape) {
-    check(s >= 0, "TensorView: shape entries must be >= 0, got ", pattern_str(shape));
+    if (s < 0) fail("TensorView: shape entries must be >= 0, got ", pattern_str(shape));
     shape_[i++] = s;
   }
   // Row-major: the last dimension is the fastest.
@@ -68,12 +70,14 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
                        std::initializer_list<int64_t> strides, Device device)
     : data_(data), dtype_(dtype), device_(device) {
   check_ndim_limit(static_cast<int>(shape.size()));
-  check(shape.size() == strides.size(), "TensorView: shape ", pattern_str(shape), " has ",
-        shape.size(), " dims but ", strides.size(), " strides were given");
+  if (shape.size() != strides.size()) {
+    fail("TensorView: shape ", pattern_str(shape), " has ", shape.size(), " dims but ",
+         strides.size(), " strides were given");
+  }
   ndim_ = static_cast<int>(shape.size());
   int i = 0;
   for (int64_t s : shape) {
-    check(s >= 0, "TensorView: shape entries must be >= 0, got ", pattern_str(shape));
+    if (s < 0) fail("TensorView: shape entries must be >= 0, got ", pattern_str(shape));
     shape_[i++] = s;
   }
   i = 0;
@@ -86,7 +90,7 @@ TensorView::TensorView(void* data, DType dtype, int ndim, const int64_t* shape,
   check_ndim_limit(ndim);
   ndim_ = ndim;
   for (int d = 0; d < ndim; ++d) {
-    check(shape[d] >= 0, "TensorView: shape entries must be >= 0, got ", dims_str(ndim, shape));
+    if (shape[d] < 0) fail("TensorView: shape entries must be >= 0, got ", dims_str(ndim, shape));
     shape_[d] = shape[d];
   }
   if (strides != nullptr) {

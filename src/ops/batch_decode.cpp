@@ -158,6 +158,10 @@ size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
   return ops::DecodeWorkspace::required_bytes(cfg);
 }
 
+size_t BatchDecode::min_workspace_bytes(const BatchDecodeConfig& cfg) {
+  return ops::DecodeWorkspace::min_bytes(cfg);
+}
+
 BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t bytes)
     : impl_(std::make_unique<Impl>()) {
   check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
@@ -274,6 +278,30 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.balance_tail = opts.balance_tail;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
+  if (opts.fixed_split_size > 0) {
+    // Its chunks are the contract (batch invariance): they cannot give way to a small workspace.
+    // Name the bytes a workspace needs for them (the scheduler would only name slots).
+    int64_t slots = 0;
+    for (const int64_t l : m.kv_lens) {
+      if (l > opts.fixed_split_size) slots += (l + opts.fixed_split_size - 1) / opts.fixed_split_size;
+    }
+    slots *= num_kv_heads;
+    if (slots > so.max_slots) {
+      BatchDecodeConfig need = cfg;
+      int64_t total = 0;
+      for (const int64_t l : m.kv_lens) total += l;
+      need.max_kv_tokens = std::max<int64_t>({need.max_kv_tokens, total, 1});
+      need.min_fixed_split_size = need.min_fixed_split_size > 0
+                                      ? std::min(need.min_fixed_split_size, opts.fixed_split_size)
+                                      : opts.fixed_split_size;
+      fail("fixed_split_size = ", opts.fixed_split_size, ": this plan needs ", slots,
+           " partial states (", slots * group, " rows) but the workspace holds ", so.max_slots,
+           " at a GQA group of ", group, "; a workspace of ", BatchDecode::workspace_bytes(need),
+           " bytes fits it (BatchDecodeConfig.max_kv_tokens = ", need.max_kv_tokens,
+           ", min_fixed_split_size = ", need.min_fixed_split_size, "); this one has ",
+           m.ws.bytes_used(), " bytes in use");
+    }
+  }
   scheduler::DecodeSchedule& s = m.schedule;
   // A sliding window (built-in window_left) hides every key before kv_len - 1 - window_left from
   // the one query row: schedule only the keys it can see, so a long context costs its window.
@@ -407,6 +435,9 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   m.info.num_ctas = s.num_ctas;
   m.info.num_work_items = static_cast<int>(s.num_cta_work_items());  // what the CTAs run
   m.info.num_split_tiles = static_cast<int>(s.merge.size());
+  m.info.num_partial_states = s.num_slots;
+  m.info.slot_capacity = so.max_slots;
+  m.info.split_limited = s.slot_limited;
   m.info.chunk_bound = s.chunk_bound;
   m.planned = true;
   m.info.plan_us =

@@ -40,6 +40,10 @@ size_t BatchPrefillPaged::workspace_bytes(const BatchPrefillConfig& cfg) {
   return ops::PrefillWorkspace::required_bytes(cfg);
 }
 
+size_t BatchPrefillPaged::min_workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::min_bytes(cfg);
+}
+
 BatchPrefillPaged::BatchPrefillPaged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)
     : core_(std::make_unique<detail::PrefillCore>(cfg, workspace, bytes, true,
                                                   "BatchPrefillPaged")) {}
@@ -108,6 +112,10 @@ PrefillPlanInfo BatchPrefillPaged::plan_info() const { return core_->info; }
 
 size_t BatchPrefillRagged::workspace_bytes(const BatchPrefillConfig& cfg) {
   return ops::PrefillWorkspace::required_bytes(cfg);
+}
+
+size_t BatchPrefillRagged::min_workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::min_bytes(cfg);
 }
 
 BatchPrefillRagged::BatchPrefillRagged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)

@@ -1,6 +1,7 @@
 #include "ops/cascade_workspace.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "attention/cascade_params.cuh"
 #include "flashkv/error.h"
@@ -15,10 +16,10 @@ struct CascadeWorkspace::Sizes {
   int64_t max_rows;
   size_t num_rows_offset, indices_offset, index_bytes, q_offset, row_bytes, lse_offset, lse_bytes;
   std::vector<size_t> ws_offset, ws_bytes;
-  size_t total;
+  size_t total, full_total, min_total;
 };
 
-CascadeWorkspace::Sizes CascadeWorkspace::sizes(const MultiLevelCascadeConfig& cfg) {
+CascadeWorkspace::Sizes CascadeWorkspace::sizes(const MultiLevelCascadeConfig& cfg, size_t bytes) {
   check(cfg.max_batch > 0, "MultiLevelCascadeConfig.max_batch: expected > 0, got ", cfg.max_batch);
   check(cfg.max_qo_tokens >= 0, "MultiLevelCascadeConfig.max_qo_tokens: expected >= 0, got ",
         cfg.max_qo_tokens);
@@ -37,29 +38,56 @@ CascadeWorkspace::Sizes CascadeWorkspace::sizes(const MultiLevelCascadeConfig& c
   s.row_bytes = align_up(size_t(s.max_rows) * cfg.num_qo_heads * cfg.head_dim * 2);  // 16-bit
   s.lse_offset = s.q_offset + s.row_bytes * (1 + cfg.max_levels);
   s.lse_bytes = align_up(size_t(s.max_rows) * cfg.num_qo_heads * 4);
-  size_t off = s.lse_offset + s.lse_bytes * cfg.max_levels;
+  const size_t fixed = s.lse_offset + s.lse_bytes * cfg.max_levels;
   CascadeWorkspace probe;
   probe.cfg_ = cfg;
   probe.max_rows_ = s.max_rows;
+  // Each level's attention workspace: the size that never limits its splitting, and its least.
+  std::vector<size_t> full, least;
   for (int l = 0; l < cfg.max_levels; ++l) {
     const bool decode_suffix = l == cfg.max_levels - 1 && cfg.max_qo_tokens == 0;
-    const size_t b = decode_suffix ? BatchDecode::workspace_bytes(probe.decode_config())
-                                   : BatchPrefillPaged::workspace_bytes(probe.prefill_config());
+    full.push_back(align_up(decode_suffix
+                                ? BatchDecode::workspace_bytes(probe.decode_config())
+                                : BatchPrefillPaged::workspace_bytes(probe.prefill_config())));
+    least.push_back(align_up(decode_suffix
+                                 ? BatchDecode::min_workspace_bytes(probe.decode_config())
+                                 : BatchPrefillPaged::min_workspace_bytes(probe.prefill_config())));
+  }
+  s.full_total = fixed, s.min_total = fixed;
+  for (int l = 0; l < cfg.max_levels; ++l) s.full_total += full[l], s.min_total += least[l];
+  // A buffer smaller than the full size: the levels share what is left after the fixed part,
+  // each its least plus an equal part of the rest (no more than its full size); each level's
+  // plans then fit their split-KV into it.
+  std::vector<size_t> give = full;
+  if (s.full_total > bytes && bytes >= s.min_total) {
+    const size_t extra = (bytes - s.min_total) / cfg.max_levels / kAlign * kAlign;
+    for (int l = 0; l < cfg.max_levels; ++l) give[l] = std::min(full[l], least[l] + extra);
+  }
+  size_t off = fixed;
+  for (int l = 0; l < cfg.max_levels; ++l) {
     s.ws_offset.push_back(off);
-    s.ws_bytes.push_back(b);
-    off = align_up(off + b);
+    s.ws_bytes.push_back(give[l]);
+    off += give[l];
   }
   s.total = off;
   return s;
 }
 
-size_t CascadeWorkspace::required_bytes(const MultiLevelCascadeConfig& cfg) { return sizes(cfg).total; }
+size_t CascadeWorkspace::required_bytes(const MultiLevelCascadeConfig& cfg) {
+  return sizes(cfg, SIZE_MAX).full_total;
+}
+
+size_t CascadeWorkspace::min_bytes(const MultiLevelCascadeConfig& cfg) {
+  return sizes(cfg, SIZE_MAX).min_total;
+}
 
 CascadeWorkspace::CascadeWorkspace(const MultiLevelCascadeConfig& cfg, void* base, size_t bytes) {
-  const Sizes s = sizes(cfg);
+  const Sizes s = sizes(cfg, bytes);
   check(base != nullptr, "workspace: expected a device buffer, got null");
-  check(bytes >= s.total, "workspace: ", bytes, " bytes is too small; ",
-        "MultiLevelCascade::workspace_bytes(cfg) = ", s.total);
+  check(bytes >= s.min_total, "workspace: ", bytes, " bytes is too small; expected at least ",
+        s.min_total, " (MultiLevelCascade::min_workspace_bytes: the fixed buffers and each level's ",
+        "plan arrays, with no room to split KV; ", s.full_total,
+        " bytes, MultiLevelCascade::workspace_bytes, never limit splitting)");
   check(reinterpret_cast<uintptr_t>(base) % kAlign == 0, "workspace: expected ", kAlign,
         "-byte alignment");
   cfg_ = cfg;

@@ -1,7 +1,9 @@
 // The MultiLevelCascade workspace: one caller-owned device buffer carved into the per-level
 // attention workspaces, the level states, the gathered q, and the index region (row map, row
 // count, each level's page ids) that plan() fills with one pinned copy. Sized once for the worst
-// case of the config, so every pointer is fixed for the object's life (CUDA-graph replay).
+// case of the config, so every pointer is fixed for the object's life (CUDA-graph replay). A
+// smaller caller's buffer (at least min_bytes) gives each level a share of the rest; the levels'
+// plans fit their split-KV into it.
 //
 // Layout: [index region: rows | num_rows | level page ids x max_levels][q][o x max_levels]
 //         [lse x max_levels][level workspaces x max_levels]
@@ -22,7 +24,8 @@ class CascadeWorkspace {
  public:
   CascadeWorkspace() = default;
   CascadeWorkspace(const MultiLevelCascadeConfig& cfg, void* base, size_t bytes);
-  static size_t required_bytes(const MultiLevelCascadeConfig& cfg);
+  static size_t required_bytes(const MultiLevelCascadeConfig& cfg);  // never limits splitting
+  static size_t min_bytes(const MultiLevelCascadeConfig& cfg);       // no partial states
 
   int64_t max_rows() const { return max_rows_; }
   BatchPrefillConfig prefill_config() const;
@@ -47,7 +50,8 @@ class CascadeWorkspace {
 
  private:
   struct Sizes;
-  static Sizes sizes(const MultiLevelCascadeConfig& cfg);
+  // The layout in `bytes`: every level's full workspace, or shares of what fits (cascade_workspace.cpp).
+  static Sizes sizes(const MultiLevelCascadeConfig& cfg, size_t bytes);
   MultiLevelCascadeConfig cfg_{};
   std::byte* base_ = nullptr;
   int64_t max_rows_ = 0;

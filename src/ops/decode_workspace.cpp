@@ -12,7 +12,17 @@ namespace {
 size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
-DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
+DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg, size_t bytes) {
+  check(cfg.num_sms_to_use >= 0, "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ",
+        cfg.num_sms_to_use);
+  const DeviceInfo info = device_info(cfg.device);
+  const int sms =
+      cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
+  return layout_for(cfg, sms, bytes);
+}
+
+DecodeWorkspace::Sizes DecodeWorkspace::layout_for(const BatchDecodeConfig& cfg, int sms,
+                                                   size_t bytes) {
   check(cfg.ctas_per_sm >= 0, "BatchDecodeConfig.ctas_per_sm: expected >= 0 (0: auto), got ",
         cfg.ctas_per_sm);
   check(cfg.max_batch > 0, "BatchDecodeConfig.max_batch: expected > 0, got ", cfg.max_batch);
@@ -24,18 +34,12 @@ DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
   check(int64_t{cfg.max_batch} * cfg.num_qo_heads <= (int64_t{1} << 28),
         "BatchDecodeConfig: max_batch * num_qo_heads = ", int64_t{cfg.max_batch} * cfg.num_qo_heads,
         " is too large (at most 2^28)");
-  check(cfg.num_sms_to_use >= 0, "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ",
-        cfg.num_sms_to_use);
-  const DeviceInfo info = device_info(cfg.device);
-  const int sms =
-      cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
-  Sizes s{};
-  s.sms = sms;
-  s.num_ctas = sms * (cfg.ctas_per_sm > 0 ? cfg.ctas_per_sm : kAutoCtasPerSm);
+  check(sms > 0, "DecodeWorkspace: expected > 0 SMs, got ", sms);
+  const int num_ctas = sms * (cfg.ctas_per_sm > 0 ? cfg.ctas_per_sm : kAutoCtasPerSm);
   // Partial-state rows: DESIGN.md's bound for dynamic splitting (2 slots per CTA), or, where the
   // config sizes for fixed_split_size, one per chunk a batch can be cut into: a request of l tokens
   // gives ceil(l / fs) <= l / fs + 1 chunks per KV head, so a batch <= T / fs + max_batch.
-  s.partial_rows = 2ull * s.num_ctas * cfg.num_qo_heads;
+  size_t full_rows = 2ull * num_ctas * cfg.num_qo_heads;
   check((cfg.max_kv_tokens > 0) == (cfg.min_fixed_split_size > 0),
         "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected both > 0 (sized for "
         "fixed_split_size) or both 0, got ", cfg.max_kv_tokens, " and ", cfg.min_fixed_split_size);
@@ -50,28 +54,58 @@ DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg) {
           "BatchDecodeConfig: ceil(max_kv_tokens / min_fixed_split_size) + max_batch = ", chunks,
           " chunks of ", cfg.num_qo_heads, " heads is too many partial states (at most 2^28 "
           "rows); use a larger min_fixed_split_size");
-    s.partial_rows = std::max<size_t>(s.partial_rows, chunks * cfg.num_qo_heads);
+    full_rows = std::max<size_t>(full_rows, chunks * cfg.num_qo_heads);
   }
-  // Work items: one per unsplit tile plus one per partial slot (group 1 is the worst case).
-  s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(s.partial_rows);
-  s.max_merge_items = static_cast<int>(s.partial_rows / 2);
-  s.layout = scheduler::decode_plan_layout(s.num_ctas, s.max_work_items, s.max_merge_items);
-  s.lse_offset = align16(s.layout.bytes);
-  s.o_offset = align16(s.lse_offset + s.partial_rows * sizeof(float));
-  s.arrivals_offset = align16(s.o_offset + s.partial_rows * cfg.head_dim * sizeof(float));
-  s.total = s.arrivals_offset + static_cast<size_t>(s.max_merge_items) * sizeof(int);
+  // The layout for `rows` partial-state rows.
+  const auto with_rows = [&](size_t rows) {
+    Sizes s{};
+    s.sms = sms;
+    s.num_ctas = num_ctas;
+    s.partial_rows = rows;
+    // Work items: one per unsplit tile plus one per partial slot (group 1 is the worst case).
+    s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(rows);
+    s.max_merge_items = static_cast<int>(rows / 2);
+    s.layout = scheduler::decode_plan_layout(s.num_ctas, s.max_work_items, s.max_merge_items);
+    s.lse_offset = align16(s.layout.bytes);
+    s.o_offset = align16(s.lse_offset + rows * sizeof(float));
+    s.arrivals_offset = align16(s.o_offset + rows * cfg.head_dim * sizeof(float));
+    s.total = s.arrivals_offset + static_cast<size_t>(std::max(s.max_merge_items, 1)) * sizeof(int);
+    s.min_total = 0;
+    return s;
+  };
+  Sizes s = with_rows(full_rows);
+  const size_t min_total = with_rows(0).total;
+  if (s.total > bytes && bytes >= min_total) {
+    // A smaller buffer: the most rows that fit (total grows with rows; binary search).
+    size_t lo = 0, hi = full_rows;  // with_rows(lo) fits, with_rows(hi) does not
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      (with_rows(mid).total <= bytes ? lo : hi) = mid;
+    }
+    s = with_rows(lo);
+  }
+  s.full_total = with_rows(full_rows).total;
+  s.min_total = min_total;
   return s;
 }
 
-size_t DecodeWorkspace::required_bytes(const BatchDecodeConfig& cfg) { return sizes(cfg).total; }
+size_t DecodeWorkspace::required_bytes(const BatchDecodeConfig& cfg) {
+  return sizes(cfg, SIZE_MAX).full_total;
+}
+
+size_t DecodeWorkspace::min_bytes(const BatchDecodeConfig& cfg) {
+  return sizes(cfg, SIZE_MAX).min_total;
+}
 
 DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_t bytes) {
-  const Sizes s = sizes(cfg);
+  const Sizes s = sizes(cfg, bytes);
   check(base != nullptr, "workspace: expected device memory, got null");
   check(reinterpret_cast<uintptr_t>(base) % 16 == 0,
         "workspace: expected a 16-byte aligned pointer");
-  check(bytes >= s.total, "workspace: expected at least ", s.total,
-        " bytes (BatchDecode::workspace_bytes), got ", bytes);
+  check(bytes >= s.min_total, "workspace: expected at least ", s.min_total,
+        " bytes (BatchDecode::min_workspace_bytes: the plan arrays of this config, with no room to "
+        "split KV; ", s.full_total, " bytes, BatchDecode::workspace_bytes, never limit splitting), "
+        "got ", bytes);
   base_ = static_cast<std::byte*>(base);
   sms_ = s.sms;
   num_ctas_ = s.num_ctas;
@@ -83,11 +117,13 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
   arrivals_offset_ = s.arrivals_offset;
   max_merge_items_ = s.max_merge_items;
   layout_ = s.layout;
+  bytes_used_ = s.total;
+  full_bytes_ = s.full_total;
   // The merge-arrival counters start at zero; each run leaves them at zero again.
   runtime::ensure_context(cfg.device);
   runtime::check_cu(
       runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + arrivals_offset_), 0,
-                                    static_cast<size_t>(max_merge_items_)),
+                                    static_cast<size_t>(std::max(max_merge_items_, 1))),
       "cuMemsetD32(decode merge counters)");
 }
 

@@ -116,6 +116,10 @@ size_t MultiLevelCascade::workspace_bytes(const MultiLevelCascadeConfig& cfg) {
   return ops::CascadeWorkspace::required_bytes(cfg);
 }
 
+size_t MultiLevelCascade::min_workspace_bytes(const MultiLevelCascadeConfig& cfg) {
+  return ops::CascadeWorkspace::min_bytes(cfg);
+}
+
 MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* workspace,
                                      size_t bytes)
     : impl_(std::make_unique<Impl>()) {
@@ -301,6 +305,23 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   m.gather = opts.enable_cuda_graph || !is_identity(m.layout.qo_rows);
   m.info.num_levels = real_levels;
   m.info.cascade = use;
+  // Splits over every level's plan (each fits its share of the workspace).
+  m.info.num_split_tiles = 0;
+  m.info.split_limited = false;
+  for (int l = 0; l + 1 < levels; ++l) {
+    const PrefillPlanInfo pi = m.prefix[l]->plan_info();
+    m.info.num_split_tiles += pi.num_split_tiles;
+    m.info.split_limited = m.info.split_limited || pi.split_limited;
+  }
+  if (m.decode_mode) {
+    const BatchDecode::PlanInfo di = m.suffix_decode->plan_info();
+    m.info.num_split_tiles += di.num_split_tiles;
+    m.info.split_limited = m.info.split_limited || di.split_limited;
+  } else {
+    const PrefillPlanInfo pi = m.suffix_prefill->plan_info();
+    m.info.num_split_tiles += pi.num_split_tiles;
+    m.info.split_limited = m.info.split_limited || pi.split_limited;
+  }
   m.planned = true;
   m.info.plan_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();

@@ -249,10 +249,20 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   // The wgmma kernel loads KV tiles by TMA where every work item starts on a tile.
   const int tile = kernel.wgmma ? prefill_hopper_shape(hd).tile : 1;
   so.split_align = tile;
-  so.max_slots = ws.max_slots();
+  so.max_slots = ws.slot_capacity(rows);
   so.max_work_items = ws.max_work_items();
   scheduler::PrefillSchedule& s = schedule;
-  scheduler::plan_prefill(qo_lens, kv_lens, so, &s);
+  try {
+    scheduler::plan_prefill(qo_lens, kv_lens, so, &s);
+  } catch (const Error& e) {
+    // Dynamic splitting fits the workspace; fixed_split_size cannot give way. Say what a slot
+    // costs, so the caller can size the buffer.
+    if (o.fixed_split_size == 0) throw;
+    fail(e.what(), ". A slot is ", rows, " rows of (", hd, " + 1) floats (",
+         static_cast<size_t>(rows) * (hd + 1) * sizeof(float), " bytes); this workspace has ",
+         ws.bytes_used(), " bytes in use, ", ws.full_bytes(),
+         " (workspace_bytes) hold 2 slots per CTA");
+  }
   // The op's part of each item: where its queries and pages start and its causal diagonal (the
   // scheduler already set which merge item a split item's partial state belongs to).
   // The lengths are what the variant's hooks see (positions, the custom mask's row stride).
@@ -312,6 +322,9 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
   info.num_ctas = sched_ctas;
   info.num_work_items = static_cast<int>(s.work.size());
   info.num_split_tiles = static_cast<int>(s.merge.size());
+  info.num_partial_states = s.num_slots;
+  info.slot_capacity = so.max_slots;
+  info.split_limited = s.slot_limited;
   info.tile_rows = rows;
   info.wgmma = kernel.wgmma;
   info.chunk_bound = s.chunk_bound;

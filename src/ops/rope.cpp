@@ -66,8 +66,9 @@ void gpu_rope(const char* op_name, int op, const TensorView& q, const TensorView
     p.pos_ids = src.pos_ids->data_as<const int>();
   } else {
     detail::check_i32_vector(*src.indptr, "indptr", -1);
-    check(src.indptr->size(0) >= 1, "indptr: expected batch + 1 >= 1 entries, got shape ",
-          src.indptr->shape_str());
+    if (!(src.indptr->size(0) >= 1)) {
+      fail("indptr: expected batch + 1 >= 1 entries, got shape ", src.indptr->shape_str());
+    }
     p.batch = static_cast<int>(src.indptr->size(0) - 1);
     detail::check_i32_vector(*src.offsets, "offsets", p.batch);
     ops::check_gpu_index(*src.indptr, "indptr");

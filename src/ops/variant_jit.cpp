@@ -3,9 +3,6 @@
 // carry the user's line numbers) and its packed arguments.
 #include "ops/variant_jit.h"
 
-#define XXH_INLINE_ALL  // header-only xxHash: no run-time library dependency
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -14,6 +11,7 @@
 #include <set>
 
 #include "flashkv/error.h"
+#include "runtime/hash64.h"
 #include "variants/builtin.cuh"
 
 namespace flashkv::ops {
@@ -102,7 +100,7 @@ VariantJit user_jit(const VariantSpec& s) {
              "static_assert(flashkv::VariantTraits<::" + s.name + ">::kUseSoftmax == " +
              (s.use_softmax ? "true" : "false") +
              ", \"VariantSpec.use_softmax differs from the struct's kUseSoftmax\");\n";
-  const uint64_t h = XXH3_64bits(j.source.data(), j.source.size());
+  const uint64_t h = runtime::Hash64::of(j.source.data(), j.source.size());
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
   j.id = std::string("u") + s.name + "." + hex;

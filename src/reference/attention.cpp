@@ -162,8 +162,9 @@ QOShape check_qo(const TensorView& q, const TensorView& out, const TensorView& l
   const QOShape s{.rows = q.size(0),
                   .num_qo_heads = static_cast<int>(q.size(1)),
                   .head_dim = static_cast<int>(q.size(2))};
-  check(s.head_dim > 0, "q: head_dim (the last dimension) must be positive, got shape ",
-        q.shape_str());
+  if (!(s.head_dim > 0)) {
+    fail("q: head_dim (the last dimension) must be positive, got shape ", q.shape_str());
+  }
   check_shape(out, "out", {s.rows, s.num_qo_heads, s.head_dim});
   if (lse.defined()) {
     check_device(lse, "lse", Device::cpu());
@@ -226,7 +227,9 @@ std::vector<int64_t> read_indptr(const TensorView& t, const char* name, int64_t 
   check_cpu(t, name);
   check_dtype(t, name, DType::i32);
   check_ndim(t, name, 1);
-  check(t.size(0) >= 1, name, ": expected batch + 1 >= 1 entries, got shape ", t.shape_str());
+  if (!(t.size(0) >= 1)) {
+    fail(name, ": expected batch + 1 >= 1 entries, got shape ", t.shape_str());
+  }
   std::vector<int64_t> vals(t.size(0));
   const int64_t stride = t.stride(0);
   for (size_t i = 0; i < vals.size(); ++i) vals[i] = t.data_as<const int32_t>()[i * stride];
@@ -261,8 +264,9 @@ std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorVie
   check_floating(k, "k");
   check_floating(v, "v");
   check_ndim(k, "k", 3);
-  check(k.size(2) == qo.head_dim, "k: head_dim ", k.size(2), " (shape ", k.shape_str(),
-        ") does not match q's head_dim ", qo.head_dim);
+  if (!(k.size(2) == qo.head_dim)) {
+    fail("k: head_dim ", k.size(2), " (shape ", k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+  }
   check_shape(v, "v", {k.size(0), k.size(1), k.size(2)});
   // The heads k's shape reads in this layout; the message names the layout.
   return check_contiguous_kv_heads(k, layout, qo.num_qo_heads);

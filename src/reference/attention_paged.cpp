@@ -34,8 +34,9 @@ PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   kv.validate();
   detail::check_floating(kv.k, "paged_kv.k");
   detail::check_floating(kv.v, "paged_kv.v");
-  check(kv.head_dim() == qo.head_dim, "paged_kv.k: head_dim ", kv.head_dim(), " (shape ",
-        kv.k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+  if (!(kv.head_dim() == qo.head_dim)) {
+    fail("paged_kv.k: head_dim ", kv.head_dim(), " (shape ", kv.k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+  }
   check_heads(qo.num_qo_heads, kv.num_kv_heads());
   PageTable table;
   table.indptr = read_i32(kv.indptr);
@@ -80,8 +81,9 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
                   const TensorView& lse, const AttentionOptions& opts) {
   const QOShape qo = detail::check_qo(q, out, lse);
   const PageTable table = check_paged(kv, qo);
-  check(qo.rows == kv.batch_size(), "q: batch size ", qo.rows, " (shape ", q.shape_str(),
-        ") does not match paged_kv's batch size ", kv.batch_size());
+  if (!(qo.rows == kv.batch_size())) {
+    fail("q: batch size ", qo.rows, " (shape ", q.shape_str(), ") does not match paged_kv's batch size ", kv.batch_size());
+  }
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
   std::vector<detail::Request> requests;
   for (int i = 0; i < kv.batch_size(); ++i) {

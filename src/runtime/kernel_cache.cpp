@@ -1,8 +1,6 @@
 #include "runtime/kernel_cache.h"
 
-#define XXH_INLINE_ALL  // header-only xxHash: no run-time library dependency
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +16,7 @@
 #include "flashkv/error.h"
 #include "runtime/driver.h"
 #include "runtime/embedded_kernels.h"
+#include "runtime/hash64.h"
 
 namespace flashkv::runtime {
 namespace fs = std::filesystem;
@@ -32,24 +31,21 @@ bool quiet() {
 }
 
 uint64_t request_hash(const CompileRequest& req) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
+  Hash64 st;
   auto add = [&](const std::string& s) {
     const uint64_t n = s.size();
-    XXH3_64bits_update(st, &n, sizeof(n));
-    XXH3_64bits_update(st, s.data(), s.size());
+    st.update(&n, sizeof(n));
+    st.update(s.data(), s.size());
   };
   add(req.source);
   const uint64_t srcs = included_sources_hash(req.source);
-  XXH3_64bits_update(st, &srcs, sizeof(srcs));
+  st.update(&srcs, sizeof(srcs));
   for (const auto& o : base_nvrtc_options(req.arch)) add(o);
   for (const auto& o : req.options) add(o);
   for (const auto& e : req.name_expressions) add(e);
   add(nvrtc_version_string());
   add(req.arch);
-  const uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+  return st.digest();
 }
 
 void put_u32(std::string& b, uint32_t v) { b.append(reinterpret_cast<const char*>(&v), 4); }
@@ -70,7 +66,7 @@ std::string serialize(uint64_t key, const CompiledKernels& k) {
   }
   put_u64(b, k.cubin.size());
   b.append(k.cubin.data(), k.cubin.size());
-  put_u64(b, XXH3_64bits(b.data(), b.size()));
+  put_u64(b, Hash64::of(b.data(), b.size()));
   return b;
 }
 
@@ -105,7 +101,7 @@ bool deserialize(const std::string& b, uint64_t key, CompiledKernels* out) {
     std::memcpy(&v, b.data() + b.size() - 8, 8);
     return v;
   }();
-  if (XXH3_64bits(b.data(), b.size() - 8) != stored_sum) return false;
+  if (Hash64::of(b.data(), b.size() - 8) != stored_sum) return false;
   pos = sizeof(kMagic);
   uint32_t version, count;
   uint64_t stored_key, cubin_size;
@@ -183,17 +179,14 @@ uint64_t included_sources_hash(const std::string& source) {
     if (it == files.end()) continue;
     for (auto& inc : quoted_includes(it->second)) todo.push_back(std::move(inc));
   }
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
+  Hash64 st;
   for (const auto& path : seen) {  // std::set: sorted, so the order is deterministic
     auto it = files.find(path);
     if (it == files.end()) continue;
-    XXH3_64bits_update(st, path.c_str(), path.size() + 1);
-    XXH3_64bits_update(st, it->second.data(), it->second.size());
+    st.update(path.c_str(), path.size() + 1);
+    st.update(it->second.data(), it->second.size());
   }
-  const uint64_t v = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return v;
+  return st.digest();
 }
 
 std::string device_arch(int device) {

@@ -261,6 +261,18 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
       longest > bound) {
     bound = balanced_chunk_bound(kv_lens, opts, by_block ? heads : 1, bound, scratch);
   }
+  // A workspace with fewer slots than the bound above may need: longer chunks, fewer splits.
+  bool slot_limited = false;
+  if (opts.fixed_split_size == 0 && !opts.disable_split_kv && longest > bound) {
+    const int64_t fitted = fit_chunk_bound_to_slots(
+        bound, longest, 1, opts.max_slots, [&](int64_t b) {
+          int64_t chunks = 0;
+          for (const int64_t l : kv_lens) chunks += l > b ? (l + b - 1) / b : 0;
+          return chunks * heads;
+        });
+    slot_limited = fitted != bound;
+    bound = fitted;
+  }
 
   // Cut every request; count work items and slots before building anything, so an impossible
   // plan fails fast and never allocates for its (possibly enormous) size.
@@ -340,6 +352,7 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   s.num_units = units;
   s.num_slots = static_cast<int>(num_slots);
   s.chunk_bound = bound;
+  s.slot_limited = slot_limited;
   std::vector<int>& unit_of = scratch.unit_of;  // unit of each greedy chunk, in cost order
   unit_of.resize(static_cast<size_t>(num_items));
   std::vector<int>& unit_count = scratch.unit_count;

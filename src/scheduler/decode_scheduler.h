@@ -65,7 +65,11 @@ struct DecodeScheduleOptions {
   // Block mode where num_kv_heads divides num_ctas (above). false: one unit per CTA, final items
   // (for tests and A/B runs; plan() always uses blocks where it can).
   bool block_units = true;
-  int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
+  // Capacity of the partial-state buffer (>= 0). Dynamic splitting fits it: where the chunk bound
+  // above would need more slots, the bound grows until the chunks fit (fit_chunk_bound_to_slots,
+  // split_options.h; DecodeSchedule::slot_limited says so), down to no splitting at 0 slots.
+  // fixed_split_size cannot give way (its chunks are the contract): it throws instead.
+  int max_slots = 0;
   int max_work_items = 0;         // capacity of the work-item array (items stored); > 0 required
   CostModel cost{};
   // The op's fields of each work item, filled in the same pass that writes the items (a second
@@ -95,6 +99,8 @@ struct DecodeSchedule {
   int num_slots = 0;                         // partial slots used
   int64_t chunk_bound = 0;                   // L_kv: no chunk is longer (tokens); with
                                              // disable_split_kv, the longest request
+  bool slot_limited = false;                 // dynamic splitting took a longer chunk bound
+                                             // than the balance wanted: max_slots was short
   std::vector<double> cta_cost;              // [num_ctas] total cost assigned to each CTA
 
   // The stored items (work, or work_out's first num_work_items).
@@ -116,7 +122,8 @@ DecodeWorkItem expand_work_item(const DecodeSchedule& s, int cta, int i);
 DecodeSchedule expand_to_ctas(const DecodeSchedule& s);
 
 // kv_lens[i] is the KV length of request i (0 allowed). Throws flashkv::Error if the schedule
-// would need more slots or work items than the capacities in `opts` (naming which, and how many).
+// would need more work items than max_work_items, or (fixed_split_size only: dynamic splitting
+// fits max_slots) more slots than max_slots (naming which, and how many).
 // Deterministic: the same inputs always give the same schedule.
 DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts);
 // The same, refilling `out` and reusing its vectors' capacity (plan() calls this every step).

@@ -193,6 +193,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     }
   }
   int64_t bound;
+  bool slot_limited = false;
   if (o.fixed_split_size > 0) {
     bound = o.fixed_split_size;
   } else if (o.disable_split_kv) {
@@ -204,6 +205,21 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
                               static_cast<int64_t>(std::min<__int128>(per_cta, INT32_MAX)));
     // A multiple of split_align, so aligned near-equal chunks (cut_tile) never exceed it.
     bound = ceil_div(bound, o.split_align) * o.split_align;
+    // A workspace with fewer slots than this bound may need: longer chunks, fewer splits.
+    const int64_t fitted = fit_chunk_bound_to_slots(
+        bound, longest, o.split_align, o.max_slots, [&](int64_t b) {
+          int64_t slots = 0;
+          for (int r = 0; r < batch; ++r) {
+            for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
+              const int64_t v = visible_end(qo_lens[r], kv_lens[r],
+                                            std::min<int64_t>(q + tile_tokens, qo_lens[r]), o.causal);
+              if (v > b) slots = saturating_add(slots, saturating_mul(ceil_div(v, b), heads));
+            }
+          }
+          return slots;
+        });
+    slot_limited = fitted != bound;
+    bound = fitted;
   }
 
   // Count items and slots before building anything, so an impossible plan fails fast.
@@ -332,6 +348,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   s.tile_tokens = tile_tokens;
   s.num_slots = next_slot;
   s.chunk_bound = bound;
+  s.slot_limited = slot_limited;
 }
 
 }  // namespace

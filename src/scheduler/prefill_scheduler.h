@@ -65,7 +65,10 @@ struct PrefillScheduleOptions {
   int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
   int split_align = 1;            // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
                                   // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
-  int max_slots = 0;              // capacity of the partial-state buffer; > 0 required
+  // Capacity of the partial-state buffer (>= 0), in slots of tile_rows rows. Dynamic splitting fits
+  // it (a longer chunk bound where space is short; PrefillSchedule::slot_limited says so; 0: no
+  // splitting); fixed_split_size throws instead.
+  int max_slots = 0;
   int max_work_items = 0;         // capacity of the work-item array; > 0 required
   PrefillCostModel cost{};
 };
@@ -81,12 +84,15 @@ struct PrefillSchedule {
   int num_slots = 0;                    // partial slots used
   int64_t chunk_bound = 0;              // L_kv: no chunk is longer (tokens); with
                                         // disable_split_kv, the longest visible KV of a tile
+  bool slot_limited = false;            // dynamic splitting took a longer chunk bound than
+                                        // the balance wanted: max_slots was short
   std::vector<double> cta_cost;         // [num_ctas] total cost assigned to each CTA
 };
 
 // qo_lens[i], kv_lens[i]: the query and KV lengths of request i (equal sizes; 0 allowed, and
 // kv_len < qo_len too). Throws flashkv::Error on invalid input, or if the schedule would need
-// more slots or work items than the capacities in `opts` (naming which, and how many).
+// more work items than max_work_items, or (fixed_split_size only: dynamic splitting fits
+// max_slots) more slots than max_slots (naming which, and how many).
 // Deterministic: the same inputs always give the same schedule.
 PrefillSchedule plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
                              const PrefillScheduleOptions& opts);

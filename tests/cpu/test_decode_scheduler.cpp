@@ -257,7 +257,7 @@ TEST(DecodeScheduler, RefillsAReusedSchedule) {
   DecodeScheduleOptions o = bounded_options(132, 8, lens.size());
   plan_decode(lens, o, &reused);
   const DecodeSchedule before = reused;
-  o.max_slots = 4;
+  o.max_work_items = 4;
   EXPECT_THROW(plan_decode(lens, o, &reused), Error);
   expect_same(before, reused);
   EXPECT_THROW(plan_decode(lens, o, nullptr), Error);

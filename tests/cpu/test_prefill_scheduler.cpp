@@ -135,7 +135,13 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
                o.split_align) *
       o.split_align;
   if (o.fixed_split_size == 0 && !o.disable_split_kv) {
-    EXPECT_EQ(s.chunk_bound, dyn_bound);
+    if (s.slot_limited) {
+      // Fitted to max_slots: a longer bound, on the alignment, with the chunks in the slots.
+      EXPECT_GT(s.chunk_bound, dyn_bound);
+      EXPECT_EQ(s.chunk_bound % o.split_align, 0);
+    } else {
+      EXPECT_EQ(s.chunk_bound, dyn_bound);
+    }
   }
 
   // Tiles: sorted by (request, kv_head, q_start, kv_start), each tile's chunks partition its
@@ -175,7 +181,8 @@ void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> kv,
             ASSERT_EQ(items[k].kv_end - items[k].kv_start, o.fixed_split_size);
           }
         } else {
-          ASSERT_EQ(static_cast<int64_t>(n), ceil_div(vis, dyn_bound));
+          // (s.chunk_bound is dyn_bound, checked above, unless fitted to a short max_slots.)
+          ASSERT_EQ(static_cast<int64_t>(n), ceil_div(vis, s.chunk_bound));
           int lo = INT_MAX, hi = 0;
           for (size_t k = i; k < end; ++k) {
             lo = std::min(lo, items[k].kv_end - items[k].kv_start);
@@ -622,6 +629,54 @@ TEST(PrefillScheduler, BoundsHoldOverRandomBatches) {
               static_cast<long long>(items));
 }
 
+// A workspace with fewer partial-state slots than the 2 x #CTA bound (the caller's fixed buffer):
+// dynamic splitting fits them with the shortest chunk bound that does (on split_align), never
+// exceeds them, and is the unconstrained schedule wherever that fits.
+TEST(PrefillScheduler, DynamicSplittingFitsASmallWorkspace) {
+  std::mt19937_64 rng(515);
+  int limited = 0;
+  for (int t = 0; t < 40; ++t) {
+    // Few query tiles over long KV: the batches that split.
+    Batch b;
+    for (size_t i = 0, n = 1 + rng() % 6; i < n; ++i) {
+      b.qo.push_back(1 + static_cast<int64_t>(rng() % 300));
+      b.kv.push_back(b.qo.back() + static_cast<int64_t>(rng() % 60000));
+    }
+    const int heads = 1 + static_cast<int>(rng() % 8);
+    const int group = 1 + static_cast<int>(rng() % 8);
+    const int ctas = 132 * (1 + static_cast<int>(rng() % 2));
+    const bool causal = rng() % 2 == 0;
+    PrefillScheduleOptions o = bounded_options(ctas, heads, group, b.qo, causal);
+    o.split_align = t % 2 == 0 ? 1 : 64;
+    const PrefillSchedule full = plan_prefill(b.qo, b.kv, o);
+    for (int cap : {0, 1, 7, full.num_slots / 3, full.num_slots}) {
+      SCOPED_TRACE("case " + std::to_string(t) + ", max_slots " + std::to_string(cap) + " of " +
+                   std::to_string(full.num_slots));
+      PrefillScheduleOptions small = o;
+      small.max_slots = std::max(cap, 0);
+      const PrefillSchedule s = plan_prefill(b.qo, b.kv, small);
+      expect_valid(b.qo, b.kv, small, s);
+      EXPECT_LE(s.num_slots, small.max_slots);
+      EXPECT_EQ(s.slot_limited, full.num_slots > small.max_slots);
+      if (!s.slot_limited) {
+        expect_same(s, full);
+        continue;
+      }
+      ++limited;
+      EXPECT_GT(s.chunk_bound, full.chunk_bound);
+      if (small.max_slots == 0) EXPECT_EQ(s.num_slots, 0);
+      // The shortest bound that fits: one alignment step less needs more slots.
+      PrefillScheduleOptions tighter = small;
+      tighter.max_slots = 1 << 30;
+      tighter.min_chunk_tokens = static_cast<int>(s.chunk_bound - o.split_align);
+      if (tighter.min_chunk_tokens >= std::max<int>(o.split_align, full.chunk_bound)) {
+        EXPECT_GT(plan_prefill(b.qo, b.kv, tighter).num_slots, small.max_slots);
+      }
+    }
+  }
+  EXPECT_GT(limited, 20) << "the cases must exercise the fitting";
+}
+
 TEST(PrefillScheduler, BoundsHoldForAdversarialBatches) {
   struct Case {
     const char* name;
@@ -692,6 +747,7 @@ TEST(PrefillScheduler, CapacityErrorsSayWhatIsMissing) {
   o.num_kv_heads = 8;
   o.max_slots = 1;
   o.max_work_items = 1 << 20;
+  o.fixed_split_size = 4096;  // dynamic splitting would fit the slot (PrefillWorkspaceFit)
   try {
     plan_prefill(qo, kv, o);
     FAIL() << "expected a slot capacity error";
@@ -699,6 +755,7 @@ TEST(PrefillScheduler, CapacityErrorsSayWhatIsMissing) {
     EXPECT_NE(std::string(e.what()).find("max_slots = 1"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("partial-state slots"), std::string::npos) << e.what();
   }
+  o.fixed_split_size = 0;
   o.max_slots = 1 << 20;
   o.max_work_items = 10;
   try {
@@ -743,7 +800,7 @@ TEST(PrefillScheduler, RejectsInvalidOptions) {
   rejects([](auto& o) { o.fixed_split_size = -1; }, qo, kv);
   rejects([](auto& o) { o.fixed_split_size = 16, o.disable_split_kv = true; }, qo, kv);
   rejects([](auto& o) { o.min_chunk_tokens = 0; }, qo, kv);
-  rejects([](auto& o) { o.max_slots = 0; }, qo, kv);
+  rejects([](auto& o) { o.max_slots = -1; }, qo, kv);
   rejects([](auto& o) { o.max_work_items = 0; }, qo, kv);
   rejects([](auto& o) { o.cost.alpha = -1; }, qo, kv);
   rejects([](auto& o) { o.cost.beta = 0; }, qo, kv);

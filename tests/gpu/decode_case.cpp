@@ -112,7 +112,7 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   cfg.num_sms_to_use = c.num_sms_to_use;
   cfg.max_kv_tokens = c.max_kv_tokens;
   cfg.min_fixed_split_size = c.min_fixed_split_size;
-  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes : BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
   Stream s = create_stream();
   dec.plan(cache.indptr.view().data_as<int32_t>(), cache.last_page_len.view().data_as<int32_t>(),

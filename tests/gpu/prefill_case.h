@@ -32,6 +32,7 @@ struct PrefillCase {
   bool with_lse = true;       // false: run() gets an undefined lse view
   bool nan_padding = false;   // page slots past each request's KV hold NaN (make_paged_cache)
   PrefillPlanOptions opts{};  // opts.causal and opts.sm_scale also drive the reference
+  size_t workspace_bytes = 0;  // 0: workspace_bytes(cfg) (never limits splitting)
   uint64_t seed = 1;
 
   int batch() const { return static_cast<int>(qo_lens.size()); }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -114,8 +115,10 @@ struct CascadeRun {
   CascadePlanInfo info;
 };
 
-// Plans and runs the cascade on the GPU (one shot).
-CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOptions opts) {
+// Plans and runs the cascade on the GPU (one shot), in a workspace of ws_bytes (0: the size that
+// never limits splitting; SIZE_MAX: MultiLevelCascade::min_workspace_bytes).
+CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOptions opts,
+                       size_t ws_bytes = 0) {
   const bool decode = s.qo_len == 1;
   MultiLevelCascadeConfig cfg;
   cfg.max_batch = std::max(b.batch, 1);
@@ -123,7 +126,9 @@ CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOpti
   cfg.max_pages = std::max<int64_t>(static_cast<int64_t>(b.kv_indices.size()), 1);
   cfg.num_qo_heads = s.num_qo_heads;
   cfg.head_dim = s.head_dim;
-  DeviceBuffer ws(MultiLevelCascade::workspace_bytes(cfg));
+  DeviceBuffer ws(ws_bytes == 0          ? MultiLevelCascade::workspace_bytes(cfg)
+                  : ws_bytes == SIZE_MAX ? MultiLevelCascade::min_workspace_bytes(cfg)
+                                         : ws_bytes);
   MultiLevelCascade casc(cfg, ws.data(), ws.size());
   CascadeBatch cb{decode ? nullptr : b.qo_indptr.data(), b.kv_indptr.data(), b.kv_indices.data(),
                   b.last.data(), b.batch, s.page_size};
@@ -198,6 +203,32 @@ TEST_F(CascadeGpu, TwoAndThreeLevelsMatchPlainAttention) {
     EXPECT_LT(r.info.cascade_kv_bytes, r.info.plain_kv_bytes) << s.str();
     expect_matches_plain(b, s, r.out, &r.lse);
   }
+}
+
+// FlashInfer's tests give cascades 16 MB; the levels share the buffer and fit their splits into
+// it (at the minimum: no splits), with the same answer.
+TEST_F(CascadeGpu, LevelsFitSmallWorkspaces) {
+  CascadePlanOptions always;
+  always.use = CascadePlanOptions::Use::kAlways;
+  std::vector<SharedBatchSpec> specs;
+  specs.push_back({.groups = 3, .group_size = 5, .nested = 128});
+  specs.push_back({.groups = 2, .group_size = 2, .prefix = 32768, .suffix_min = 0,
+                   .suffix_max = 4096, .shuffle = true, .dtype = DType::bf16});
+  specs.push_back({.groups = 3, .group_size = 4, .prefix = 512, .nested = 64, .suffix_min = 5,
+                   .suffix_max = 300, .qo_len = 7, .shuffle = true});
+  for (auto& s : specs) {
+    for (size_t bytes : {size_t{16} << 20, SIZE_MAX}) {
+      SharedBatch b = make_shared_batch(s);
+      const CascadeRun r = run_cascade(b, s, always, bytes);
+      EXPECT_TRUE(r.info.cascade) << s.str();
+      if (bytes == SIZE_MAX) EXPECT_EQ(r.info.num_split_tiles, 0) << s.str();
+      expect_matches_plain(b, s, r.out, &r.lse);
+    }
+  }
+  // The 32k shared prompt splits in a full workspace; at the minimum it may not, and says so.
+  SharedBatch b = make_shared_batch(specs[1]);
+  EXPECT_TRUE(run_cascade(b, specs[1], always, SIZE_MAX).info.split_limited);
+  EXPECT_FALSE(run_cascade(b, specs[1], always).info.split_limited);
 }
 
 TEST_F(CascadeGpu, AutomaticUseFollowsTheCostModel) {

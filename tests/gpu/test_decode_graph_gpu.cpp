@@ -78,12 +78,16 @@ PagedKVCache host_cache(const Pool& pool, const Batch& b) {
 
 class DecodeGraphGpu : public GpuTest {};
 
-TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
+// ws_extra < 0: the workspace that never limits splitting; else min_workspace_bytes + ws_extra
+// (a caller's small fixed buffer: the plans must fit their splits into it, and say so).
+void replays_across_replans(int64_t ws_extra) {
   const DType dt = DType::f16;
   const int kMaxBatch = 64;
   Pool pool(9000, dt);  // 144k tokens: room for the 30k request and the rest
   BatchDecodeConfig cfg{kMaxBatch, kHqo, kD};
-  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  DeviceBuffer ws(ws_extra < 0 ? BatchDecode::workspace_bytes(cfg)
+                               : BatchDecode::min_workspace_bytes(cfg) + static_cast<size_t>(ws_extra));
+  bool any_limited = false;
   BatchDecode dec(cfg, ws.data(), ws.size());
   DecodePlanOptions opts;
   opts.enable_cuda_graph = true;
@@ -141,6 +145,9 @@ TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
              kD, kPage, dt, dt, dt, opts, s);
     check_cu(d.cuGraphLaunch(exec, s), "graph launch");
     synchronize(s);
+    const BatchDecode::PlanInfo info = dec.plan_info();
+    EXPECT_LE(info.num_partial_states, info.slot_capacity) << "step " << step;
+    any_limited = any_limited || info.split_limited;
 
     HostTensor ref(DType::f32, {B, kHqo, kD}), ref_lowp(dt, {B, kHqo, kD});
     HostTensor ref_lse(DType::f32, {B, kHqo});
@@ -167,7 +174,15 @@ TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) {
   d.cuGraphExecDestroy(exec);
   d.cuGraphDestroy(graph);
   destroy_stream(s);
+  if (ws_extra >= 0) EXPECT_TRUE(any_limited) << "the small workspace never limited a plan";
+  if (ws_extra < 0) EXPECT_FALSE(any_limited);
 }
+
+TEST_F(DecodeGraphGpu, CapturedRunReplaysCorrectlyAcrossReplans) { replays_across_replans(-1); }
+
+// The same 60 re-plans in a buffer with room for ~470 partial-state rows (min + 256 KB): the long
+// request's plans fit fewer, longer chunks; every replay still matches the reference.
+TEST_F(DecodeGraphGpu, CapturedRunReplaysInASmallWorkspace) { replays_across_replans(1 << 18); }
 
 // Batch invariance (fixed_split_size): one request's output is bitwise the same whatever else is
 // in the batch, at any position, planned with or without enable_cuda_graph, run eagerly, from a
@@ -435,7 +450,9 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
     EXPECT_TRUE(all_bytes_are(dout)) << "out written by the call refused for '" << needle << "'";
     EXPECT_TRUE(all_bytes_are(dlse)) << "lse written by the call refused for '" << needle << "'";
   };
-  expect_error([&] { BatchDecode small(cfg, ws.data(), need - 1); }, "workspace");
+  // Below the plan arrays (any buffer from there up works: WorkspaceFitGpu).
+  expect_error([&] { BatchDecode small(cfg, ws.data(), BatchDecode::min_workspace_bytes(cfg) - 1); },
+               "workspace: expected at least");
 
   BatchDecode dec(cfg, ws.data(), ws.size());
   const int32_t* ip = cache.indptr.view().data_as<int32_t>();
