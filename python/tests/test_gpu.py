@@ -391,10 +391,12 @@ def test_runs_on_the_callers_stream_and_writes_out():
 
 
 def test_workspace_too_small_names_the_size():
+    # Below the plan arrays (a few KB for one request): any buffer from there up runs
+    # (test_gpu_workspace.py).
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(4096, dtype=torch.uint8, device="cuda"))
+        torch.empty(256, dtype=torch.uint8, device="cuda"))
     ip = torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"float_workspace_buffer: 4096 bytes is too small .* "
+    with pytest.raises(ValueError, match=r"float_workspace_buffer: 256 bytes is too small .* "
                                          r"needs at least \d+ bytes"):
         w.plan(ip, ip[:1], torch.tensor([1], dtype=torch.int32), 32, 8, 128, 16)
 
