@@ -286,17 +286,16 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
       }
     }
   }
-  if (!failures.empty()) {
-    std::printf("bench cascade rows (JSON; --json is not written when the command fails):\n%s\n",
-                rows.dump().c_str());
-    for (const std::string& f : failures) std::printf("FAIL %s\n", f.c_str());
-    std::fflush(stdout);
-    std::string first = failures.front();
-    throw Error("bench cascade: " + std::to_string(failures.size()) + " of " +
-                std::to_string(rows.size()) +
-                " configurations failed (FAIL lines above), the first: " + first);
-  }
+  // The command fails on these after writing --json (cmd_bench.cpp: count_cascade_failures).
+  for (const std::string& f : failures) std::printf("FAIL %s\n", f.c_str());
+  std::fflush(stdout);
   return rows;
+}
+
+int count_cascade_failures(const nlohmann::json& rows) {
+  int n = 0;
+  for (const auto& r : rows) n += !r.value("auto_ok", true) || !r.value("ref_ok", true);
+  return n;
 }
 
 }  // namespace flashkv::cli

@@ -47,5 +47,8 @@ struct CascadeBenchOptions {
 // configuration if any failed; the rows are then printed as JSON first (the caller's --json is
 // not written when the command fails).
 nlohmann::json bench_cascade(const CascadeBenchOptions& opts, const Ceilings& ceil, Stream s);
+// Rows where auto was more than 3 % slower than the faster path, or an answer was wrong (the
+// command fails on them, after writing its JSON).
+int count_cascade_failures(const nlohmann::json& rows);
 
 }  // namespace flashkv::cli

@@ -301,7 +301,11 @@ void add_bench_command(CLI::App& app) {
       if (a->plan_time) j["plan_time"] = bench_plan_time(s);
     }
     if (a->has("step")) j["step"] = bench_step(a->step, ceil, s);
-    if (a->has("cascade")) j["cascade"] = bench_cascade(a->cascade, ceil, s);
+    int cascade_failed = 0;
+    if (a->has("cascade")) {
+      j["cascade"] = bench_cascade(a->cascade, ceil, s);
+      cascade_failed = count_cascade_failures(j["cascade"]);
+    }
     int variants_failed = 0;
     if (a->has("variants")) {
       j["variants"] = bench_variants(a->variants, ceil, s);
@@ -333,6 +337,9 @@ void add_bench_command(CLI::App& app) {
           " prefill configurations failed the reference check or did not run (see above)");
     check(variants_failed == 0, variants_failed,
           " variant configurations failed the reference check or did not run (ERROR above)");
+    check(cascade_failed == 0, cascade_failed,
+          " cascade configurations chose the slower path by more than 3 % or failed the reference "
+          "check (FAIL above)");
   });
 }
 

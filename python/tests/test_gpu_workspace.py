@@ -145,6 +145,18 @@ def test_prefill_ragged_in_a_small_buffer():
         check_out(out[rows], ref, dtype)
 
 
+def _shared_prefix_cache(kv_lens, shared, ps, hk, d, dtype, g):
+    """A Paged cache whose requests' first `shared` tokens (whole pages) are request 0's pages;
+    returns it and the shared page count."""
+    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
+    npre = shared // ps
+    ids = cache.indices.clone()
+    for i in range(1, len(kv_lens)):
+        ids[int(cache.indptr[i]): int(cache.indptr[i]) + npre] = ids[:npre]
+    cache.indices = ids
+    return cache, npre
+
+
 def test_flashinfer_cascade_in_sixteen_megabytes():
     """FlashInfer's MultiLevelCascadeAttentionWrapper with its tests' 16 MB: the levels share
     the buffer (each a half) and each fits its plan."""
@@ -152,13 +164,8 @@ def test_flashinfer_cascade_in_sixteen_megabytes():
     hq, hk, d, ps, dtype = 8, 2, 128, 16, "float16"
     shared, suffix = 4000, [5, 300, 17]
     kv_lens = [shared + s for s in suffix]
-    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
-    # Make the prefix really shared: every request's first shared/ps pages are request 0's.
-    npre = shared // ps
-    ids = cache.indices.clone()
-    for i in range(1, len(kv_lens)):
-        ids[int(cache.indptr[i]): int(cache.indptr[i]) + npre] = ids[:npre]
-    cache.indices = ids
+    cache, npre = _shared_prefix_cache(kv_lens, shared, ps, hk, d, dtype, g)
+    ids = cache.indices
     b = len(kv_lens)
     qo_lens = [4] * b
     i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
@@ -190,12 +197,7 @@ def test_auto_cascade_in_sixteen_megabytes():
     hq, hk, d, ps, dtype = 32, 8, 128, 16, "float16"
     shared, suffix = 8192, [3, 100, 1000, 7, 55, 2, 64, 9]
     kv_lens = [shared + s for s in suffix]
-    cache = Paged(kv_lens, ps, hk, d, dtype, "NHD", g)
-    npre = shared // ps
-    ids = cache.indices.clone()
-    for i in range(1, len(kv_lens)):
-        ids[int(cache.indptr[i]): int(cache.indptr[i]) + npre] = ids[:npre]
-    cache.indices = ids
+    cache, _ = _shared_prefix_cache(kv_lens, shared, ps, hk, d, dtype, g)
     q = rand((len(kv_lens), hq, d), dtype, g)
     w = flashkv.MultiLevelCascadeWrapper(workspace(16), "NHD")
     w.plan(None, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,

@@ -281,8 +281,11 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   if (opts.fixed_split_size > 0) {
     // Its chunks are the contract (batch invariance): they cannot give way to a small workspace.
     // Name the bytes a workspace needs for them (the scheduler would only name slots).
+    // (The keys scheduled: a built-in sliding window's only, as below.)
+    const int window = opts.variant.is_builtin() ? opts.variant.builtin_description().window_left : -1;
     int64_t slots = 0;
-    for (const int64_t l : m.kv_lens) {
+    for (int64_t l : m.kv_lens) {
+      if (window >= 0) l = std::min<int64_t>(l, int64_t{window} + 1);
       if (l > opts.fixed_split_size) slots += (l + opts.fixed_split_size - 1) / opts.fixed_split_size;
     }
     slots *= num_kv_heads;
