@@ -291,12 +291,13 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
     slots *= num_kv_heads;
     if (slots > so.max_slots) {
       BatchDecodeConfig need = cfg;
+      // The keys this plan schedules, cut at fixed_split_size: a config for exactly those (the
+      // existing max_kv_tokens / min_fixed_split_size may be far larger per chunk, e.g. the Python
+      // wrapper's min_fixed_split_size 1, and would name an oversized or invalid workspace).
       int64_t total = 0;
-      for (const int64_t l : m.kv_lens) total += l;
-      need.max_kv_tokens = std::max<int64_t>({need.max_kv_tokens, total, 1});
-      need.min_fixed_split_size = need.min_fixed_split_size > 0
-                                      ? std::min(need.min_fixed_split_size, opts.fixed_split_size)
-                                      : opts.fixed_split_size;
+      for (int64_t l : m.kv_lens) total += window >= 0 ? std::min<int64_t>(l, int64_t{window} + 1) : l;
+      need.max_kv_tokens = std::max<int64_t>(total, 1);
+      need.min_fixed_split_size = opts.fixed_split_size;
       fail("fixed_split_size = ", opts.fixed_split_size, ": this plan needs ", slots,
            " partial states (", slots * group, " rows) but the workspace holds ", so.max_slots,
            " at a GQA group of ", group, "; a workspace of ", BatchDecode::workspace_bytes(need),
