@@ -1,10 +1,12 @@
 // A 64-bit streaming hash for the kernel cache's keys and file checksums: xxHash's XXH3 where its
 // header is installed (Debian's libxxhash-dev; header-only, no run-time dependency), else a
 // 64-bit FNV-1a. The fallback exists because machines that build flashkv without a package index
-// have been seen without xxhash.h (the H200 image, whose `pip install .` must work as it is); the
-// keys only name cache files whose contents carry the full request, so a slower, weaker hash costs
-// speed on a few-KB input per plan()'s cache miss, not correctness. FLASHKV_HAVE_XXHASH is set by
-// CMakeLists.txt when it finds the header.
+// have been seen without xxhash.h (the H200 image, whose `pip install .` must work as it is). A
+// cache entry is found by its key alone (its file carries the key, name expressions and cubin, not
+// the request), so two requests whose keys collide would share an entry: both hashes are 64-bit,
+// which makes an accidental collision negligible, but neither is collision-resistant. Builds with
+// and without xxHash name the same request differently (a cold cache, never a wrong hit).
+// FLASHKV_HAVE_XXHASH is set by CMakeLists.txt when it finds the header.
 #pragma once
 
 #include <cstddef>
