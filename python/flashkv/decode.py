@@ -104,9 +104,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
     this buffer; a host buffer (e.g. ``numpy.empty(1, numpy.uint8)``; not empty: plan() raises
     ValueError naming the bytes it needs) makes the wrapper run the CPU reference on host arrays
     instead, with the GPU plan's argument checks. The flashkv plan object is created at ``plan()``
-    time, sized for the plan (batch, heads, head_dim) inside the buffer; a plan that needs more than
-    the buffer holds raises ValueError naming the bytes it needs (a few MB for typical models: it
-    grows with SMs x heads x head_dim and with the batch).
+    time, sized for the plan (batch, heads, head_dim), over the whole buffer: what its plan arrays
+    leave holds the split-KV partial states, and each plan fits its splits into them
+    (``plan_info()["split_limited"]``). Only a buffer smaller than the plan arrays (under 1 MB
+    for typical batches) raises ValueError naming the bytes it needs; so does a
+    ``fixed_split_size`` plan whose chunks do not fit.
 
     ``use_cuda_graph``: as FlashInfer, pass ``paged_kv_indptr_buffer`` ``[max_batch + 1]``,
     ``paged_kv_indices_buffer`` and ``paged_kv_last_page_len_buffer`` ``[max_batch]`` (CUDA int32);
