@@ -39,6 +39,9 @@ void validate_split_options(const char* what, const Options& o) {
 template <class SlotsAt>
 int64_t fit_chunk_bound_to_slots(int64_t bound, int64_t longest, int64_t align, int64_t max_slots,
                                  SlotsAt slots_at) {
+  // The search steps by `align` from `bound`, so it must start on a multiple (prefill rounds it).
+  check(align >= 1 && bound % align == 0, "fit_chunk_bound_to_slots: bound ", bound,
+        " is not a multiple of align ", align);
   if (bound >= longest || slots_at(bound) <= max_slots) return bound;
   int64_t lo = bound, hi = (longest + align - 1) / align * align;  // slots_at(lo) > max_slots
   while (hi - lo > align) {
