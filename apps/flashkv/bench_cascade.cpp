@@ -191,7 +191,7 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
         for (int r : {0, n - 1}) {
           const int np = b.indptr[r + 1] - b.indptr[r];
           HostTensor kh(dt, {np, b.page, kHkv, kD}), vh = kh, qh(dt, {1, kHq, kD}), oh = qh,
-                                                      ph = qh;
+                                                     ph = qh;
           const size_t page_bytes = size_t(b.page) * kHkv * kD * dtype_size(dt);
           for (int p = 0; p < np; ++p) {
             const size_t src = size_t(b.indices[0][b.indptr[r] + p]) * page_bytes;
@@ -240,7 +240,8 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
             "%s%s [%.0f s]\n",
             cs.shape.c_str(), suffix.c_str(), n, (long long)prompt, tp.median_us, tc.median_us,
             tp.median_us / tc.median_us, auto_info.estimated_plain_us,
-            auto_info.estimated_cascade_us, shared ? (auto_info.cascade ? "cascade" : "plain") : "-",
+            auto_info.estimated_cascade_us,
+            shared ? (auto_info.cascade ? "cascade" : "plain") : "-",
             100 * (verdict.chosen_us / verdict.best_us), 100 * tbps_p / ceil.read_tbps,
             100 * tbps_c / ceil.read_tbps, rc.pass && rp.pass ? "ok" : "REF-FAIL",
             auto_ok ? "" : " FAIL: auto chose the slower path",
@@ -268,7 +269,8 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
                         {"speedup_cascade_vs_plain", tp.median_us / tc.median_us},
                         {"estimated_plain_us", auto_info.estimated_plain_us},
                         {"estimated_cascade_us", auto_info.estimated_cascade_us},
-                        {"auto", shared ? (auto_info.cascade ? "cascade" : "plain") : "plain (no shared prefix)"},
+                        {"auto", shared ? (auto_info.cascade ? "cascade" : "plain")
+                                        : "plain (no shared prefix)"},
                         {"auto_uses_cascade", auto_info.cascade},
                         {"auto_us", verdict.chosen_us},
                         {"best_us", verdict.best_us},

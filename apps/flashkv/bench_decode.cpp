@@ -92,8 +92,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           for (int stages : o.stages)
             for (int warps : o.warps)
               for (int mb : o.workspace_mb)
-                settings.push_back(
-                    {alpha, min_chunk, balance != 0, tail != 0, stages, warps, mb});
+                settings.push_back({alpha, min_chunk, balance != 0, tail != 0, stages, warps, mb});
   for (const auto& w : wls) {
     if (w.kind != "decode" || !selected(o.workloads, w.id)) continue;
     for (const auto& sh : shapes) {
@@ -167,7 +166,8 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           if (stages > 0 || warps > 0)
             sweep += " stages " + std::to_string(stages) + " warps " + std::to_string(warps);
           if (mb > 0) {
-            sweep += " ws " + std::to_string(mb) + " MB" + (info.split_limited ? " (limited: " : " (") +
+            sweep += " ws " + std::to_string(mb) + " MB" +
+                     (info.split_limited ? " (limited: " : " (") +
                      std::to_string(info.num_partial_states) + " partial states)";
           }
           std::printf(

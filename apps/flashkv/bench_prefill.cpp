@@ -310,7 +310,8 @@ nlohmann::json bench_prefill(const PrefillBenchOptions& o, const Ceilings& ceil,
       for (DType dt : o.dtypes) {
         const uint64_t cfg_seed = seed++;
         try {
-          for (int mb : o.workspace_mb) rows.push_back(run_config(o, w, sh, dt, cfg_seed, ceil, s, mb));
+          for (int mb : o.workspace_mb)
+            rows.push_back(run_config(o, w, sh, dt, cfg_seed, ceil, s, mb));
         } catch (const Error& e) {
           std::printf("%-4s %-10s %-5s FAILED: %s\n", w.id.c_str(), sh.name.c_str(), dtype_name(dt),
                       e.what());

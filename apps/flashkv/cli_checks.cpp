@@ -17,10 +17,9 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 }
 
 CLI::Validator int_in_range(long long lo, long long hi) {
-  const std::string expected = hi >= (1LL << 62)
-                                   ? "an integer >= " + std::to_string(lo)
-                                   : "an integer in [" + std::to_string(lo) + ", " +
-                                         std::to_string(hi) + "]";
+  const std::string expected =
+      hi >= (1LL << 62) ? "an integer >= " + std::to_string(lo)
+                        : "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   return CLI::Validator(
       [lo, hi, expected](std::string& in) -> std::string {
         errno = 0;

@@ -7,17 +7,17 @@
 
 #include "bench_cascade.h"
 #include "bench_decode.h"
-#include "flashkv/prefill.h"
 #include "bench_prefill.h"
 #include "bench_step.h"
 #include "bench_util.h"
 #include "bench_variants.h"
 #include "cli_checks.h"
-#include "decode_timeline.h"
 #include "commands.h"
+#include "decode_timeline.h"
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
 #include "flashkv/merge.h"
+#include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
 #include "json_out.h"
@@ -147,8 +147,8 @@ void check_workload_ids(const BenchArgs& a) {
     known.push_back(w.id);
   known.push_back("PV");
   for (const auto& id : a.workloads)
-    check(std::find(known.begin(), known.end(), id) != known.end(), "--workloads: unknown id '",
-          id, "' (expected some of ", join(known), a.workloads_file.empty() ? "" : " from ",
+    check(std::find(known.begin(), known.end(), id) != known.end(), "--workloads: unknown id '", id,
+          "' (expected some of ", join(known), a.workloads_file.empty() ? "" : " from ",
           a.workloads_file, ")");
 }
 
@@ -189,13 +189,14 @@ void add_bench_command(CLI::App& app) {
   auto* cmd =
       app.add_subcommand("bench", "ceilings and the standard workloads (../shared/BENCHMARKS.md)");
   auto* a = new BenchArgs;
-  cmd->add_option("kinds", a->kinds,
-                  "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal), step "
-                  "(32-layer decode step, RoPE + append + attention, fused vs unfused), cascade (shared "
-                  "prompt: MultiLevelCascade vs plain decode), variants "
-                  "(built-in variants and fused vs unfused RoPE on D1-D6, variants on a 4 x 2048 "
-                  "prefill (PV), their JIT cost; f16 "
-                  "GQA 32/8 unless --dtypes/--shapes)")
+  cmd->add_option(
+         "kinds", a->kinds,
+         "what to run: ceilings, merge, decode (D1-D6), prefill (P1-P5, A1, S1; causal), step "
+         "(32-layer decode step, RoPE + append + attention, fused vs unfused), cascade (shared "
+         "prompt: MultiLevelCascade vs plain decode), variants "
+         "(built-in variants and fused vs unfused RoPE on D1-D6, variants on a 4 x 2048 "
+         "prefill (PV), their JIT cost; f16 "
+         "GQA 32/8 unless --dtypes/--shapes)")
       ->check(one_of({"ceilings", "merge", "decode", "prefill", "step", "cascade", "variants"}))
       ->capture_default_str();
   cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file")
@@ -224,7 +225,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option_function<std::string>(
          "--layout", [a](const std::string& l) { a->decode.layout = parse_kv_layout(l); },
          "bench decode: KV page layout, NHD or HND (default NHD)");
-  cmd->add_option("--ctas-per-sm", a->ctas_per_sm, "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
+  cmd->add_option("--ctas-per-sm", a->ctas_per_sm,
+                  "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
       ->check(int_in_range(0, 64))
       ->capture_default_str();
   cmd->add_option_function<std::vector<int>>(

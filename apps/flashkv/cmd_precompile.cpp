@@ -26,7 +26,8 @@ void add_precompile_command(CLI::App& app) {
       ->check(int_in_range(1, 4096))
       ->capture_default_str();
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
-  cmd->add_option("--ops", o->ops, "ops to compile: merge, decode, prefill, kv (RoPE, append), cascade")
+  cmd->add_option("--ops", o->ops,
+                  "ops to compile: merge, decode, prefill, kv (RoPE, append), cascade")
       ->check(one_of({"merge", "decode", "prefill", "kv", "cascade"}))
       ->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")

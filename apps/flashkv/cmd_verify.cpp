@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
@@ -14,7 +15,6 @@
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
-#include "cli_checks.h"
 #include "json_out.h"
 
 namespace flashkv::cli {

@@ -197,8 +197,7 @@ int main() {
   // The typo, through plan() on the GPU.
   const bool reported = show_compile_error([&](const VariantSpec& spec) {
     dec.plan(indptr.data(), last_page_len.data(), kBatch, kHq, kHk, kDim, kPage, DType::f16,
-             DType::f16, DType::f16,
-             DecodePlanOptions{.variant = Variant::user(spec, t5.args())});
+             DType::f16, DType::f16, DecodePlanOptions{.variant = Variant::user(spec, t5.args())});
   });
   return pass && reported ? 0 : 1;
 }

@@ -182,7 +182,7 @@ class BatchDecode {
   struct PlanInfo {
     int num_ctas = 0;
     int num_work_items = 0;  // items the CTAs run (per KV head; stored once per block)
-    int num_split_tiles = 0;    // (request, kv head) tiles split across CTAs
+    int num_split_tiles = 0;     // (request, kv head) tiles split across CTAs
     int num_partial_states = 0;  // their chunks: partial-state slots the plan uses
     int slot_capacity = 0;       // slots the workspace holds at this plan's GQA group
     bool split_limited = false;  // the workspace was short: fewer, longer chunks than balance wants

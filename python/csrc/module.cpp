@@ -149,8 +149,8 @@ class PyBatchDecode {
   }
   static size_t min_workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
                                     int64_t max_kv_tokens, int min_fixed_split_size) {
-    return BatchDecode::min_workspace_bytes(
-        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size));
+    return BatchDecode::min_workspace_bytes(decode_config(max_batch, num_qo_heads, head_dim, device,
+                                                          max_kv_tokens, min_fixed_split_size));
   }
 
   void plan(const InArray& indptr, const InArray& last_page_len, int num_qo_heads, int num_kv_heads,
@@ -479,15 +479,12 @@ void bind_prefill_common(nb::class_<T>& c) {
       .def("plan_info", &T::plan_info);
 }
 
-
 // --- plan()'s argument checks (flashkv/plan_checks.h): the GPU ops run them in plan(); the
 // wrappers' host path calls these, so both paths refuse the same plans with the same message.
 // Names: the wrapper's argument names (qo_indptr, kv_indptr, kv_indices, kv_last_page_len).
 struct PyNames {
   std::string qo, kv, indices, last;
-  PageTableNames names() const {
-    return {qo.c_str(), kv.c_str(), indices.c_str(), last.c_str()};
-  }
+  PageTableNames names() const { return {qo.c_str(), kv.c_str(), indices.c_str(), last.c_str()}; }
 };
 
 PlanTarget plan_target(bool host) { return host ? PlanTarget::kHost : PlanTarget::kGpu; }
@@ -519,16 +516,15 @@ void bind_plan_checks(nb::module_& m) {
       },
       arg("indptr"), arg("last_page_len"), arg("indices").none(), arg("num_qo_heads"),
       arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"), arg("kv_dtype"),
-      arg("o_dtype"), arg("host"), arg("indptr_name") = "indptr",
-      arg("indices_name") = "indices", arg("last_page_len_name") = "last_page_len");
+      arg("o_dtype"), arg("host"), arg("indptr_name") = "indptr", arg("indices_name") = "indices",
+      arg("last_page_len_name") = "last_page_len");
   m.def(
       "check_prefill_plan",
       [](const InArray& qo_indptr, const InArray& kv_indptr, const OptionalIn& last_page_len,
-         const OptionalIn& indices, int num_qo_heads, int num_kv_heads, int head_dim,
-         int page_size, const std::string& q_dtype, const std::string& kv_dtype,
-         const std::string& o_dtype, bool host, const std::string& qo_name,
-         const std::string& kv_name, const std::string& indices_name,
-         const std::string& last_name) {
+         const OptionalIn& indices, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+         const std::string& q_dtype, const std::string& kv_dtype, const std::string& o_dtype,
+         bool host, const std::string& qo_name, const std::string& kv_name,
+         const std::string& indices_name, const std::string& last_name) {
         const PyNames n{qo_name, kv_name, indices_name, last_name};
         const bool paged = last_page_len.has_value();
         const int batch = batch_of(qo_indptr, n.qo.c_str());
@@ -536,15 +532,14 @@ void bind_plan_checks(nb::module_& m) {
         const int32_t* kp = host_i32(kv_indptr, n.kv.c_str(), batch + 1);
         const int32_t* lp = paged ? host_i32(*last_page_len, n.last.c_str(), batch) : nullptr;
         check_prefill_plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size,
-                           paged, parse_dtype(q_dtype), parse_dtype(kv_dtype),
-                           parse_dtype(o_dtype), plan_target(host), n.names());
+                           paged, parse_dtype(q_dtype), parse_dtype(kv_dtype), parse_dtype(o_dtype),
+                           plan_target(host), n.names());
         return page_id_max(paged ? indices : OptionalIn(), batch > 0 ? kp[batch] : 0, n);
       },
       arg("qo_indptr"), arg("kv_indptr"), arg("last_page_len").none(), arg("indices").none(),
-      arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("page_size"),
-      arg("q_dtype"), arg("kv_dtype"), arg("o_dtype"), arg("host"),
-      arg("qo_indptr_name") = "qo_indptr", arg("kv_indptr_name") = "paged_kv_indptr",
-      arg("indices_name") = "paged_kv_indices",
+      arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("page_size"), arg("q_dtype"),
+      arg("kv_dtype"), arg("o_dtype"), arg("host"), arg("qo_indptr_name") = "qo_indptr",
+      arg("kv_indptr_name") = "paged_kv_indptr", arg("indices_name") = "paged_kv_indices",
       arg("last_page_len_name") = "paged_kv_last_page_len");
   m.def(
       "check_cascade_plan",

@@ -85,7 +85,8 @@ CascadeWorkspace::CascadeWorkspace(const MultiLevelCascadeConfig& cfg, void* bas
   const Sizes s = sizes(cfg, bytes);
   check(base != nullptr, "workspace: expected a device buffer, got null");
   check(bytes >= s.min_total, "workspace: ", bytes, " bytes is too small; expected at least ",
-        s.min_total, " (MultiLevelCascade::min_workspace_bytes: the fixed buffers and each level's ",
+        s.min_total,
+        " (MultiLevelCascade::min_workspace_bytes: the fixed buffers and each level's ",
         "plan arrays, with no room to split KV; ", s.full_total,
         " bytes, MultiLevelCascade::workspace_bytes, never limit splitting)");
   check(reinterpret_cast<uintptr_t>(base) % kAlign == 0, "workspace: expected ", kAlign,

@@ -50,7 +50,8 @@ class CascadeWorkspace {
 
  private:
   struct Sizes;
-  // The layout in `bytes`: every level's full workspace, or shares of what fits (cascade_workspace.cpp).
+  // The layout in `bytes`: every level's full workspace, or shares of what fits
+  // (cascade_workspace.cpp).
   static Sizes sizes(const MultiLevelCascadeConfig& cfg, size_t bytes);
   MultiLevelCascadeConfig cfg_{};
   std::byte* base_ = nullptr;

@@ -6,14 +6,13 @@
 // qo_len = its rows, no causal mask), the suffix level on BatchDecode (decode configs) or
 // BatchPrefillPaged (append configs, causal as asked). Every level writes (o, lse) for all cascade
 // rows into its own workspace buffers; the merge kernel ⊕s them and scatters to the caller's rows.
-#include "flashkv/cascade.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
 
 #include "attention/cascade_params.cuh"
+#include "flashkv/cascade.h"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/plan_checks.h"

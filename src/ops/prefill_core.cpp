@@ -181,7 +181,8 @@ void PrefillCore::plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
         ": expected at most ", cfg.max_qo_tokens, " query tokens (BatchPrefillConfig.max_qo_tokens)");
   // A host copy of the page ids: checked here (>= 0, and < num_pages when given); the paged run()
   // compares the largest with the cache's page count before it launches (plan_checks.h).
-  check(o.num_pages >= 0, "PrefillPlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
+  check(o.num_pages >= 0,
+        "PrefillPlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
         o.num_pages);
   const PageIdMax plan_page_ids = paged && o.kv_indices_host != nullptr
                                       ? check_page_ids(o.kv_indices_host, kv_total, o.num_pages)

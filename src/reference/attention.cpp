@@ -265,7 +265,8 @@ std::pair<int64_t, int> check_contiguous_kv(const TensorView& k, const TensorVie
   check_floating(v, "v");
   check_ndim(k, "k", 3);
   if (!(k.size(2) == qo.head_dim)) {
-    fail("k: head_dim ", k.size(2), " (shape ", k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+    fail("k: head_dim ", k.size(2), " (shape ", k.shape_str(), ") does not match q's head_dim ",
+         qo.head_dim);
   }
   check_shape(v, "v", {k.size(0), k.size(1), k.size(2)});
   // The heads k's shape reads in this layout; the message names the layout.

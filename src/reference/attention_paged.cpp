@@ -35,7 +35,8 @@ PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   detail::check_floating(kv.k, "paged_kv.k");
   detail::check_floating(kv.v, "paged_kv.v");
   if (!(kv.head_dim() == qo.head_dim)) {
-    fail("paged_kv.k: head_dim ", kv.head_dim(), " (shape ", kv.k.shape_str(), ") does not match q's head_dim ", qo.head_dim);
+    fail("paged_kv.k: head_dim ", kv.head_dim(), " (shape ", kv.k.shape_str(),
+         ") does not match q's head_dim ", qo.head_dim);
   }
   check_heads(qo.num_qo_heads, kv.num_kv_heads());
   PageTable table;
@@ -82,7 +83,8 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   const QOShape qo = detail::check_qo(q, out, lse);
   const PageTable table = check_paged(kv, qo);
   if (!(qo.rows == kv.batch_size())) {
-    fail("q: batch size ", qo.rows, " (shape ", q.shape_str(), ") does not match paged_kv's batch size ", kv.batch_size());
+    fail("q: batch size ", qo.rows, " (shape ", q.shape_str(),
+         ") does not match paged_kv's batch size ", kv.batch_size());
   }
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
   std::vector<detail::Request> requests;

@@ -66,7 +66,8 @@ void batch_decode_variant(const TensorView& q, const PagedKVCache& kv, const Ten
   const QOShape qo = detail::check_qo(q, out, lse);
   const detail::PageTable table = detail::check_paged(kv, qo);
   if (!(qo.rows == kv.batch_size())) {
-    fail("q: batch size ", qo.rows, " (shape ", q.shape_str(), ") does not match paged_kv's batch size ", kv.batch_size());
+    fail("q: batch size ", qo.rows, " (shape ", q.shape_str(),
+         ") does not match paged_kv's batch size ", kv.batch_size());
   }
   const detail::ResolvedVariant rv =
       detail::resolve_variant(variant, chunk, qo, kv.batch_size(), lse);

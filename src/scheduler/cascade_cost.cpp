@@ -35,9 +35,9 @@ CascadeEstimate estimate_cascade(const CascadeLayout& layout, const CascadeProbl
                       m.decode_d64_factor, m.decode_d256_factor, m.prefix_d64_factor,
                       m.prefix_d256_factor, m.misaligned_spread_tokens, m.misaligned_full_bytes})
     check(rate > 0, "estimate_cascade: bandwidths, rates and factors must be positive");
-  for (double cost : {m.decode_fixed_us, m.cascade_fixed_us, m.extra_level_us, m.per_row_us,
-                      m.prefix_chunk_us_wgmma, m.prefix_chunk_row_us, m.suffix_split_us,
-                      m.misaligned_reread})
+  for (double cost :
+       {m.decode_fixed_us, m.cascade_fixed_us, m.extra_level_us, m.per_row_us,
+        m.prefix_chunk_us_wgmma, m.prefix_chunk_row_us, m.suffix_split_us, m.misaligned_reread})
     check(cost >= 0, "estimate_cascade: fixed costs must be non-negative");
   check(m.num_sms > 0 && m.decode_ctas > 0 && m.prefix_ctas_per_sm > 0,
         "estimate_cascade: num_sms, decode_ctas and prefix_ctas_per_sm must be positive");
@@ -97,8 +97,8 @@ CascadeEstimate estimate_cascade(const CascadeLayout& layout, const CascadeProbl
     const int64_t ctas = int64_t{m.num_sms} * (wgmma ? 1 : m.prefix_ctas_per_sm);
     int64_t visible = 0;  // Σ tiles × kv heads × kv_len: what the scheduler splits over the CTAs
     for (int g = 0; g < lv.num_groups(); ++g)
-      visible += ceil_div(qo_lens[g], tile_tokens) * shape.num_kv_heads *
-                 lv.kv_len(g, layout.page_size);
+      visible +=
+          ceil_div(qo_lens[g], tile_tokens) * shape.num_kv_heads * lv.kv_len(g, layout.page_size);
     const int64_t chunk = std::max<int64_t>(128, ceil_div(visible, ctas));
     const double wgmma_chunk_us = m.prefix_chunk_us_wgmma * D / 128.0;
     for (int g = 0; g < lv.num_groups(); ++g) {

@@ -57,31 +57,31 @@ struct CascadeCostModel {
   // All KV bytes the decode kernel streams, L2 re-reads included: 64 × 32k GQA 950 µs for 8.7 GB;
   // MHA 64 × 32k 4069 µs for 35 GB.
   double l2_bytes_per_us = 9.4271e+06;
-  double overlap_power = 1.97331;           // DRAM and L2 streams overlap: power mean exponent
-  double decode_d64_factor = 1.32985;      // D 64: 1.3x the time per byte of D 128
-  double decode_d256_factor = 2.60201;    // D 256: 2.6x (64 × 32k: 5334 µs vs 2x 950 µs)
+  double overlap_power = 1.97331;       // DRAM and L2 streams overlap: power mean exponent
+  double decode_d64_factor = 1.32985;   // D 64: 1.3x the time per byte of D 128
+  double decode_d256_factor = 2.60201;  // D 256: 2.6x (64 × 32k: 5334 µs vs 2x 950 µs)
   // n = 2, 32k, suffixes 128-1024: 69.0 µs, 16-128: 51.2 µs (one prefix read ~0.5x more).
   double misaligned_reread = 0.52199;
-  double misaligned_spread_tokens = 512;  // spread of member lengths that misaligns fully
+  double misaligned_spread_tokens = 512;       // spread of member lengths that misaligns fully
   double misaligned_full_bytes = 1.17995e+08;  // prefix bytes at which the miss is full
   // --- the cascade ---
   // Two levels, small prefix: n = 2, 1k: 26.1 µs (plain 12.2); 16-128 suffixes: 22.3 µs.
   double cascade_fixed_us = 22.4274;
-  double extra_level_us = 12.0;           // a third or fourth level's pass (not measured)
-  double per_row_us = 0.000663336;            // per query row (gather, merge, q/o loads)
-  double prefix_bytes_per_us = 3.54598e+06;    // prefix pass stream (n = 2: 3.3 TB/s from 8k to 32k)
+  double extra_level_us = 12.0;              // a third or fourth level's pass (not measured)
+  double per_row_us = 0.000663336;           // per query row (gather, merge, q/o loads)
+  double prefix_bytes_per_us = 3.54598e+06;  // prefix pass stream (n = 2: 3.3 TB/s from 8k to 32k)
   double prefix_flops_per_us_wgmma = 9.83076e+08;  // marginal FLOP rate, 128-row tile, wgmma
-  double prefix_flops_per_us = 7.37638e+08;       // marginal FLOP rate, other tiles, mma.sync
-  double prefix_chunk_us_wgmma = 1.57639;      // per KV chunk per tile (n = 32: 1k 70 µs, 4k 89 µs)
-  double prefix_chunk_row_us = 0.015921;       // per KV chunk per tile per row (n = 16 64-row tile)
+  double prefix_flops_per_us = 7.37638e+08;        // marginal FLOP rate, other tiles, mma.sync
+  double prefix_chunk_us_wgmma = 1.57639;  // per KV chunk per tile (n = 32: 1k 70 µs, 4k 89 µs)
+  double prefix_chunk_row_us = 0.015921;   // per KV chunk per tile per row (n = 16 64-row tile)
   double prefix_d64_factor = 0.762584;
   double prefix_d256_factor = 2.00935;
-  double suffix_split_us = 6.93794;          // the suffix decode's split merge
-  int num_sms = 132;                      // H200
-  int decode_ctas = 264;                  // the decode kernel's grid (2 per SM)
-  int prefix_ctas_per_sm = 2;             // mma.sync prefill kernel; wgmma: 1
-  int wgmma_tile_rows = 128;              // the tile the wgmma kernel runs ...
-  int wgmma_max_head_dim = 128;           // ... at these head dims (D 256 measured as mma.sync)
+  double suffix_split_us = 6.93794;  // the suffix decode's split merge
+  int num_sms = 132;                 // H200
+  int decode_ctas = 264;             // the decode kernel's grid (2 per SM)
+  int prefix_ctas_per_sm = 2;        // mma.sync prefill kernel; wgmma: 1
+  int wgmma_tile_rows = 128;         // the tile the wgmma kernel runs ...
+  int wgmma_max_head_dim = 128;      // ... at these head dims (D 256 measured as mma.sync)
   // A margin makes more wrong choices on the grid (fit: 0 % and 2-10 % compared).
   double min_relative_gain = 0.0;
 };

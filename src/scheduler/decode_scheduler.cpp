@@ -264,8 +264,8 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   // A workspace with fewer slots than the bound above may need: longer chunks, fewer splits.
   bool slot_limited = false;
   if (opts.fixed_split_size == 0 && !opts.disable_split_kv && longest > bound) {
-    const int64_t fitted = fit_chunk_bound_to_slots(
-        bound, longest, 1, opts.max_slots, [&](int64_t b) {
+    const int64_t fitted =
+        fit_chunk_bound_to_slots(bound, longest, 1, opts.max_slots, [&](int64_t b) {
           int64_t chunks = 0;
           for (const int64_t l : kv_lens) chunks += l > b ? (l + b - 1) / b : 0;
           return chunks * heads;

@@ -206,13 +206,13 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     // A multiple of split_align, so aligned near-equal chunks (cut_tile) never exceed it.
     bound = ceil_div(bound, o.split_align) * o.split_align;
     // A workspace with fewer slots than this bound may need: longer chunks, fewer splits.
-    const int64_t fitted = fit_chunk_bound_to_slots(
-        bound, longest, o.split_align, o.max_slots, [&](int64_t b) {
+    const int64_t fitted =
+        fit_chunk_bound_to_slots(bound, longest, o.split_align, o.max_slots, [&](int64_t b) {
           int64_t slots = 0;
           for (int r = 0; r < batch; ++r) {
             for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
-              const int64_t v = visible_end(qo_lens[r], kv_lens[r],
-                                            std::min<int64_t>(q + tile_tokens, qo_lens[r]), o.causal);
+              const int64_t v = visible_end(
+                  qo_lens[r], kv_lens[r], std::min<int64_t>(q + tile_tokens, qo_lens[r]), o.causal);
               if (v > b) slots = saturating_add(slots, saturating_mul(ceil_div(v, b), heads));
             }
           }

@@ -134,7 +134,8 @@ struct Measured {
   double plain_us, cascade_us;
 };
 
-// bench/results/cascade-2026-12-02-2b1fc0a.json (f16, page 16): the data the defaults were fitted on.
+// bench/results/cascade-2026-12-02-2b1fc0a.json (f16, page 16): the data the defaults were fitted
+// on.
 const Measured kFitGrid[] = {
     {32, 8, 128, 128, 1024, 1, 1024, 9.57, 9.76},
     {32, 8, 128, 128, 1024, 2, 1024, 12.16, 26.08},
@@ -345,8 +346,8 @@ void expect_defaults_choose_well(const Measured* grid, size_t size, const char* 
     bool known = false;
     for (const KnownMiss& k : kKnownMisses)
       known = known || (k.num_kv_heads == m.num_kv_heads && m.head_dim == 128 &&
-                        k.suffix_min == m.suffix_min &&
-                        k.n == m.n && k.prompt == m.prompt && c.slowdown <= 0.06);
+                        k.suffix_min == m.suffix_min && k.n == m.n && k.prompt == m.prompt &&
+                        c.slowdown <= 0.06);
     EXPECT_TRUE(known) << source << ": H " << m.num_qo_heads << "/" << m.num_kv_heads << " D "
                        << m.head_dim << " suffix " << m.suffix_min << "-" << m.suffix_max << " n "
                        << m.n << " prompt " << m.prompt << ": plain " << m.plain_us << " (est "

@@ -46,8 +46,10 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kReps; ++i)
       EXPECT_FALSE(runtime::KernelCache::instance().precompile(spec.id, "sm_90a", spec.make));
-    best_us = std::min(best_us, std::chrono::duration<double, std::micro>(
-                                    std::chrono::steady_clock::now() - t0).count() / kReps);
+    best_us = std::min(
+        best_us,
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            kReps);
   }
   std::printf("JIT warm lookup (memory hit): %.2f us\n", best_us);
   EXPECT_LT(best_us, 10.0);

@@ -4,19 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "common/test_util.h"
+#include "cpu/variant_jit_util.h"
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
 #include "flashkv/variant_spec.h"
 #include "ops/kernel_specs.h"
 #include "ops/variant_jit.h"
-#include "variants/builtin.cuh"
 #include "runtime/nvrtc_compiler.h"
-#include "cpu/variant_jit_util.h"
+#include "variants/builtin.cuh"
 
 namespace flashkv {
 namespace {

@@ -79,7 +79,8 @@ TEST(DecodeWorkspaceFit, RowsGrowWithTheBufferUpToTheFullSize) {
       const BatchDecodeConfig cfg = decode_cfg(256, heads, hd);
       const W::Sizes full = W::layout_for(cfg, kH200Sms, SIZE_MAX);
       size_t last_rows = 0;
-      for (size_t bytes = full.min_total; bytes < full.total; bytes += (full.total - full.min_total) / 7 + 1) {
+      for (size_t bytes = full.min_total; bytes < full.total;
+           bytes += (full.total - full.min_total) / 7 + 1) {
         const W::Sizes s = W::layout_for(cfg, kH200Sms, bytes);
         expect_fits(s, bytes);
         EXPECT_GE(s.partial_rows, last_rows);
@@ -117,7 +118,8 @@ TEST(PrefillWorkspaceFit, RowsGrowWithTheBufferUpToTheFullSize) {
     const BatchPrefillConfig cfg = prefill_cfg(64, tokens, 32, 128);
     const W::Sizes full = W::layout_for(cfg, kH200Sms, SIZE_MAX);
     size_t last_rows = 0;
-    for (size_t bytes = full.min_total; bytes < full.total; bytes += (full.total - full.min_total) / 5 + 1) {
+    for (size_t bytes = full.min_total; bytes < full.total;
+         bytes += (full.total - full.min_total) / 5 + 1) {
       const W::Sizes s = W::layout_for(cfg, kH200Sms, bytes);
       expect_fits(s, bytes);
       EXPECT_GE(s.partial_rows, last_rows);

@@ -20,7 +20,7 @@ struct DecodeCase {
   int num_sms_to_use = 0;  // BatchDecodeConfig.num_sms_to_use (0: all SMs)
   int64_t max_kv_tokens = 0;     // BatchDecodeConfig: sizing for fixed_split_size (0 and 0: none)
   int min_fixed_split_size = 0;
-  size_t workspace_bytes = 0;    // 0: BatchDecode::workspace_bytes (never limits splitting)
+  size_t workspace_bytes = 0;  // 0: BatchDecode::workspace_bytes (never limits splitting)
   uint64_t seed = 1;
   std::string str() const;
 };

@@ -187,7 +187,8 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
       opts.kv_indices_host = in.cache.indices.view().data_as<int32_t>();
       opts.num_pages = in.cache.cache.num_pages();
     }
-    DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes : BatchPrefillPaged::workspace_bytes(cfg));
+    DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes
+                                          : BatchPrefillPaged::workspace_bytes(cfg));
     BatchPrefillPaged pf(cfg, ws.data(), ws.size());
     pf.plan(qo_indptr, in.cache.indptr.view().data_as<int32_t>(),
             in.cache.last_page_len.view().data_as<int32_t>(), B, c.num_qo_heads, c.num_kv_heads,
@@ -196,7 +197,8 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
     synchronize(s);
     o.plan = pf.plan_info();
   } else {
-    DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes : BatchPrefillRagged::workspace_bytes(cfg));
+    DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes
+                                          : BatchPrefillRagged::workspace_bytes(cfg));
     BatchPrefillRagged pf(cfg, ws.data(), ws.size());
     pf.plan(qo_indptr, in.cache.kv_indptr.view().data_as<int32_t>(), B, c.num_qo_heads,
             c.num_kv_heads, c.head_dim, dt, dt, dt, opts, s);

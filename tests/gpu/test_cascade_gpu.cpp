@@ -212,10 +212,21 @@ TEST_F(CascadeGpu, LevelsFitSmallWorkspaces) {
   always.use = CascadePlanOptions::Use::kAlways;
   std::vector<SharedBatchSpec> specs;
   specs.push_back({.groups = 3, .group_size = 5, .nested = 128});
-  specs.push_back({.groups = 2, .group_size = 2, .prefix = 32768, .suffix_min = 0,
-                   .suffix_max = 4096, .shuffle = true, .dtype = DType::bf16});
-  specs.push_back({.groups = 3, .group_size = 4, .prefix = 512, .nested = 64, .suffix_min = 5,
-                   .suffix_max = 300, .qo_len = 7, .shuffle = true});
+  specs.push_back({.groups = 2,
+                   .group_size = 2,
+                   .prefix = 32768,
+                   .suffix_min = 0,
+                   .suffix_max = 4096,
+                   .shuffle = true,
+                   .dtype = DType::bf16});
+  specs.push_back({.groups = 3,
+                   .group_size = 4,
+                   .prefix = 512,
+                   .nested = 64,
+                   .suffix_min = 5,
+                   .suffix_max = 300,
+                   .qo_len = 7,
+                   .shuffle = true});
   for (auto& s : specs) {
     for (size_t bytes : {size_t{16} << 20, SIZE_MAX}) {
       SharedBatch b = make_shared_batch(s);

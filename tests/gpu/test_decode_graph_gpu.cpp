@@ -85,8 +85,9 @@ void replays_across_replans(int64_t ws_extra) {
   const int kMaxBatch = 64;
   Pool pool(9000, dt);  // 144k tokens: room for the 30k request and the rest
   BatchDecodeConfig cfg{kMaxBatch, kHqo, kD};
-  DeviceBuffer ws(ws_extra < 0 ? BatchDecode::workspace_bytes(cfg)
-                               : BatchDecode::min_workspace_bytes(cfg) + static_cast<size_t>(ws_extra));
+  DeviceBuffer ws(ws_extra < 0
+                      ? BatchDecode::workspace_bytes(cfg)
+                      : BatchDecode::min_workspace_bytes(cfg) + static_cast<size_t>(ws_extra));
   bool any_limited = false;
   BatchDecode dec(cfg, ws.data(), ws.size());
   DecodePlanOptions opts;
@@ -451,8 +452,9 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
     EXPECT_TRUE(all_bytes_are(dlse)) << "lse written by the call refused for '" << needle << "'";
   };
   // Below the plan arrays (any buffer from there up works: WorkspaceFitGpu).
-  expect_error([&] { BatchDecode small(cfg, ws.data(), BatchDecode::min_workspace_bytes(cfg) - 1); },
-               "workspace: expected at least");
+  expect_error(
+      [&] { BatchDecode small(cfg, ws.data(), BatchDecode::min_workspace_bytes(cfg) - 1); },
+      "workspace: expected at least");
 
   BatchDecode dec(cfg, ws.data(), ws.size());
   const int32_t* ip = cache.indptr.view().data_as<int32_t>();

@@ -92,12 +92,12 @@ TEST_F(MergeGpu, BadInputsRaise) {
   auto dva = to_device(va), dsa = to_device(sa), dvb = to_device(vb);
   auto out = poisoned_like(va), sout = poisoned_like(sa);
   // v_b's dtype differs from v_a's: the message names v_b and both dtypes.
-  const std::string dtype_err = error_of(
-      [&] { merge_state(dva.view, dsa.view, dvb.view, dsa.view, out.view, sout.view); });
+  const std::string dtype_err =
+      error_of([&] { merge_state(dva.view, dsa.view, dvb.view, dsa.view, out.view, sout.view); });
   EXPECT_NE(dtype_err.find("v_b: expected dtype f16, got bf16"), std::string::npos) << dtype_err;
   // Mixed devices: s_a on the host, the rest on the GPU; the message names s_a and v_a's device.
-  const std::string device_err = error_of(
-      [&] { merge_state(dva.view, sa.view(), dva.view, dsa.view, out.view, sout.view); });
+  const std::string device_err =
+      error_of([&] { merge_state(dva.view, sa.view(), dva.view, dsa.view, out.view, sout.view); });
   EXPECT_NE(device_err.find("s_a: expected device cuda:0 (the device of v_a), got cpu"),
             std::string::npos)
       << device_err;

@@ -133,9 +133,9 @@ TEST_F(WorkspaceFitGpu, PrefillRunsInSixteenMegabytes) {
     int hq, hk;
     bool causal;
   };
-  for (const Run& r : {Run{{12}, {3000}, 8, 2, true}, Run{{12}, {12}, 8, 8, false},
-                       Run{{200, 7}, {20000, 9000}, 16, 4, true},
-                       Run{{1, 64}, {60000, 64}, 16, 4, true}}) {
+  for (const Run& r :
+       {Run{{12}, {3000}, 8, 2, true}, Run{{12}, {12}, 8, 8, false},
+        Run{{200, 7}, {20000, 9000}, 16, 4, true}, Run{{1, 64}, {60000, 64}, 16, 4, true}}) {
     PrefillCase c;
     c.qo_lens = r.qo;
     c.kv_lens = r.kv;
