@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "attention/decode_params.cuh"
@@ -52,6 +53,31 @@ DecodeGeometry decode_geometry(DType kv, int head_dim, int group, bool tc, ops::
   }
   const int tile = 4096 / head_dim * (2 / elem);
   return {128u, static_cast<unsigned>(2 * 4 * tile * head_dim * elem)};
+}
+
+// A fixed_split_size plan's chunks are the contract (batch invariance): they cannot give way to
+// a small workspace as dynamic splitting does. Refuse one that does not fit, naming the bytes a
+// workspace needs for exactly these keys cut at fixed_split_size (the scheduler would only name
+// slots; the config's own min_fixed_split_size, 1 in the Python wrapper, may name an invalid one).
+void check_fixed_split_fits(std::span<const int64_t> lens, int fixed_split_size, int num_kv_heads,
+                            int group, int max_slots, const BatchDecodeConfig& cfg,
+                            size_t bytes_in_use) {
+  int64_t slots = 0, total = 0;
+  for (const int64_t l : lens) {
+    if (l > fixed_split_size) slots += (l + fixed_split_size - 1) / fixed_split_size;
+    total += l;
+  }
+  slots *= num_kv_heads;
+  if (slots <= max_slots) return;
+  BatchDecodeConfig need = cfg;
+  need.max_kv_tokens = std::max<int64_t>(total, 1);
+  need.min_fixed_split_size = fixed_split_size;
+  fail("fixed_split_size = ", fixed_split_size, ": this plan needs ", slots, " partial states (",
+       slots * group, " rows) but the workspace holds ", max_slots, " at a GQA group of ", group,
+       "; a workspace of ", BatchDecode::workspace_bytes(need),
+       " bytes fits it (BatchDecodeConfig.max_kv_tokens = ", need.max_kv_tokens,
+       ", min_fixed_split_size = ", need.min_fixed_split_size, "); this one has ", bytes_in_use,
+       " bytes in use");
 }
 
 }  // namespace
@@ -222,7 +248,8 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
 
   // A host copy of the page ids: checked here (>= 0, and < num_pages when given); run() compares
   // the largest with the cache's page count before it launches (plan_checks.h).
-  check(opts.num_pages >= 0, "DecodePlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
+  check(opts.num_pages >= 0,
+        "DecodePlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
         opts.num_pages);
   const PageIdMax page_ids =
       opts.kv_indices_host != nullptr
@@ -278,39 +305,24 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   so.balance_tail = opts.balance_tail;
   so.max_slots = m.ws.slot_capacity(group, head_dim);
   so.max_work_items = m.ws.max_work_items();
-  if (opts.fixed_split_size > 0) {
-    // Its chunks are the contract (batch invariance): they cannot give way to a small workspace.
-    // Name the bytes a workspace needs for them (the scheduler would only name slots).
-    // (The keys scheduled: a built-in sliding window's only, as below.)
-    const int window = opts.variant.is_builtin() ? opts.variant.builtin_description().window_left : -1;
-    int64_t slots = 0;
-    for (int64_t l : m.kv_lens) {
-      if (window >= 0) l = std::min<int64_t>(l, int64_t{window} + 1);
-      if (l > opts.fixed_split_size) slots += (l + opts.fixed_split_size - 1) / opts.fixed_split_size;
-    }
-    slots *= num_kv_heads;
-    if (slots > so.max_slots) {
-      BatchDecodeConfig need = cfg;
-      // The keys this plan schedules, cut at fixed_split_size: a config for exactly those (the
-      // existing max_kv_tokens / min_fixed_split_size may be far larger per chunk, e.g. the Python
-      // wrapper's min_fixed_split_size 1, and would name an oversized or invalid workspace).
-      int64_t total = 0;
-      for (int64_t l : m.kv_lens) total += window >= 0 ? std::min<int64_t>(l, int64_t{window} + 1) : l;
-      need.max_kv_tokens = std::max<int64_t>(total, 1);
-      need.min_fixed_split_size = opts.fixed_split_size;
-      fail("fixed_split_size = ", opts.fixed_split_size, ": this plan needs ", slots,
-           " partial states (", slots * group, " rows) but the workspace holds ", so.max_slots,
-           " at a GQA group of ", group, "; a workspace of ", BatchDecode::workspace_bytes(need),
-           " bytes fits it (BatchDecodeConfig.max_kv_tokens = ", need.max_kv_tokens,
-           ", min_fixed_split_size = ", need.min_fixed_split_size, "); this one has ",
-           m.ws.bytes_used(), " bytes in use");
-    }
-  }
-  scheduler::DecodeSchedule& s = m.schedule;
   // A sliding window (built-in window_left) hides every key before kv_len - 1 - window_left from
   // the one query row: schedule only the keys it can see, so a long context costs its window.
   const int window_left =
       opts.variant.is_builtin() ? opts.variant.builtin_description().window_left : -1;
+  if (window_left >= 0) {
+    m.window_lens.resize(batch_size);
+    for (int i = 0; i < batch_size; ++i)
+      m.window_lens[i] = std::min<int64_t>(m.kv_lens[i], int64_t{window_left} + 1);
+    so.full_kv_lens = m.kv_lens;
+  }
+  const std::span<const int64_t> scheduled_lens = window_left >= 0
+                                                      ? std::span<const int64_t>(m.window_lens)
+                                                      : std::span<const int64_t>(m.kv_lens);
+  if (opts.fixed_split_size > 0) {
+    check_fixed_split_fits(scheduled_lens, opts.fixed_split_size, num_kv_heads, group, so.max_slots,
+                           cfg, m.ws.bytes_used());
+  }
+  scheduler::DecodeSchedule& s = m.schedule;
   // The op's part of each work item (where its pages start, the request's length), written by
   // the scheduler in the pass that places the items.
   so.page_base = std::span<const int32_t>(kv_indptr, static_cast<size_t>(batch_size));
@@ -320,15 +332,7 @@ void BatchDecode::plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len
   std::byte* const image = m.upload.begin(stream);
   so.work_out = reinterpret_cast<DecodeWorkItem*>(image + m.ws.plan_layout().work);
   const auto t_schedule = std::chrono::steady_clock::now();
-  if (window_left >= 0) {
-    m.window_lens.resize(batch_size);
-    for (int i = 0; i < batch_size; ++i)
-      m.window_lens[i] = std::min<int64_t>(m.kv_lens[i], int64_t{window_left} + 1);
-    so.full_kv_lens = m.kv_lens;
-    scheduler::plan_decode(m.window_lens, so, &s);
-  } else {
-    scheduler::plan_decode(m.kv_lens, so, &s);
-  }
+  scheduler::plan_decode(scheduled_lens, so, &s);
   m.info.schedule_us = std::chrono::duration<double, std::micro>(
                            std::chrono::steady_clock::now() - t_schedule).count();
   m.min_kv_len = batch_size > 0 ? *std::min_element(m.kv_lens.begin(), m.kv_lens.end()) : 0;

@@ -5,6 +5,7 @@
 
 #include "flashkv/error.h"
 #include "flashkv/runtime.h"
+#include "ops/workspace_fit.h"
 #include "runtime/driver.h"
 
 namespace flashkv::ops {
@@ -13,8 +14,8 @@ size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
 
 DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg, size_t bytes) {
-  check(cfg.num_sms_to_use >= 0, "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ",
-        cfg.num_sms_to_use);
+  check(cfg.num_sms_to_use >= 0,
+        "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ", cfg.num_sms_to_use);
   const DeviceInfo info = device_info(cfg.device);
   const int sms =
       cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count;
@@ -70,23 +71,9 @@ DecodeWorkspace::Sizes DecodeWorkspace::layout_for(const BatchDecodeConfig& cfg,
     s.o_offset = align16(s.lse_offset + rows * sizeof(float));
     s.arrivals_offset = align16(s.o_offset + rows * cfg.head_dim * sizeof(float));
     s.total = s.arrivals_offset + static_cast<size_t>(std::max(s.max_merge_items, 1)) * sizeof(int);
-    s.min_total = 0;
     return s;
   };
-  Sizes s = with_rows(full_rows);
-  const size_t min_total = with_rows(0).total;
-  if (s.total > bytes && bytes >= min_total) {
-    // A smaller buffer: the most rows that fit (total grows with rows; binary search).
-    size_t lo = 0, hi = full_rows;  // with_rows(lo) fits, with_rows(hi) does not
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      (with_rows(mid).total <= bytes ? lo : hi) = mid;
-    }
-    s = with_rows(lo);
-  }
-  s.full_total = with_rows(full_rows).total;
-  s.min_total = min_total;
-  return s;
+  return fit_workspace_rows(full_rows, bytes, with_rows);
 }
 
 size_t DecodeWorkspace::required_bytes(const BatchDecodeConfig& cfg) {
@@ -104,8 +91,11 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
         "workspace: expected a 16-byte aligned pointer");
   check(bytes >= s.min_total, "workspace: expected at least ", s.min_total,
         " bytes (BatchDecode::min_workspace_bytes: the plan arrays of this config, with no room to "
-        "split KV; ", s.full_total, " bytes, BatchDecode::workspace_bytes, never limit splitting), "
-        "got ", bytes);
+        "split KV; ",
+        s.full_total,
+        " bytes, BatchDecode::workspace_bytes, never limit splitting), "
+        "got ",
+        bytes);
   base_ = static_cast<std::byte*>(base);
   sms_ = s.sms;
   num_ctas_ = s.num_ctas;

@@ -6,6 +6,7 @@
 
 #include "flashkv/error.h"
 #include "flashkv/runtime.h"
+#include "ops/workspace_fit.h"
 #include "runtime/driver.h"
 
 namespace flashkv::ops {
@@ -15,9 +16,9 @@ size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 
 PrefillWorkspace::Sizes PrefillWorkspace::sizes(const BatchPrefillConfig& cfg, size_t bytes) {
   const DeviceInfo info = device_info(cfg.device);
-  return layout_for(cfg, cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count)
-                                                : info.sm_count,
-                    bytes);
+  return layout_for(
+      cfg, cfg.num_sms_to_use > 0 ? std::min(cfg.num_sms_to_use, info.sm_count) : info.sm_count,
+      bytes);
 }
 
 PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& cfg, int sms,
@@ -51,8 +52,8 @@ PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& c
   // splitting uses at most max_prefill_slots(num_ctas) = 2 x #CTA slots (prefill_scheduler.h), so
   // 2 x #CTA x 128 rows never limit it; a plan's need follows its own tile rows, which follow its
   // query tokens (16-row tiles for a 12-token prefill need an eighth of that).
-  const size_t full_rows =
-      static_cast<size_t>(scheduler::max_prefill_slots(base.max_ctas)) * scheduler::kMaxPrefillTileRows;
+  const size_t full_rows = static_cast<size_t>(scheduler::max_prefill_slots(base.max_ctas)) *
+                           scheduler::kMaxPrefillTileRows;
   const auto with_rows = [&](size_t rows) {
     Sizes s = base;
     s.partial_rows = rows;
@@ -65,20 +66,7 @@ PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& c
     s.total = s.arrivals_offset + static_cast<size_t>(std::max(s.max_merge_items, 1)) * sizeof(int);
     return s;
   };
-  Sizes s = with_rows(full_rows);
-  const size_t full_total = s.total, min_total = with_rows(0).total;
-  if (s.total > bytes && bytes >= min_total) {
-    // A smaller buffer: the most rows that fit (total grows with rows; binary search).
-    size_t lo = 0, hi = full_rows;  // with_rows(lo) fits, with_rows(hi) does not
-    while (hi - lo > 1) {
-      const size_t mid = lo + (hi - lo) / 2;
-      (with_rows(mid).total <= bytes ? lo : hi) = mid;
-    }
-    s = with_rows(lo);
-  }
-  s.full_total = full_total;
-  s.min_total = min_total;
-  return s;
+  return fit_workspace_rows(full_rows, bytes, with_rows);
 }
 
 size_t PrefillWorkspace::required_bytes(const BatchPrefillConfig& cfg) {
@@ -90,8 +78,8 @@ size_t PrefillWorkspace::min_bytes(const BatchPrefillConfig& cfg) {
 }
 
 int PrefillWorkspace::slot_capacity(int tile_rows) const {
-  return static_cast<int>(std::min<size_t>(sizes_.partial_rows / static_cast<size_t>(tile_rows),
-                                           INT_MAX));
+  return static_cast<int>(
+      std::min<size_t>(sizes_.partial_rows / static_cast<size_t>(tile_rows), INT_MAX));
 }
 
 PrefillWorkspace::PrefillWorkspace(const BatchPrefillConfig& cfg, void* base, size_t bytes) {
@@ -101,7 +89,8 @@ PrefillWorkspace::PrefillWorkspace(const BatchPrefillConfig& cfg, void* base, si
         "workspace: expected a 16-byte aligned pointer");
   check(bytes >= s.min_total, "workspace: expected at least ", s.min_total,
         " bytes (min_workspace_bytes(cfg): the plan arrays of this config, with no room to split "
-        "KV; ", s.full_total, " bytes, workspace_bytes(cfg), never limit splitting), got ", bytes);
+        "KV; ",
+        s.full_total, " bytes, workspace_bytes(cfg), never limit splitting), got ", bytes);
   base_ = static_cast<std::byte*>(base);
   sizes_ = s;
   // The merge-arrival counters start at zero; each run leaves them at zero again.
