@@ -1,7 +1,7 @@
 """The Python side of the GPU path, on any machine: the wrappers driven with stand-in CUDA arrays
 and a stand-in for the C++ plan/run objects, checking what they are asked to do (workspace sizing
 and re-creation, the size error, CUDA-graph buffers and pinning, unit conversions, the LSE base).
-The real kernels are covered by test_gpu.py on a GPU machine."""
+The real kernels are covered by the test_gpu_*.py modules on a GPU machine."""
 
 import numpy as np
 import pytest

@@ -87,7 +87,7 @@ def test_gpu_decode_page_id_past_the_cache(indices_on):
     out, lse = poisoned((2, hq, d), torch.float16), poisoned((2, hq), torch.float32)
     if indices_on == "cuda":
         if os.environ.get("FLASHKV_CHECK_DEVICE_ERRORS") == "1":
-            pytest.skip("the device-error debug mode raises for this id (test_gpu.py covers it)")
+            pytest.skip("the device-error debug mode raises for this id (test_gpu_kv.py covers it)")
         # Device-resident ids are not read on the host (opt-in kernel check): the run goes ahead
         # and the bad page reads as zeros.
         w.run(q, (k, v), out=out, lse=lse)

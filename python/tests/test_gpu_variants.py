@@ -16,7 +16,7 @@ import pytest
 import flashkv
 
 from conftest import LOG2E, requires_gpu
-from test_gpu import check_out, rel_err  # the STYLE.md tolerance rule, float32 torch refs
+from gpu_helpers import check_out, rel_err  # the STYLE.md tolerance rule, float32 torch refs
 
 try:
     import torch

@@ -2,7 +2,7 @@
 FlashInfer users pass (32 MB for decode, 16 MB for prefill and cascade in FlashInfer's own tests,
 128 MB in engines) run every plan, fitting split-KV into what the buffer holds; only a buffer below
 the plan arrays' size is refused, naming it. Outputs against a float32 SDPA reference (the
-tolerance rule of test_gpu.check_out), CUDA-graph replays included."""
+tolerance rule of gpu_helpers.check_out), CUDA-graph replays included."""
 
 import math
 
@@ -19,7 +19,7 @@ except ImportError:  # the module is skipped (requires_gpu) without torch
     torch = None
 
 if torch is not None:
-    from test_gpu import Paged, check_lse, check_out, gen, rand, sdpa_ref, tdtype, workspace
+    from gpu_helpers import Paged, check_lse, check_out, gen, rand, sdpa_ref, tdtype, workspace
 
 pytestmark = requires_gpu
 

@@ -5,7 +5,7 @@ never imports it; with torch, every op passes torch.library.opcheck, and torch.c
 The ops' bodies are the eager Python paths, which run the CPU reference on host tensors, so these
 tests run them on CPU tensors: the public API routes only torch CUDA tensors to the ops
 (_torch_ops.wants), which the `routed` fixture widens to CPU tensors. The GPU kernels through
-the ops are covered by test_gpu.py (test_torch_*)."""
+the ops are covered by test_gpu_torch.py."""
 
 import os
 import subprocess
