@@ -1,33 +1,16 @@
-"""Framework-neutral array helpers: which framework an array belongs to, where it lives, how to
-allocate outputs beside it, and which CUDA stream its framework is using.
+"""The array helpers flashkv's modules use (:mod:`flashkv._array_core`, re-exported here) and the
+route to the torch custom ops (:mod:`flashkv._torch_ops`): torch_ops(), load_torch_ops() and the
+wrappers' dispatch_run().
 
-flashkv never imports torch or cupy itself: an array of theirs can only exist once they are
-imported, so the helpers import them lazily, for arrays of theirs only.
+_torch_ops is imported lazily, from load_torch_ops() only, and the modules it is built on
+(_common, _eager) import _array_core, never this module: the imports run one way, public modules
+-> _arrays -> (lazily) _torch_ops -> _eager, _common -> _array_core, _C
+(python/tests/test_import_graph.py checks that they have no cycle).
 """
 
-import numpy as np
-
-LOG2E = 1.4426950408889634  # log2(e): natural-log LSE -> base 2 (FlashInfer's)
-LN2 = 0.6931471805599453  # ln(2): base-2 LSE -> natural log (flashkv's C++ API)
-
-_DLPACK_CUDA = 2
-
-# Canonical flashkv dtype names (flashkv::parse_dtype) for the spellings callers use.
-_DTYPE_ALIASES = {
-    "float16": "f16", "half": "f16", "f16": "f16", "fp16": "f16",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float32": "f32", "float": "f32", "f32": "f32", "fp32": "f32",
-    "float8_e4m3fn": "e4m3", "e4m3": "e4m3", "fp8_e4m3": "e4m3",
-    "float8_e5m2": "e5m2", "e5m2": "e5m2", "fp8_e5m2": "e5m2",
-}
-_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "i32": np.int32}
-
-
-def framework(x) -> str:
-    """"torch", "numpy", "cupy" or "other", from the array's type."""
-    root = type(x).__module__.partition(".")[0]
-    return root if root in ("torch", "numpy", "cupy") else "other"
-
+from . import _common as C
+from ._array_core import *  # noqa: F401,F403  (framework, empty, call, cuda_stream, ...)
+from ._array_core import framework
 
 _TORCH_OPS = []  # empty until the first try; then [flashkv._torch_ops] or [None]
 
@@ -63,213 +46,11 @@ def load_torch_ops():
     return _torch_ops
 
 
-def is_cuda(x) -> bool:
-    fw = framework(x)
-    if fw == "numpy":
-        return False
-    if fw == "torch":
-        return x.is_cuda
-    dev = getattr(x, "__dlpack_device__", None)
-    if dev is None:
-        raise TypeError(
-            f"expected an array with DLPack support (NumPy, PyTorch, CuPy, ...), "
-            f"got {type(x).__name__}")
-    return int(dev()[0]) == _DLPACK_CUDA
-
-
-def device_index(x) -> int:
-    """The CUDA device of a CUDA array (0 for host arrays)."""
-    if not is_cuda(x):
-        return 0
-    if framework(x) == "torch":
-        return x.device.index
-    return int(x.__dlpack_device__()[1])
-
-
-def dtype_name(dtype) -> str:
-    """flashkv's name ("f16", "bf16", "f32", ...) for a str, torch.dtype or NumPy dtype."""
-    if isinstance(dtype, str):
-        key = dtype
-    elif type(dtype).__module__.startswith("torch"):
-        key = str(dtype).replace("torch.", "")
-    else:
-        key = np.dtype(dtype).name
-    try:
-        return _DTYPE_ALIASES[key.lower()]
-    except KeyError:
-        raise ValueError(
-            f"unsupported data type {dtype!r}: expected float16, bfloat16 or float32") from None
-
-
-def array_dtype(x) -> str:
-    return dtype_name(x.dtype)
-
-
-def framework_dtype(like, name: str):
-    """The dtype object of `like`'s framework for flashkv dtype `name` ("i32" too)."""
-    fw = framework(like)
-    if fw == "torch":
-        import torch
-
-        return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
-                "i32": torch.int32}[name]
-    if name != "i32" and name == array_dtype(like):
-        return like.dtype
-    if name in _NUMPY_DTYPES:
-        return _NUMPY_DTYPES[name]
-    raise TypeError(f"{fw} has no {name} dtype: pass out= explicitly")
-
-
-def empty(like, shape, dtype=None):
-    """An uninitialized array in `like`'s framework and on its device. dtype: a flashkv dtype name
-    ("f32", ...) or None for like's dtype."""
-    shape = tuple(int(s) for s in shape)
-    dt = like.dtype if dtype is None else framework_dtype(like, dtype)
-    fw = framework(like)
-    if fw == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=dt, device=like.device)
-    if fw == "numpy":
-        return np.empty(shape, dtype=dt)
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.empty(shape, dtype=dt)
-    raise TypeError(
-        f"flashkv allocates outputs for NumPy, PyTorch and CuPy arrays; for "
-        f"{type(like).__name__} pass out= (and lse=)")
-
-
-def swap01(x):
-    """A view with the first two dimensions exchanged (HND [H, L, D] <-> NHD [L, H, D])."""
-    return x.swapaxes(0, 1)
-
-
-def cuda_stream(x, stream=None) -> int:
-    """The CUDA stream for work on `x`: an explicit `stream` (an int handle, a torch.cuda.Stream
-    or a CuPy stream), else the current stream of x's framework (torch, CuPy), else 0 (the legacy
-    default stream). Host arrays need no stream."""
-    if stream is not None:
-        if isinstance(stream, int):
-            return stream
-        for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
-            handle = getattr(stream, attr, None)
-            if handle is not None:
-                return int(handle)
-        raise TypeError(
-            f"stream: expected an int handle, a torch.cuda.Stream or a CuPy stream, "
-            f"got {type(stream).__name__}")
-    if not is_cuda(x):
-        return 0
-    fw = framework(x)
-    if fw == "torch":
-        import torch
-
-        return torch.cuda.current_stream(x.device).cuda_stream
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(x.device.id):
-            return cupy.cuda.get_current_stream().ptr
-    return 0
-
-
-def host_i32(x, name: str) -> np.ndarray:
-    """A contiguous host int32 copy (or view) of an index array from any framework."""
-    fw = framework(x)
-    if fw == "torch":
-        x = x.detach().to("cpu").numpy()
-    elif fw == "cupy":
-        x = x.get()
-    a = np.asarray(x)
-    if a.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D index array, got shape {a.shape}")
-    if a.size and a.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer array, got dtype {a.dtype}")
-    if a.dtype != np.int32 and a.size and (a.min() < -(2**31) or a.max() >= 2**31):
-        raise ValueError(f"{name}: values do not fit int32")
-    return np.ascontiguousarray(a, dtype=np.int32)
-
-
-def index_i32(x, name: str):
-    """An index array as flashkv._C takes it, where it lives: contiguous int32 on the device for
-    a CUDA array (device_i32), a host int32 NumPy array otherwise (host_i32)."""
-    return device_i32(x) if is_cuda(x) else host_i32(x, name)
-
-
-def device_i32(x):
-    """A CUDA index array as the kernels read it: contiguous int32 (a copy only if needed)."""
-    fw = framework(x)
-    if fw == "torch":
-        import torch
-
-        return x.to(torch.int32).contiguous()
-    if fw == "cupy":
-        import cupy
-
-        return cupy.ascontiguousarray(x, dtype=cupy.int32)
-    return x
-
-
-def to_device_like(a: np.ndarray, like):
-    """Host array `a` on `like`'s device, in its framework (no copy for host `like`)."""
-    if not is_cuda(like):
-        return a
-    fw = framework(like)
-    if fw == "torch":
-        import torch
-
-        return torch.from_numpy(a).to(like.device)
-    if fw == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(like.device.id):
-            return cupy.asarray(a)
-    raise TypeError(f"cannot copy an index array to the device of a {type(like).__name__}")
-
-
-def copy_into(dst, src, n: int, name: str):
-    """dst[:n] = src (a fixed CUDA-graph buffer refilled by plan()); src from any framework."""
-    if n > dst.shape[0]:
-        raise ValueError(f"{name}: {n} entries do not fit the {dst.shape[0]} of the buffer "
-                         f"given to the constructor (CUDA graph mode)")
-    if framework(dst) == framework(src) and framework(dst) != "other":
-        if framework(dst) == "torch":
-            dst[:n].copy_(src, non_blocking=True)
-        else:
-            dst[:n] = src
-        return
-    host = host_i32(src, name)
-    if framework(dst) == "torch":
-        import torch
-
-        dst[:n].copy_(torch.from_numpy(host), non_blocking=False)
-    elif framework(dst) == "cupy":
-        import cupy
-
-        dst[:n] = cupy.asarray(host)
-    else:
-        dst[:n] = host
-
-
-def dl(x):
-    """x as flashkv._C receives it: a torch tensor as a DLPack capsule taken with stream=-1 (no
-    synchronization: torch's __dlpack__() without a stream makes its default stream wait on the
-    current one, an extra dependency that is illegal while a CUDA graph is being captured);
-    anything else unchanged (nanobind imports it through DLPack or the buffer protocol)."""
-    if framework(x) == "torch" and hasattr(x, "__dlpack__"):
-        return x.detach().__dlpack__(stream=-1)
-    return x
-
-
-def call(fn, *args, **kwargs):
-    """fn(*args, **kwargs) with every torch tensor among the arguments passed through dl()."""
-    return fn(*[dl(a) for a in args], **{k: dl(v) for k, v in kwargs.items()})
-
-
-def scale_lse_to_base2(lse):
-    """In place: natural-log LSE (flashkv's C++) -> base 2 (FlashInfer's)."""
-    lse *= LOG2E
-    return lse
+def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
+    """The wrappers' run(): after plan(), torch CUDA tensors go through the torch custom op
+    ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``."""
+    C.require_plan(wrapper._plan)
+    ops = torch_ops(q)
+    if ops is not None:
+        return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)
+    return wrapper._run(q, k, v, out, lse, return_lse)

@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 
 from . import _C
-from . import _arrays as A
+from . import _array_core as A  # not _arrays, which loads _torch_ops (it imports this)
 
 _BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
 # Prefill: "fa2" the mma.sync kernel, "fa3" the Hopper wgmma kernel (sm_90a, 128-row query
@@ -194,16 +194,6 @@ def object_of(handle: int):
     except KeyError:
         raise ValueError(f"flashkv: no live wrapper has handle {handle} (a torch custom op was "
                          f"called with the handle of a wrapper that no longer exists)") from None
-
-
-def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
-    """The wrappers' run(): after plan(), torch CUDA tensors go through the torch custom op
-    ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``."""
-    require_plan(wrapper._plan)
-    ops = A.torch_ops(q)
-    if ops is not None:
-        return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)
-    return wrapper._run(q, k, v, out, lse, return_lse)
 
 
 # --- plan()'s checks on the host path ---------------------------------------------------------

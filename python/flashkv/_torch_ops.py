@@ -6,7 +6,9 @@ Loaded lazily, never at build time: ``import flashkv`` loads it when torch is al
 otherwise the first flashkv call (or wrapper) that sees a torch tensor does; ``import
 flashkv._torch_ops`` registers the ops explicitly. flashkv itself never imports torch. The public
 functions and the wrappers' run() call these ops when their inputs are torch CUDA tensors (and
-no explicit ``stream=`` is given); everything else runs the eager path as before.
+no explicit ``stream=`` is given); everything else runs the eager path as before. The ops' bodies
+are those eager paths, from flashkv._eager and the wrappers' _run: this module imports no public
+flashkv module (python/tests/test_import_graph.py checks).
 
 Ops (``torch.ops.flashkv.*``):
   batch_decode_run, batch_prefill_paged_run, batch_prefill_ragged_run
@@ -39,7 +41,7 @@ from typing import Optional
 import torch
 
 from . import _common as C
-from . import cascade, page, rope
+from . import _eager as E
 
 if not hasattr(getattr(torch, "library", None), "custom_op"):
     raise ImportError("flashkv._torch_ops needs torch >= 2.4 (torch.library.custom_op)")
@@ -125,7 +127,7 @@ def wrapper_run(name, wrapper, q, k, v, out, lse, return_lse):
 
 @torch.library.custom_op("flashkv::merge_state", mutates_args=())
 def merge_state(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor) -> tuple[Tensor, Tensor]:
-    return cascade._merge_state(v_a, s_a, v_b, s_b)
+    return E._merge_state(v_a, s_a, v_b, s_b)
 
 
 @merge_state.register_fake
@@ -135,7 +137,7 @@ def _(v_a, s_a, v_b, s_b):
 
 @torch.library.custom_op("flashkv::merge_state_in_place", mutates_args=("v", "s"))
 def merge_state_in_place(v: Tensor, s: Tensor, v_other: Tensor, s_other: Tensor) -> None:
-    cascade._merge_state_in_place(v, s, v_other, s_other)
+    E._merge_state_in_place(v, s, v_other, s_other)
 
 
 @merge_state_in_place.register_fake
@@ -145,7 +147,7 @@ def _(v, s, v_other, s_other):
 
 @torch.library.custom_op("flashkv::merge_states", mutates_args=())
 def merge_states(v: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
-    return cascade._merge_states(v, s)
+    return E._merge_states(v, s)
 
 
 @merge_states.register_fake
@@ -165,8 +167,8 @@ def _append(append_key: Tensor, append_value: Tensor, batch_indices: Tensor, pos
             k_cache: Tensor, v_cache: Optional[Tensor], kv_indices: Tensor, kv_indptr: Tensor,
             kv_last_page_len: Tensor, kv_layout: str) -> None:
     cache = k_cache if v_cache is None else (k_cache, v_cache)
-    page._append_paged_kv_cache(append_key, append_value, batch_indices, positions, cache,
-                                kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+    E._append_paged_kv_cache(append_key, append_value, batch_indices, positions, cache,
+                             kv_indices, kv_indptr, kv_last_page_len, kv_layout)
 
 
 @_append.register_fake
@@ -202,8 +204,8 @@ def _rope(q: Tensor, k: Tensor, pos_ids: Tensor, kind: str, rotary_dim: int, int
           rope_scale: float, rope_theta: float, low_freq_factor: float, high_freq_factor: float,
           old_context_len: float) -> tuple[Tensor, Tensor]:
     q_rope, k_rope = q.new_empty(q.shape), k.new_empty(k.shape)
-    rope._rope_pos_ids(q, k, q_rope, k_rope, pos_ids, kind, rotary_dim, interleave, rope_scale,
-                       rope_theta, low_freq_factor, high_freq_factor, old_context_len)
+    E._rope_pos_ids(q, k, q_rope, k_rope, pos_ids, kind, rotary_dim, interleave, rope_scale,
+                    rope_theta, low_freq_factor, high_freq_factor, old_context_len)
     return q_rope, k_rope
 
 
@@ -217,8 +219,8 @@ def _(q, k, pos_ids, kind, rotary_dim, interleave, rope_scale, rope_theta, low_f
 def _rope_(q: Tensor, k: Tensor, pos_ids: Tensor, kind: str, rotary_dim: int, interleave: bool,
            rope_scale: float, rope_theta: float, low_freq_factor: float, high_freq_factor: float,
            old_context_len: float) -> None:
-    rope._rope_pos_ids(q, k, q, k, pos_ids, kind, rotary_dim, interleave, rope_scale, rope_theta,
-                       low_freq_factor, high_freq_factor, old_context_len)
+    E._rope_pos_ids(q, k, q, k, pos_ids, kind, rotary_dim, interleave, rope_scale, rope_theta,
+                    low_freq_factor, high_freq_factor, old_context_len)
 
 
 @_rope_.register_fake

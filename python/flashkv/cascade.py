@@ -16,12 +16,9 @@ from . import _C
 from . import _arrays as A
 from . import _common as C
 from . import _workspace
+from ._eager import _merge_state, _merge_state_in_place, _merge_states
 from ._workspace import OpSlot
 from .prefill import BatchPrefillWithPagedKVCacheWrapper
-
-
-def _natural(s):
-    return s * A.LN2  # a new array in s's framework
 
 
 def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
@@ -32,14 +29,6 @@ def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
     if ops is not None:
         return ops.merge_state(v_a, s_a, v_b, s_b)
     return _merge_state(v_a, s_a, v_b, s_b, stream)
-
-
-def _merge_state(v_a, s_a, v_b, s_b, stream=None):
-    v_out = A.empty(v_a, v_a.shape)
-    s_out = A.empty(s_a, s_a.shape, dtype="f32")
-    A.call(_C.merge_state, v_a, _natural(s_a), v_b, _natural(s_b), v_out, s_out,
-           A.cuda_stream(v_a, stream))
-    return v_out, A.scale_lse_to_base2(s_out)
 
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
@@ -54,13 +43,6 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
     _merge_state_in_place(v, s, v_other, s_other, stream)
 
 
-def _merge_state_in_place(v, s, v_other, s_other, stream=None):
-    s_nat = _natural(s)
-    A.call(_C.merge_state_in_place, v, s_nat, v_other, _natural(s_other),
-           A.cuda_stream(v, stream))
-    s[...] = s_nat * A.LOG2E
-
-
 def merge_states(v, s, *, stream=None):
     """⊕ over the states of each row: v ``[seq_len, num_states, num_heads, head_dim]``, s
     ``float32 [seq_len, num_states, num_heads]`` base 2. Returns (V ``[seq_len, num_heads,
@@ -70,16 +52,6 @@ def merge_states(v, s, *, stream=None):
     if ops is not None:
         return ops.merge_states(v, s)
     return _merge_states(v, s, stream)
-
-
-def _merge_states(v, s, stream=None):
-    if len(v.shape) != 4:
-        raise ValueError(f"v: expected shape [seq_len, num_states, num_heads, head_dim], got "
-                         f"{tuple(v.shape)}")
-    v_out = A.empty(v, (v.shape[0], v.shape[2], v.shape[3]))
-    s_out = A.empty(s, (v.shape[0], v.shape[2]), dtype="f32")
-    A.call(_C.merge_states, v, _natural(s), v_out, s_out, A.cuda_stream(v, stream))
-    return v_out, A.scale_lse_to_base2(s_out)
 
 
 def _split_workspace(buf, parts: int):

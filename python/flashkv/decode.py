@@ -324,7 +324,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         C.check_run_extras(args, q_scale, k_scale, v_scale)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        return C.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
+        return A.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -16,6 +16,7 @@ import sys
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from ._eager import _append_paged_kv_cache
 
 
 def get_batch_indices_positions(append_indptr, seq_lens, nnz, *, stream=None):
@@ -84,16 +85,6 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         return
     _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
                            kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream)
-
-
-def _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream=None):
-    k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-    A.call(_C.append_paged_kv_cache, append_key, append_value,
-           A.index_i32(batch_indices, "batch_indices"), A.index_i32(positions, "positions"), k,
-           v, kv_layout, A.index_i32(kv_indptr, "kv_indptr"),
-           A.index_i32(kv_indices, "kv_indices"),
-           A.index_i32(kv_last_page_len, "kv_last_page_len"), A.cuda_stream(k, stream))
 
 
 def check_device_errors(device=0, stream=None):

@@ -409,7 +409,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
         self._check_run(return_lse, lse, window_left)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        return C.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse)
+        return A.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -512,7 +512,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``)."""
         self._check_run(return_lse, lse)
         C.check_run_extras(args, q_scale, k_scale, v_scale)
-        return C.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse)
+        return A.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -23,6 +23,7 @@ that token unrotated (unwritten out of place) and is raised by
 
 from . import _C
 from . import _arrays as A
+from ._eager import _rope_pos_ids
 
 
 def _rotary_dim(rotary_dim) -> int:
@@ -83,18 +84,6 @@ def _pos_ids(kind, inplace, q, k, pos_ids, rotary_dim, interleave, rope_scale, r
     q_rope, k_rope = (q, k) if inplace else (A.empty(q, q.shape), A.empty(k, k.shape))
     _rope_pos_ids(q, k, q_rope, k_rope, pos_ids, *args, stream)
     return None if inplace else (q_rope, k_rope)
-
-
-def _rope_pos_ids(q, k, q_rope, k_rope, pos_ids, kind, rotary_dim, interleave, rope_scale,
-                  rope_theta, low_freq_factor, high_freq_factor, old_context_len, stream=None):
-    pos = A.index_i32(pos_ids, "pos_ids")
-    if kind == "llama31":
-        A.call(_C.apply_llama31_rope_pos_ids, q, k, q_rope, k_rope, pos, rotary_dim, interleave,
-               rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_context_len,
-               A.cuda_stream(q, stream))
-    else:
-        A.call(_C.apply_rope_pos_ids, q, k, q_rope, k_rope, pos, rotary_dim, interleave,
-               rope_scale, rope_theta, A.cuda_stream(q, stream))
 
 
 def apply_llama31_rope(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=8,
