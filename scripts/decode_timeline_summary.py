@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summarizes `flashkv bench decode --decode-timeline FILE`: per configuration, the spread over CTAs
-(p0/p50/p90/max, microseconds) of each phase of the decode kernel (kernels/attention/decode_timeline.cuh):
+(p0/p50/p90/max, microseconds) of each phase of the decode kernel (kernels/attention/decode/decode_timeline.cuh):
 CTA start and end, start -> first item read, item read -> first KV tile in shared memory (the ramp),
 the tile loop, the epilogue (warps merged, output or partial state written), the arrival of a split
 tile's partial state (fence + atomic) and the merge run by the tile's last CTA."""

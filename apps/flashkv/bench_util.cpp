@@ -13,7 +13,7 @@
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
 #include "flashkv/reference.h"
-#include "ops/jit_util.h"
+#include "ops/jit/jit_util.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"

@@ -6,8 +6,8 @@
 
 #include "bench_variants.h"
 #include "flashkv/variant_spec.h"
-#include "ops/kernel_specs.h"
-#include "ops/variant_jit.h"
+#include "ops/jit/kernel_specs.h"
+#include "ops/jit/variant_jit.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -47,11 +47,13 @@ nlohmann::json bench_variants_jit(const VariantsBenchOptions& o) {
       {"window+soft-cap+sinks", Variant::builtin(combo)},
       {"user:ScalarBias", Variant::user(scalar_bias_spec(), VariantArgs().set("bias", 0.5f))}};
   const int group = 4;  // GQA 32/8
-  const bool tc = ops::decode_tc_supported(o.head_dim, group);
+  const bool tc = decode_tc_supported(o.head_dim, group);
   for (const auto& [name, v] : vs) {
     try {
-      const ops::KernelSpec spec =
-          ops::decode_kernel_spec(dt, dt, o.head_dim, group, o.page_size, tc, ops::variant_jit(v));
+      const ops::KernelSpec spec = ops::kernel_spec(
+          DecodeKernelKey{.q = dt, .kv = dt, .head_dim = o.head_dim, .group = group,
+                          .page_size = o.page_size, .tensor_cores = tc,
+                          .variant = ops::variant_jit(v).kernel()});
       runtime::CompileRequest req = spec.make();
       req.arch = runtime::device_arch(0);
       auto t0 = std::chrono::steady_clock::now();

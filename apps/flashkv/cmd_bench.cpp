@@ -269,7 +269,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--decode-timeline", a->decode.timeline_file,
                   "profiling build of the decode kernels: per-CTA phase timestamps of every "
-                  "configuration into this JSON file (kernels/attention/decode_timeline.cuh)")
+                  "configuration into this JSON file (kernels/attention/decode/decode_timeline.cuh)")
       ->check(writable_file());
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->check(int_in_range(1))

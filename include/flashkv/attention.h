@@ -13,10 +13,20 @@
 #include <cmath>
 #include <limits>
 
+#include "flashkv/dtype.h"
+
 namespace flashkv {
 
 inline constexpr double kLog2e = 1.4426950408889634;  // log2(e)
 inline constexpr double kLn2 = 0.6931471805599453;    // ln(2)
+
+// The heads and dtypes a plan() is made for (the batch ops' plan argument beside the batch).
+struct AttentionShape {
+  int num_qo_heads = 32;
+  int num_kv_heads = 8;  // divides num_qo_heads (the GQA group is their ratio)
+  int head_dim = 128;
+  DType q_dtype = DType::f16, kv_dtype = DType::f16, o_dtype = DType::f16;
+};
 
 struct AttentionOptions {
   float sm_scale = 0.0f;  // 0 means 1/sqrt(head_dim)

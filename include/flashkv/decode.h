@@ -117,6 +117,14 @@ struct DecodeStepOptions {
   TensorView pos_ids;
 };
 
+// The batch a decode plan() schedules: its page table on the host (paged_kv.h conventions).
+struct DecodeBatch {
+  const int32_t* kv_indptr = nullptr;         // [batch_size + 1] pages per request
+  const int32_t* kv_last_page_len = nullptr;  // [batch_size] tokens in each request's last page
+  int batch_size = 0;
+  int page_size = 16;
+};
+
 class BatchDecode {
  public:
   // The workspace that never limits splitting: 2 partial states per CTA (the paper's bound), or
@@ -137,13 +145,19 @@ class BatchDecode {
   BatchDecode(const BatchDecode&) = delete;
   BatchDecode& operator=(const BatchDecode&) = delete;
 
-  // Host page-table arrays: kv_indptr[batch + 1], kv_last_page_len[batch]. Compiles (JIT) the
-  // kernel for this configuration on first use, schedules, and copies the plan into the
-  // workspace asynchronously on `stream`.
+  // Compiles (JIT) the kernel for this configuration on first use, schedules, and copies the
+  // plan into the workspace asynchronously on `stream`.
+  void plan(const DecodeBatch& batch, const AttentionShape& shape,
+            const DecodePlanOptions& opts = {}, Stream stream = nullptr);
+  // The same, positional (transitional; every caller in this tree uses the structs).
   void plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
             int num_qo_heads, int num_kv_heads, int head_dim, int page_size, DType q_dtype,
             DType kv_dtype, DType o_dtype, const DecodePlanOptions& opts = {},
-            Stream stream = nullptr);
+            Stream stream = nullptr) {
+    plan(DecodeBatch{kv_indptr, kv_last_page_len, batch_size, page_size},
+         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
+         stream);
+  }
 
   // q[batch, H_qo, D], out[batch, H_qo, D], lse f32[batch, H_qo] (optional: undefined view).
   // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are
@@ -166,7 +180,7 @@ class BatchDecode {
   // kv_len >= 1, its last page allocated). q is read, not modified. Equal to
   // apply_rope_pos_ids -> append_paged_kv_cache -> run bitwise (cache and outputs). Split-KV and
   // CUDA graphs work as with run() (the positions come from the plan, so a replay after a new
-  // plan() appends where the new plan says). See kernels/attention/decode_step.cuh for why the
+  // plan() appends where the new plan says). See kernels/attention/decode/decode_step.cuh for why the
   // append is visible to every CTA that reads the new token.
   void run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
                 const PagedKVCache& kv, const TensorView& out, const TensorView& lse,

@@ -99,8 +99,17 @@ struct PrefillPlanInfo {
   double plan_us = 0.0;  // CPU time of the last plan()
 };
 
+// The batch a prefill plan() schedules, as host arrays (paged_kv.h conventions).
+struct PrefillBatch {
+  const int32_t* qo_indptr = nullptr;         // [batch_size + 1] query rows per request
+  const int32_t* kv_indptr = nullptr;         // [batch_size + 1] pages (paged) or KV rows (ragged)
+  const int32_t* kv_last_page_len = nullptr;  // [batch_size] paged; ragged: nullptr
+  int batch_size = 0;
+  int page_size = 16;                         // paged; ragged: 0
+};
+
 namespace detail {
-struct PrefillCore;  // the shared plan/run machinery of both wrappers (src/ops/batch_prefill.cpp)
+struct PrefillCore;  // the shared plan/run machinery of both wrappers (src/ops/prefill/batch_prefill.cpp)
 }
 
 // Ragged queries over a paged KV cache.
@@ -120,13 +129,20 @@ class BatchPrefillPaged {
   BatchPrefillPaged(const BatchPrefillPaged&) = delete;
   BatchPrefillPaged& operator=(const BatchPrefillPaged&) = delete;
 
-  // Host arrays: qo_indptr[batch + 1], kv_indptr[batch + 1] (pages), kv_last_page_len[batch].
-  // JIT-compiles the kernel on first use, schedules, and copies the plan to the workspace
-  // asynchronously on `stream`.
+  // batch: qo_indptr, kv_indptr (pages), kv_last_page_len, batch_size, page_size. JIT-compiles
+  // the kernel on first use, schedules, and copies the plan to the workspace asynchronously on
+  // `stream`.
+  void plan(const PrefillBatch& batch, const AttentionShape& shape,
+            const PrefillPlanOptions& opts = {}, Stream stream = nullptr);
+  // The same, positional (transitional; every caller in this tree uses the structs).
   void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_last_page_len,
             int batch_size, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
             DType q_dtype, DType kv_dtype, DType o_dtype, const PrefillPlanOptions& opts = {},
-            Stream stream = nullptr);
+            Stream stream = nullptr) {
+    plan(PrefillBatch{qo_indptr, kv_indptr, kv_last_page_len, batch_size, page_size},
+         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
+         stream);
+  }
   // q[nnz_qo, H_qo, D], out[nnz_qo, H_qo, D], lse f32[nnz_qo, H_qo] (optional: undefined view).
   // Only kv.indices is read from kv's index tensors (on the device); indptr and last_page_len are
   // those given to plan(), but their views must still have the plan's batch shape (they are
@@ -152,10 +168,18 @@ class BatchPrefillRagged {
   BatchPrefillRagged(const BatchPrefillRagged&) = delete;
   BatchPrefillRagged& operator=(const BatchPrefillRagged&) = delete;
 
-  // Host arrays qo_indptr[batch + 1], kv_indptr[batch + 1] (tokens).
+  // batch: qo_indptr, kv_indptr (KV rows), batch_size; its kv_last_page_len must be null and
+  // its page_size 0 (ragged KV has no pages).
+  void plan(const PrefillBatch& batch, const AttentionShape& shape,
+            const PrefillPlanOptions& opts = {}, Stream stream = nullptr);
+  // The same, positional (transitional; every caller in this tree uses the structs).
   void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, int batch_size, int num_qo_heads,
             int num_kv_heads, int head_dim, DType q_dtype, DType kv_dtype, DType o_dtype,
-            const PrefillPlanOptions& opts = {}, Stream stream = nullptr);
+            const PrefillPlanOptions& opts = {}, Stream stream = nullptr) {
+    plan(PrefillBatch{qo_indptr, kv_indptr, nullptr, batch_size, 0},
+         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
+         stream);
+  }
   // q/out [nnz_qo, H_qo, D]; k, v [nnz_kv, H_kv, D] with nnz_kv >= kv_indptr[batch].
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);

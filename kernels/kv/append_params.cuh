@@ -1,5 +1,5 @@
 // The append kernel's runtime parameters (kv/append.cuh): one flat struct passed by value.
-// Shared with the host (src/ops/kv_append.cpp); includes only other host-shared headers.
+// Shared with the host (src/ops/kv/kv_append.cpp); includes only other host-shared headers.
 #pragma once
 
 #include "common/device_error.cuh"

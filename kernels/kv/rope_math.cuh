@@ -1,5 +1,5 @@
 // RoPE math shared by the RoPE kernels (kv/rope.cuh) and the fused decode step
-// (attention/decode_step.cuh): both rotate through these functions, so a key rotated by the fused
+// (attention/decode/decode_step.cuh): both rotate through these functions, so a key rotated by the fused
 // step is bitwise the key apply_rope writes. Shared with the host (the RopeSpec layout); includes
 // nothing.
 //

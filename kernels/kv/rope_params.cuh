@@ -1,6 +1,6 @@
 // The RoPE kernel's runtime parameters (kv/rope.cuh): one flat struct passed by value (as a
 // __grid_constant__, so the kernel indexes rope.freq in place). Shared with the host
-// (src/ops/rope.cpp); includes only other host-shared headers.
+// (src/ops/kv/rope.cpp); includes only other host-shared headers.
 #pragma once
 
 #include "common/device_error.cuh"

@@ -5,7 +5,7 @@
 // kernel pays only for what is on. Causal masking is not a hook: the kernels skip whole tiles for
 // it (a kernel parameter).
 //
-// BuiltinVariantArgs is shared with the host (src/ops/variant_jit.cpp fills it).
+// BuiltinVariantArgs is shared with the host (src/ops/jit/variant_jit.cpp fills it).
 #pragma once
 
 #include "kv/rope_math.cuh"

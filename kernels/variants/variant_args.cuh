@@ -1,6 +1,6 @@
 // The variant's parameter block as the kernels receive it: raw bytes inside the kernel's
 // parameters (so a CUDA graph keeps them by value), read as the variant's Args struct. Shared with
-// the host (src/ops/variant_jit.cpp packs it); includes nothing.
+// the host (src/ops/jit/variant_jit.cpp packs it); includes nothing.
 #pragma once
 
 namespace flashkv {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "reference/parallel.h"
+#include "core/parallel.h"
 
 namespace flashkv {
 namespace {

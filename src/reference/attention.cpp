@@ -10,7 +10,7 @@
 #include "flashkv/plan_checks.h"
 #include "flashkv/reference.h"
 #include "reference/attend.h"
-#include "reference/parallel.h"
+#include "core/parallel.h"
 
 namespace flashkv::reference {
 namespace detail {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
-#include "reference/parallel.h"
+#include "core/parallel.h"
 
 namespace flashkv::reference {
 namespace detail {

@@ -10,7 +10,7 @@
 #include "flashkv/error.h"
 #include "flashkv/reference_kv_ops.h"
 #include "reference/attend.h"
-#include "reference/parallel.h"
+#include "core/parallel.h"
 
 namespace flashkv::reference {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "flashkv/error.h"
-#include "reference/parallel.h"
+#include "core/parallel.h"
 #include "reference/variant.h"
 
 namespace flashkv::reference::detail {

@@ -8,7 +8,7 @@
 namespace flashkv::runtime {
 
 struct EmbeddedFile {
-  const char* path;  // relative to kernels/, e.g. "attention/merge.cuh"
+  const char* path;  // relative to kernels/, e.g. "attention/merge/merge.cuh"
   std::string source;
 };
 

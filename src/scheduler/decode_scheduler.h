@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "attention/decode_plan.cuh"
+#include "attention/decode/decode_plan.cuh"
 #include "scheduler/plan_image.h"
 
 namespace flashkv::scheduler {

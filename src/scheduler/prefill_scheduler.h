@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "attention/prefill_plan.cuh"
+#include "attention/prefill/prefill_plan.cuh"
 #include "scheduler/plan_image.h"
 
 namespace flashkv::scheduler {

@@ -1,10 +1,10 @@
-// BatchDecode's auto kernel shape (ops/decode_shape_choice.cpp): which CTAs per SM and warps a
+// BatchDecode's auto kernel shape (ops/decode/decode_shape_choice.cpp): which CTAs per SM and warps a
 // batch gets, and what keeps the default.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "ops/decode_shape_choice.h"
+#include "ops/decode/decode_shape_choice.h"
 
 namespace flashkv::ops {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
-#include "ops/kernel_specs.h"
+#include "ops/jit/kernel_specs.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -39,7 +39,8 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
   for (const auto& k : precompile(o)) EXPECT_FALSE(k.compiled) << k.id;
   // Warm lookup (memory hit) cost: the goal is <= 10 us (measured 0.06-0.1 us). The best of 5
   // batches, so a preempted batch on a loaded CI machine does not decide it.
-  const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true);
+  const ops::KernelSpec spec = ops::kernel_spec(
+      DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true});
   constexpr int kReps = 2000;
   double best_us = 1e30;
   for (int batch = 0; batch < 5; ++batch) {
@@ -160,9 +161,10 @@ TEST(Jit, EveryDecodeShapeCompiles) {
   for (int d : {64, 128, 256}) {
     for (int g : {1, 3, 16, 32}) {
       for (bool tc : {false, true}) {
-        if (tc && !ops::decode_tc_supported(d, g)) continue;
-        const ops::KernelSpec spec =
-            ops::decode_kernel_spec(DType::bf16, DType::bf16, d, g, g == 3 ? 5 : 1, tc);
+        if (tc && !decode_tc_supported(d, g)) continue;
+        const ops::KernelSpec spec = ops::kernel_spec(
+            DecodeKernelKey{.q = DType::bf16, .kv = DType::bf16, .head_dim = d, .group = g,
+                            .page_size = g == 3 ? 5 : 1, .tensor_cores = tc});
         runtime::CompileRequest req = spec.make();
         req.arch = "sm_90a";
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
@@ -178,8 +180,8 @@ TEST(Jit, DecodeKernelShapesCompile) {
   for (int d : {64, 128}) {
     for (int g : {1, 16}) {
       for (const auto& t : tunings) {
-        const ops::KernelSpec spec = ops::decode_kernel_spec(
-            DType::f16, DType::f16, d, g, 16, true, {"", "flashkv::DefaultVariant"}, t);
+        const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{
+            .head_dim = d, .group = g, .page_size = 16, .tensor_cores = true, .tuning = t});
         runtime::CompileRequest req = spec.make();
         req.arch = "sm_90a";
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
@@ -239,11 +241,11 @@ TEST(Jit, CorruptDiskEntryIsRecompiled) {
 
 TEST(Jit, CacheKeyCoversExactlyTheIncludedHeaders) {
   // decode.cuh reaches types.cuh through several paths; merge.cuh does not reach decode_common.
-  const std::string decode = "#include \"attention/decode.cuh\"\n";
-  const std::string merge = "#include  \"attention/merge.cuh\"\n";
+  const std::string decode = "#include \"attention/decode/decode.cuh\"\n";
+  const std::string merge = "#include  \"attention/merge/merge.cuh\"\n";
   // Only the closure counts: not the source text, not the order, not a header named twice or
   // named directly when it is also reached through another (decode_common.cuh via decode.cuh).
-  const std::string decode_common = "#include \"attention/decode_common.cuh\"\n";
+  const std::string decode_common = "#include \"attention/decode/decode_common.cuh\"\n";
   EXPECT_EQ(runtime::included_sources_hash(decode),
             runtime::included_sources_hash("// another kernel\n" + decode +
                                            "__global__ void other() {}\n"));

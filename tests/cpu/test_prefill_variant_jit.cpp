@@ -9,9 +9,9 @@
 #include <string>
 
 #include "flashkv/variant_spec.h"
-#include "ops/kernel_specs.h"
-#include "ops/prefill_kernel.h"
-#include "ops/variant_jit.h"
+#include "ops/jit/kernel_specs.h"
+#include "ops/prefill/prefill_kernel.h"
+#include "ops/jit/variant_jit.h"
 #include "runtime/nvrtc_compiler.h"
 #include "cpu/variant_jit_util.h"
 
@@ -26,8 +26,9 @@ TEST(PrefillVariantJit, BuiltinsCompileIntoThePrefillKernel) {
     const ops::VariantJit j = ops::variant_jit(Variant::builtin(v));
     ASSERT_FALSE(j.id.empty());
     for (int rows : {16, 64}) {
-      for (int kv : {0, 1}) {  // ragged, paged (power-of-two pages)
-        const ops::KernelSpec spec = ops::prefill_kernel_spec(DType::f16, 128, rows, kv, j);
+      for (PrefillKV kv : {PrefillKV::kRagged, PrefillKV::kPagedPow2}) {
+        const ops::KernelSpec spec = ops::kernel_spec(
+            PrefillKernelKey{.head_dim = 128, .rows = rows, .kv = kv, .variant = j.kernel()});
         EXPECT_NE(spec.id.find(j.id), std::string::npos) << spec.id;
         const double ms = test::compile_for_hopper_ms(spec);
         std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
@@ -38,8 +39,9 @@ TEST(PrefillVariantJit, BuiltinsCompileIntoThePrefillKernel) {
 
 TEST(PrefillVariantJit, PlainAttentionKeepsItsKernelId) {
   // Cascade and precompile name kernels without a variant: the ids (the disk cache's keys) stay.
-  EXPECT_EQ(ops::prefill_kernel_spec(DType::bf16, 128, 64, 1).id, "prefill<bf16,d128,r64,paged>");
-  EXPECT_EQ(ops::prefill_kernel_name(DType::f16, 64, 16, ops::PrefillKV::kRagged),
+  EXPECT_EQ(ops::kernel_spec(PrefillKernelKey{.dtype = DType::bf16, .rows = 64}).id,
+            "prefill<bf16,d128,r64,paged>");
+  EXPECT_EQ((PrefillKernelKey{.head_dim = 64, .rows = 16, .kv = PrefillKV::kRagged}.kernel_name()),
             "flashkv::batch_prefill_kernel<flashkv::PrefillConfig<flashkv::half_t, 64, 16, 0>, "
             "flashkv::DefaultVariant>");
 }

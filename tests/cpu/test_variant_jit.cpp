@@ -13,8 +13,8 @@
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
 #include "flashkv/variant_spec.h"
-#include "ops/kernel_specs.h"
-#include "ops/variant_jit.h"
+#include "ops/jit/kernel_specs.h"
+#include "ops/jit/variant_jit.h"
 #include "runtime/nvrtc_compiler.h"
 #include "variants/builtin.cuh"
 
@@ -54,7 +54,7 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
     const ops::VariantJit j = ops::variant_jit(Variant::builtin(v));
     ASSERT_FALSE(j.id.empty());
     for (bool tc : {false, true}) {
-      const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, tc, j);
+      const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
       const double ms = test::compile_for_hopper_ms(spec);
       std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     }
@@ -64,7 +64,7 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
   rope.rope.mode = RopeMode::llama;
   rope.sinks = all.sinks;
   const ops::VariantJit j = ops::variant_jit(Variant::builtin(rope));
-  EXPECT_NO_THROW(test::compile_for_hopper_ms(ops::decode_kernel_spec(DType::bf16, DType::bf16, 256, 8, 1, false, j)));
+  EXPECT_NO_THROW(test::compile_for_hopper_ms(ops::kernel_spec(DecodeKernelKey{.q = DType::bf16, .kv = DType::bf16, .head_dim = 256, .group = 8, .page_size = 1, .variant = j.kernel()})));
 }
 
 TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
@@ -76,7 +76,7 @@ TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
   changed.source += "\n// edited\n";
   EXPECT_NE(ops::variant_jit(Variant::user(changed, {})).id, j.id);
   for (bool tc : {false, true}) {
-    const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, tc, j);
+    const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
     const double ms = test::compile_for_hopper_ms(spec);
     std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     // The goal (a cold compile within 5 s) is measured by `flashkv bench variants` on the GPU
@@ -91,7 +91,7 @@ TEST(VariantJit, CompileErrorNamesTheUsersLine) {
   s.name = "Broken";
   s.source = "struct Broken {\n  using Args = Params;\n  this is not C++;\n};\n";
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
-  const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true, j);
+  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
   try {
     test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";
@@ -137,7 +137,7 @@ TEST(VariantJit, UseSoftmaxMismatchIsACompileError) {
   VariantSpec s = t5_bias_spec();
   s.use_softmax = false;  // the struct keeps the default (softmax)
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
-  const ops::KernelSpec spec = ops::decode_kernel_spec(DType::f16, DType::f16, 128, 4, 16, true, j);
+  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
   try {
     test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "decode_scheduler_test_util.h"
-#include "ops/decode_workspace.h"
-#include "ops/prefill_workspace.h"
+#include "ops/decode/decode_workspace.h"
+#include "ops/prefill/prefill_workspace.h"
 #include "scheduler/decode_scheduler.h"
 
 namespace flashkv {

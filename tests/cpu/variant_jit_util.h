@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "flashkv/variants.h"
-#include "ops/kernel_specs.h"
+#include "ops/jit/kernel_specs.h"
 #include "runtime/nvrtc_compiler.h"
 
 namespace flashkv::test {

@@ -37,7 +37,7 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
           c.interleaved = (seed % 3) == 0;
           c.seed = seed++;
           // Auto (tensor cores where supported; 2 CTAs of 4 warps per SM for this small batch),
-          // the other shapes auto picks (4 CTAs of 2 warps, 1 of 8; ops/decode_shape_choice.cpp),
+          // the other shapes auto picks (4 CTAs of 2 warps, 1 of 8; ops/decode/decode_shape_choice.cpp),
           // then the CUDA-core kernel on the same case.
           const DecodeOutcome o = run_decode_case(c);
           expect_decode_ok(c, o);
@@ -108,7 +108,7 @@ TEST_F(DecodeGpu, VeryLongRequestSplitsAcrossTheGpu) {
   }
 }
 
-// Auto's kernel shape (ops/decode_shape_choice.cpp): 4 CTAs of 2 warps per SM where every CTA has
+// Auto's kernel shape (ops/decode/decode_shape_choice.cpp): 4 CTAs of 2 warps per SM where every CTA has
 // work enough (>= 896 KV tokens each), 1 of 8 warps for few equal pairs, else 2 of 4; always the
 // default under CUDA graphs or fixed_split_size.
 TEST_F(DecodeGpu, AutoShapeFollowsTheWork) {

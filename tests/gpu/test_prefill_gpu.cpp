@@ -17,7 +17,7 @@
 
 #include "flashkv/reference.h"
 #include "gpu/prefill_case.h"
-#include "ops/prefill_kernel.h"  // default_prefill_tile_rows: what tile_rows = 0 must pick
+#include "ops/prefill/prefill_kernel.h"  // default_prefill_tile_rows: what tile_rows = 0 must pick
 
 namespace flashkv::test {
 namespace {

@@ -1,4 +1,4 @@
-// The Hopper wgmma prefill kernel (attention/prefill_hopper_ws.cuh: KV by TMA where the storage
+// The Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh: KV by TMA where the storage
 // allows, else by the producer's cp.async) vs the CPU reference, forced with
 // PrefillPlanOptions.backend = kWgmma on 128-row query tiles: head_dim 64/128/256, GQA groups
 // 1/4/8/16 and MQA, page sizes 1/5/16/64, NHD/HND/interleaved, f16/bf16, causal and not, paged

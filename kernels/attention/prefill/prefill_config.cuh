@@ -1,0 +1,46 @@
+// What the prefill kernels' configs share: the element types, the geometry read off the kernel's
+// shape function (prefill_shape.cuh: mma.sync or Hopper wgmma) and the counts derived from it.
+// PrefillConfig (prefill.cuh) and PrefillHopperConfig (prefill_hopper.cuh) add their shared-memory
+// layout (smem_offset) and their own checks.
+#pragma once
+
+#include "attention/prefill/prefill_params.cuh"
+#include "attention/prefill/prefill_shape.cuh"
+
+namespace flashkv {
+
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER>
+struct PrefillConfigCommon {
+  using q_t = T;
+  using kv_t = T;
+  using o_t = T;
+  static constexpr int kHeadDim = HEAD_DIM;
+  static constexpr int kRows = ROWS;
+  static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
+  static constexpr PrefillShape kShape = HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS);
+  static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles per warp
+  static constexpr int kWarpRows = kShape.warp_rows;
+  static constexpr int kWarpsQ = kShape.warps_q;
+  static constexpr int kWarpsKV = kShape.warps_kv;
+  static constexpr int kWarps = kShape.warps;
+  static constexpr int kThreads = kShape.threads;
+  static constexpr int kTile = kShape.tile;
+  static constexpr int kWarpTokens = kTile / kWarpsKV;  // this warp's slice of a KV tile
+  static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
+  static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per row
+  static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of O
+  static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte KV loads per thread per stage
+  static constexpr int kLoaderThreadBase = 0;  // the KV loaders' threads are threadIdx.x - this
+  static constexpr int kQBytes = kShape.q_bytes;
+  static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
+  static constexpr int kStages = kShape.stages;
+  static constexpr int kSmemBytes = kShape.smem_bytes;
+
+  static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
+  static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV, "KV source");
+  static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
+  static_assert(kWarpTokens % 16 == 0, "a warp's KV slice is whole 16-token MMA k-steps");
+  static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
+};
+
+}  // namespace flashkv

@@ -1,0 +1,324 @@
+// The Hopper prefill kernel (sm_90a), warp-specialized as FA3: two consumer warpgroups compute
+// (the wgmma building blocks of prefill_hopper.cuh: a 128-row query tile, S = Q Kᵀ and O += P V
+// on wgmma, P V of tile t-1 under the softmax of tile t) and a producer warpgroup loads. The query
+// tile is always a TMA box; KV tiles are TMA boxes where the KV allows (PrefillParams::kv_tma:
+// ragged KV or pages of >= 16 tokens, work items starting on a tile), else the producer's 128
+// threads gather them with cp.async (any page size). Why: with loads by every thread each KV tile
+// needed a CTA-wide barrier (its data visible, its stage free); on the H200 a quarter of the warps'
+// time went to waiting at it (ncu source counters, NOTES.md), and the two warpgroups stayed in
+// step, so neither's softmax ran under the other's wgmma. Here stages are handed over by mbarriers:
+//   full[s]      KV tile t (t % kStages == s) landed (TMA: tx bytes; cp.async: 128 arrivals)
+//   k_empty[s]   every consumer warp's S = Q K(t)ᵀ is done: K stage t % kKStages may be refilled
+//   v_empty[s]   every consumer warp's P·V(t) is done: V stage t % kStages may be refilled
+//   q_full[b], q_empty[b]   the same for the query tile of the item with sequence number % kQBuffers
+// A barrier's n-th phase belongs to the n-th tile (or item) that uses its slot; the producer's
+// first wait on an empty barrier checks the phase before the first (complete at init). The
+// consumer warpgroups take turns issuing a step's wgmma (named barriers: FA3's ping-pong).
+//
+// Threads 0-255 are the consumers (warpgroups 0 and 1: the rows, epilogue and merge code index by
+// threadIdx.x), threads 256-383 the producer. setmaxnreg moves registers from the producer to the
+// consumers (PrefillWsConfig: 24/240 with TMA, 40/232 with the cp.async gather). The KV path is a
+// template parameter: one kernel per path.
+#pragma once
+
+#include "attention/prefill/prefill_hopper.cuh"
+#include "primitives/cp_async.cuh"
+#include "primitives/named_barrier.cuh"
+#include "primitives/tma.cuh"
+
+namespace flashkv {
+
+// The producer warp issues KV tile `tile` of item w by TMA, counted on barrier `bar` (lane 0's
+// arrival expects the bytes): lane b the 16-token box b of K and V (kTma16 rows of one page, or of
+// ragged rows), every 64-column block, for the whole 16-token groups of the item's tokens; lane j
+// the j-th token of the group the item ends in, by the one-token maps, where the item ends inside
+// one. So no row past kv_end is read: a cache's slots past a request's last token may hold NaN
+// (torch.empty), and P = 0 there would not keep 0 x NaN out of P·V. V rows past kv_end keep earlier
+// tiles' KV (finite; the V stages start zeroed); K rows there may hold anything, their logits are
+// masked by a select. `page`: lane b's page id
+// (paged KV), read by prefill_tma_page.
+constexpr int kTma16 = 16;
+
+template <class C>
+__device__ __forceinline__ void prefill_tma_kv_tile(const PrefillParams& p, const PrefillWorkItem& w, int tile,
+                                                    int page, u32 k_stage, u32 v_stage, u32 bar) {
+  constexpr int kColBlocks = C::kHeadDim / 64;
+  static_assert(C::kTile % kTma16 == 0 && C::kTile / kTma16 <= 32, "a tile is whole 16-token boxes, a lane each");
+  const int lane = threadIdx.x % 32;
+  const int pos0 = w.kv_start + tile * C::kTile;
+  const int valid = min(C::kTile, w.kv_end - pos0);
+  const int boxes = valid / kTma16, rest = valid % kTma16;
+  // Paged: the page of the group the item ends in is lane `boxes`'s (a group lies in one page).
+  const int rest_page = __shfl_sync(0xffffffffu, page, boxes % 32);
+  if (lane == 0) mbarrier_arrive_expect_tx(bar, (u32)(valid * 128 * kColBlocks * 2));
+  const auto load = [&](const TmaDesc* k, const TmaDesc* v, int row, int pg) {
+    const int pos = pos0 + row;
+    const int token = C::kKV == kRaggedKV ? w.page_base + pos : pos & (p.page_size - 1);
+    const int page_id = C::kKV == kRaggedKV ? 0 : pg;
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+      const u32 off = (u32)(cb * (C::kTile * 128) + row * 128);
+      tma_load_4d(k_stage + off, k, bar, cb * 64, token, w.kv_head, page_id);
+      tma_load_4d(v_stage + off, v, bar, cb * 64, token, w.kv_head, page_id);
+    }
+  };
+  if (lane < boxes) load(&p.k_tma, &p.v_tma, lane * kTma16, page);
+  if (lane < rest) load(&p.k1_tma, &p.v1_tma, boxes * kTma16 + lane, rest_page);
+}
+
+// Lane b's page id for 16-token box b of KV tile `tile` of item w (paged KV by TMA; 0 past it).
+template <class C>
+__device__ __forceinline__ int prefill_tma_page(const PrefillParams& p, const PrefillWorkItem& w, int tile) {
+  if constexpr (C::kKV == kRaggedKV) {
+    return 0;
+  } else {
+    const int lane = threadIdx.x % 32;
+    const int pos = w.kv_start + tile * C::kTile + lane * kTma16;
+    return lane * kTma16 < C::kTile && pos < w.kv_end ? p.kv_indices[w.page_base + (pos >> p.page_shift)] : 0;
+  }
+}
+
+template <class C>
+struct PrefillHopperBarriers {
+  u64 full[C::kStages];
+  u64 k_empty[C::kKStages];
+  u64 v_empty[C::kStages];
+  u64 q_full[C::kQBuffers];
+  u64 q_empty[C::kQBuffers];
+};
+
+__device__ __forceinline__ u32 bar_at(const u64* b, int i) { return smem_addr(b + i); }
+
+// The consumer warps' arrival on an empty barrier (count: 8, lane 0 of each warp), after the
+// warp's wgmma reading the stage completed.
+__device__ __forceinline__ void consumer_release(const u64* b, int i) {
+  if (threadIdx.x % 32 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar_at(b, i)) : "memory");
+}
+
+// The producer's cp.async loads (KV not loadable by TMA: pages of 1-15 tokens, or work items not
+// starting on a tile): the loaders of prefill_loader.cuh over the producer warpgroup's 128
+// threads (threadIdx.x 256-383). Rows past kv_end are zero-filled.
+template <class C>
+struct PrefillProducerLoads : C {
+  static constexpr int kThreads = 128;
+  static constexpr int kLoaderThreadBase = C::kThreads;
+  static constexpr int kLoads = C::kTile * C::kChunks / 128;
+  static_assert(C::kTile * C::kChunks % 128 == 0, "a KV tile splits evenly over the producer's threads");
+};
+
+// The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
+// slot is free. The query tile is one TMA box per 64 columns (thread 0 of the warpgroup). KV by TMA
+// (C::kKvTma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
+// arriving on full[s] (count 128) once its copies landed.
+template <class C>
+__device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end, u32 q_smem,
+                                                   u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars) {
+  typedef PrefillProducerLoads<C> PL;
+  constexpr int kColBlocks = C::kHeadDim / 64;
+  const int ptid = threadIdx.x - C::kThreads;
+  int g = 0, seq = 0;
+  for (int wi = begin; wi < end; ++wi) {
+    const PrefillWorkItem w = p.plan.work[wi];
+    const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+    if (tiles == 0) continue;  // the consumers write it empty
+    const int b = seq % C::kQBuffers;
+    const u32 q_buf = q_smem + b * C::kQBytes;
+    if (ptid == 0) {
+      mbarrier_wait_parity(bar_at(bars.q_empty, b), ((seq / C::kQBuffers) & 1) ^ 1);
+      // Box: 64 columns x group heads x q_tma_tokens tokens = rows (token, head) in tile order.
+      mbarrier_arrive_expect_tx(bar_at(bars.q_full, b), (u32)(kColBlocks * 128 * p.group * p.q_tma_tokens));
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        tma_load_4d(q_buf + cb * (C::kRows * 128), &p.q_tma, bar_at(bars.q_full, b), cb * 64, w.kv_head * p.group,
+                    w.q_base + w.q_start, 0);
+    }
+    for (int tile = 0; tile < tiles; ++tile, ++g) {
+      const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
+      const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
+      const u32 full = bar_at(bars.full, g % C::kStages);
+      if constexpr (C::kKvTma) {
+        const int page = prefill_tma_page<C>(p, w, tile);
+        if (ptid == 0) {
+          mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
+          mbarrier_wait_parity(bar_at(bars.v_empty, g % C::kStages), ((g / C::kStages) & 1) ^ 1);
+        }
+        __syncwarp();
+        prefill_tma_kv_tile<C>(p, w, tile, page, k_stage, v_stage, full);
+      } else {
+        PrefillTilePages<PL> pages;
+        prefill_tile_pages<PL>(p, w, tile, pages);
+        mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
+        mbarrier_wait_parity(bar_at(bars.v_empty, g % C::kStages), ((g / C::kStages) & 1) ^ 1);
+        prefill_issue_kv_tile<PL>(p, w, tile, pages, k_stage, v_stage);
+        cp_async_mbarrier_arrive(full);
+      }
+    }
+    ++seq;
+  }
+}
+
+// The kernel's config with its KV path fixed at compile time (KV_TMA: TMA boxes by one producer
+// warp; else the producer warpgroup's cp.async gather) and the setmaxnreg split that goes with
+// it: the TMA producer needs 24 registers, the gather 40 (it spills page ids at 24); either way
+// producer x 128 + consumer x 256 = the 168 x 384 the launch bound gives (the host checks 168).
+template <class C0, bool KV_TMA>
+struct PrefillWsConfig : C0 {
+  static constexpr bool kKvTma = KV_TMA;
+  static constexpr int kProducerRegs = KV_TMA ? 24 : 40;
+  static constexpr int kConsumerRegs = KV_TMA ? 240 : 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 == 168 * 384, "the register split fills the launch bound");
+};
+
+// Named barriers 2 and 3: warpgroup w waits at 2 + w for its turn to issue (bar 1: prefill_arrive).
+constexpr int kPingPongBarrier = 2;
+
+// One consumer step: KV tile g (the item's tile `tile`) has its S = Q Kᵀ issued, then
+// (kPendingPV) the previous tile's P·V with the P in `pa`, whose wgmma runs under this tile's
+// softmax; K(g) is handed back once S lands, V(g-1) once that P·V does (and the query tile after
+// the item's last S). `pa` then holds this tile's P. Two instantiations, no wgmma under a
+// condition: ptxas serializes every wgmma of a kernel that has one (C7518).
+template <class C, bool kPendingPV>
+__device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const PrefillWorkItem& w, int tile,
+                                                int g, bool last, u32 q_buf, int qb, u32 k_smem, u32 v_smem,
+                                                PrefillHopperBarriers<C>& bars, int wg,
+                                                const PrefillHopperRows& rows, PrefillWarpState<C>& st,
+                                                u32 (&pa)[1][C::kNT / 2][4]) {
+  const int lane = threadIdx.x % 32;
+  float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
+  mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
+  // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
+  // proxy: the mbarrier makes the writes visible to this thread, the fence to its wgmma (TMA
+  // writes are async-proxy already).
+  if constexpr (!C::kKvTma) fence_proxy_async_shared();
+  float s[1][C::kNT][4];
+  float(&sf)[C::kTile / 2] = reinterpret_cast<float(&)[C::kTile / 2]>(s);
+  // Ping-pong (FA3): the warpgroups take turns issuing a step's wgmma, so one's softmax runs
+  // while the other's matrix products use the tensor cores.
+  named_barrier(kPingPongBarrier + wg, 256);
+  prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
+  if constexpr (kPendingPV) prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
+  named_barrier_arrive(kPingPongBarrier + (1 - wg), 256);
+  if constexpr (kPendingPV) {
+    wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_operands(sf);
+  consumer_release(bars.k_empty, g % C::kKStages);
+  if (last) consumer_release(bars.q_empty, qb);
+  float rescale[1][2];
+  u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
+  const int first = w.kv_start + tile * C::kTile;
+  const int pos0 = first + 2 * (lane % 4);
+  if (first + C::kTile - 1 <= rows.warp_min) {
+    prefill_softmax<C, false, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+  } else {
+    prefill_softmax<C, true, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+  }
+  if constexpr (kPendingPV) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    consumer_release(bars.v_empty, (g - 1) % C::kStages);
+  }
+  // pa = pa_new, as asm after the wait: a plain copy would be folded into the softmax, defining
+  // the in-flight P·V's operand registers early (ptxas then serializes every wgmma).
+#pragma unroll
+  for (int j = 0; j < C::kNT / 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
+  if constexpr (kPendingPV) {
+    if (__any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) prefill_rescale_o(st, 0, h, rescale[0][h]);
+    }
+  }
+}
+
+// One consumer warpgroup's work item: its tiles are the CTA's global tiles [g0, g0 + tiles), its
+// query tile in buffer seq % kQBuffers. Every warpgroup runs every tile of the item (rows that see
+// none of it get P = 0).
+template <class C>
+__device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, const PrefillWorkItem& w, int g0,
+                                                     int seq, u32 q_smem, u32 k_smem, u32 v_smem,
+                                                     PrefillHopperBarriers<C>& bars, int wg) {
+  const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+  const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
+  PrefillWarpState<C> st;
+  st.init();
+  float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
+  const int qb = seq % C::kQBuffers;
+  const u32 q_buf = q_smem + qb * C::kQBytes;
+  u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
+  if (tiles > 0) {
+    mbarrier_wait_parity(bar_at(bars.q_full, qb), (seq / C::kQBuffers) & 1);
+    prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows, st, pa);
+    for (int tile = 1; tile < tiles; ++tile)
+      prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
+                               st, pa);
+    const int g = g0 + tiles - 1;
+    prefill_hopper_pv<C>(pa, v_smem + (g % C::kStages) * C::kStageBytes, o);
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    consumer_release(bars.v_empty, g % C::kStages);
+  }
+  prefill_write_warp<C>(p, w, st, threadIdx.x / 32, rows.valid_rows);
+}
+
+// KV_TMA: the instantiation for p.kv_tma (the host launches the one that matches). Two kernels,
+// not a branch: with the cp.async gather in the same kernel the producer needs 40 registers and
+// spills, and the TMA kernel ran 5-10 % slower on the H200 (P1 GQA 375 -> 416 us, NOTES.md).
+template <class Config, class V = DefaultVariant, bool KV_TMA = true>
+__global__ void __launch_bounds__(Config::kThreads + 128, 1)
+    batch_prefill_hopper_ws_kernel(const __grid_constant__ PrefillParams p) {
+  typedef PrefillWsConfig<PrefillWithVariant<Config, V>, KV_TMA> C;
+  static_assert(kPrefillHopperPlain<typename C::Traits>, "plain attention only: variants take the mma.sync kernel");
+  static_assert(C::kThreads == 256, "two consumer warpgroups");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ PrefillHopperBarriers<C> bars;
+  const u32 q_smem = (smem_addr(smem) + 1023u) & ~1023u;
+  const u32 k_smem = q_smem + C::kQBuffers * C::kQBytes;
+  const u32 v_smem = k_smem + C::kKStages * C::kStageBytes;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < C::kStages; ++i) {
+      mbarrier_init(bar_at(bars.full, i), C::kKvTma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
+      mbarrier_init(bar_at(bars.v_empty, i), 8);
+    }
+    for (int i = 0; i < C::kKStages; ++i) mbarrier_init(bar_at(bars.k_empty, i), 8);
+    for (int i = 0; i < C::kQBuffers; ++i) {
+      mbarrier_init(bar_at(bars.q_full, i), 1);
+      mbarrier_init(bar_at(bars.q_empty, i), 8);
+    }
+    fence_mbarrier_init();
+  }
+  // V rows no box writes keep what the stage held: zeros at first (uninitialized shared memory
+  // could hold NaN), then earlier tiles' KV, finite (prefill_tma_kv_tile reads no row past kv_end).
+  for (u32 a = v_smem + threadIdx.x * 16; a < v_smem + C::kStages * C::kStageBytes; a += (C::kThreads + 128) * 16)
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
+  fence_proxy_async_shared();
+  __syncthreads();
+  const int begin = p.plan.cta_work_indptr[blockIdx.x];
+  const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
+  // The warpgroup, warp-uniform as far as ptxas can see (a shuffle's result): wgmma after a
+  // branch on threadIdx.x would be serialized (C7518).
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == C::kThreads / 128) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
+    if (!C::kKvTma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
+      prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
+    if constexpr (!C::kKvTma) cp_async_wait_all();  // no copy outlives its thread
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs) : "memory");
+  if (wg == 1) named_barrier_arrive(kPingPongBarrier, 256);  // warpgroup 0 issues first
+  int g = 0, seq = 0;
+  for (int wi = begin; wi < end; ++wi) {
+    const PrefillWorkItem w = p.plan.work[wi];
+    const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+    prefill_ws_work_item<C>(p, w, g, seq, q_smem, k_smem, v_smem, bars, wg);
+    g += tiles;
+    seq += tiles > 0;
+    if (w.slot >= 0) prefill_arrive<C>(p, w);
+  }
+}
+
+}  // namespace flashkv

@@ -1,0 +1,103 @@
+// The prefill kernel's attention-variant hooks (kernels/variants/variant.cuh): the kernel config
+// with its variant, the variant's view of a query-tile row, and the score/softmax step that runs
+// when a variant transforms or masks logits. Without such hooks the kernel keeps the plain
+// prefill_softmax of prefill_mainloop.cuh (the scale folded into one FFMA per logit), so plain
+// attention pays nothing for variants.
+#pragma once
+
+#include "attention/prefill/prefill_mainloop.cuh"
+#include "attention/prefill/prefill_params.cuh"
+#include "variants/variant_smem.cuh"
+
+namespace flashkv {
+
+// A kernel config C (PrefillConfig, prefill.cuh) with the attention variant V the kernel runs.
+template <class C, class V>
+struct PrefillWithVariant : C {
+  using Variant = V;
+  using Traits = VariantTraits<V>;
+};
+
+// The variant's view of row `row` of work item w's query tile: token q_start + row / group,
+// query head kv_head * group + row % group.
+__device__ __forceinline__ VariantRow prefill_variant_row(const PrefillParams& p, const PrefillWorkItem& w,
+                                                          int row) {
+  const int qo_idx = w.q_start + row / p.group;
+  return VariantRow{w.request, w.q_base + qo_idx, qo_idx, w.qo_len, w.kv_len,
+                    w.kv_head * p.group + row % p.group, w.kv_head};
+}
+
+// Applies the variant's output transform (when it has one) to N elements [col, col + N) of a row
+// bound for the final output; partial states of a split tile are transformed after their merge.
+template <class C, int N>
+__device__ __forceinline__ void prefill_output_transform(const PrefillParams& p, const PrefillWorkItem& w,
+                                                         int row, int col, bool final_output, float (&v)[N]) {
+  if constexpr (C::Traits::kOutputTransform) {
+    if (!final_output) return;
+    const VariantRow vr = prefill_variant_row(p, w, row);
+    const auto& va = variant_args<typename C::Variant>(p.variant);
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[e] = C::Variant::output_transform(va, vr, col + e, v[e]);
+  }
+}
+
+// The (query token, query head) of each of this thread's rows, for the per-logit hooks.
+template <class C>
+struct PrefillRowPos {
+  int qo_idx[C::kRowTiles][2];
+  int qo_head[C::kRowTiles][2];
+};
+
+// The online-softmax step of prefill_softmax (prefill_mainloop.cuh) for a variant with logits
+// hooks: each logit becomes Tr::score() of its position (already base 2 with softmax, or the
+// weight without), so the update runs on scores with no scale. Without softmax P is the weights
+// themselves: no running max, no rescale. pos0, lim, kMask and pa as in prefill_softmax.
+template <class C, bool kMask>
+__device__ __forceinline__ void prefill_softmax_variant(const PrefillParams& p, const PrefillWorkItem& w,
+                                                        PrefillWarpState<C>& st,
+                                                        float (&s)[C::kRowTiles][C::kNT][4], int pos0,
+                                                        const int (&lim)[C::kRowTiles][2],
+                                                        const PrefillRowPos<C>& rp,
+                                                        u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
+  typedef typename C::Traits Tr;
+  const auto& va = variant_args<typename C::Variant>(p.variant);
+  const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+#pragma unroll
+  for (int r = 0; r < C::kRowTiles; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = neg_inf();
+#pragma unroll
+      for (int nt = 0; nt < C::kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kv_idx = pos0 + nt * 8 + e;
+          const VariantPosition pos{w.request, rp.qo_idx[r][h], kv_idx, w.qo_len, w.kv_len,
+                                    rp.qo_head[r][h], w.kv_head};
+          float& x = s[r][nt][h * 2 + e];
+          x = Tr::score(va, pos, x * dot_scale, !kMask || kv_idx <= lim[r][h]);
+          mx = fmaxf(mx, x);
+        }
+      if constexpr (Tr::kUseSoftmax) prefill_online_update<C>(st, s, r, h, mx, 1.f);  // scores: base 2
+      // Without softmax the scores are the weights: no m, no d, plain sums.
+    }
+    prefill_pack_p<C>(s, r, pa);
+  }
+}
+
+// A row's final state (m, d quad-reduced; o this thread's part) -> the factor o is multiplied by
+// before normalizing: the sink joins the denominator of the chunk that starts at key 0, once.
+// Updates m and d; 1 when the variant has no sinks or the chunk does not start at key 0.
+template <class C>
+__device__ __forceinline__ float prefill_fold_sink(const PrefillParams& p, const PrefillWorkItem& w, int row,
+                                                   float& m, float& d) {
+  if constexpr (C::Traits::kSink) {
+    if (w.kv_start == 0) {
+      const auto& va = variant_args<typename C::Variant>(p.variant);
+      return fold_sink2(C::Traits::sink2(va, w.kv_head * p.group + row % p.group), m, d);
+    }
+  }
+  return 1.f;
+}
+
+}  // namespace flashkv

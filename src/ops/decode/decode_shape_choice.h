@@ -1,0 +1,35 @@
+// Which shape of the tensor-core decode kernel a plan runs: CTAs per SM and warps per CTA (and
+// pipeline stages, kernels/attention/decode/decode_shape.cuh). Pure host logic, unit-tested on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "ops/jit/kernel_specs.h"
+
+namespace flashkv::ops {
+
+struct DecodeShapeInputs {
+  int config_ctas_per_sm = 0;  // BatchDecodeConfig.ctas_per_sm (0: auto)
+  int sms = 0;                 // SMs the grid spans
+  int head_dim = 128;
+  int group = 1;               // query heads per KV head
+  int num_kv_heads = 1;
+  int max_smem_bytes = 227 * 1024;  // the GPU's opt-in shared memory per block
+  std::span<const int64_t> kv_lens;  // the keys each request's row sees
+  bool enable_cuda_graph = false;
+  int fixed_split_size = 0;
+  int tc_stages = 0, tc_warps = 0;  // DecodePlanOptions (0: default)
+};
+
+struct DecodeShapeChoice {
+  int ctas_per_sm = 2;     // the grid's, for the tensor-core kernel
+  DecodeTCTuning tuning;   // its kernel shape ({} : the default, 2 CTAs of 4 warps)
+};
+
+// KV tokens (summed over KV heads) per CTA from which auto runs 4 CTAs of 2 warps per SM.
+inline constexpr int64_t kDecodeSmallCtaMinTokens = 896;
+
+DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in);
+
+}  // namespace flashkv::ops

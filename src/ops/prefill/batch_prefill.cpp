@@ -1,0 +1,161 @@
+// BatchPrefillPaged and BatchPrefillRagged: the KV-source half of prefill (a page table, or
+// kv_indptr over contiguous rows) on top of the shared plan/run machinery (ops/prefill/prefill_core.h).
+#include "flashkv/prefill.h"
+
+#include "flashkv/error.h"
+#include "ops/prefill/prefill_core.h"
+
+namespace flashkv {
+namespace {
+
+// k and v share one set of strides in the kernel; 16-byte vector loads need aligned rows.
+void check_kv_strides(const TensorView& k, const TensorView& v, DType kv_dtype, const char* what) {
+  check_aligned(k, what, 16);
+  check_aligned(v, what, 16);
+  for (int i = 0; i < k.ndim(); ++i) {
+    check(k.stride(i) == v.stride(i), what, ": k and v must have the same strides (dim ", i, ": ",
+          k.stride(i), " vs ", v.stride(i), ")");
+    if (i + 1 < k.ndim()) {
+      check(k.stride(i) * static_cast<int64_t>(dtype_size(kv_dtype)) % 16 == 0, what,
+            ": strides must be multiples of 16 bytes for vector loads (dim ", i, ": ", k.stride(i),
+            " elements)");
+    }
+  }
+}
+
+// The kernel keeps offsets within a page (or within a ragged row) in 32 bits.
+void check_offsets_fit(int64_t page_extent, int64_t token_stride, int64_t head_stride,
+                       int64_t num_kv_heads, int64_t head_dim, const char* what) {
+  check(token_stride >= 0 && head_stride >= 0, what, ": expected non-negative strides");
+  const int64_t max_off = page_extent * token_stride + (num_kv_heads - 1) * head_stride + head_dim;
+  check(max_off < (int64_t{1} << 31), what, ": offsets within a page reach ", max_off,
+        " elements; the prefill kernel needs them below 2^31");
+}
+
+}  // namespace
+
+// ---- paged ----
+
+size_t BatchPrefillPaged::workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::required_bytes(cfg);
+}
+
+size_t BatchPrefillPaged::min_workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::min_bytes(cfg);
+}
+
+BatchPrefillPaged::BatchPrefillPaged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)
+    : core_(std::make_unique<detail::PrefillCore>(cfg, workspace, bytes, true,
+                                                  "BatchPrefillPaged")) {}
+BatchPrefillPaged::~BatchPrefillPaged() = default;
+
+void BatchPrefillPaged::plan(const PrefillBatch& batch, const AttentionShape& shape,
+                             const PrefillPlanOptions& opts, Stream stream) {
+  core_->plan(batch, shape, opts, stream);
+}
+
+void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                            const TensorView& lse, Stream stream) {
+  detail::PrefillCore& c = *core_;
+  PrefillParams p{};
+  c.check_io(q, out, lse, p);
+  const Device dev = Device::cuda(c.cfg.device);
+  kv.validate_shapes();
+  check_device(kv.k, "paged_kv.k", dev);
+  check_device(kv.indices, "paged_kv.indices", dev);
+  // The plan's host page ids (if it had them) against this cache: no GPU work.
+  check_page_ids_fit(c.page_ids, kv.num_pages());
+  check_dtype(kv.k, "paged_kv.k", c.shape.kv_dtype);
+  check(kv.page_size() == c.page_size, "paged_kv.page_size: expected ", c.page_size,
+        " (the plan's), got ", kv.page_size());
+  check(kv.num_kv_heads() == c.shape.num_kv_heads, "paged_kv.num_kv_heads: expected ", c.shape.num_kv_heads,
+        " (the plan's), got ", kv.num_kv_heads());
+  check(kv.head_dim() == c.shape.head_dim, "paged_kv.head_dim: expected ", c.shape.head_dim,
+        " (the plan's), got ", kv.head_dim());
+  const bool graph = c.opts.enable_cuda_graph;
+  if (graph ? kv.batch_size() < c.batch : kv.batch_size() != c.batch) {
+    fail("paged_kv batch: expected ", graph ? "at least " : "", c.batch,
+         " requests (the plan's), got ", kv.batch_size());
+  }
+  // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
+  check(kv.indices.size(0) >= c.nnz_kv, "paged_kv.indices: expected at least ", c.nnz_kv,
+        " entries (kv_indptr[batch] of the plan), got ", kv.indices.size(0));
+  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1,
+        "paged_kv.indices: expected a contiguous array");
+  check_aligned(kv.indices, "paged_kv.indices", 4);
+  check_kv_strides(kv.k, kv.v, c.shape.kv_dtype, "paged_kv");
+  p.k = kv.k.data();
+  p.v = kv.v.data();
+  p.kv_indices = kv.indices.data_as<const int>();
+  check_offsets_fit(kv.page_size() - 1, kv.token_stride(), kv.head_stride(), c.shape.num_kv_heads,
+                    c.shape.head_dim, "paged_kv");
+  check(kv.num_pages() < (int64_t{1} << 31), "paged_kv: at most 2^31 - 1 pages, got ",
+        kv.num_pages());
+  check(kv.page_stride() >= 0, "paged_kv: expected a non-negative page stride");
+  p.page_stride = kv.page_stride();
+  p.token_stride = static_cast<int>(kv.token_stride());
+  p.head_stride = static_cast<int>(kv.head_stride());
+  p.num_pages = static_cast<int>(kv.num_pages());
+  c.set_tma(p, q, {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, kv.page_size(), kv.num_pages(),
+                   kv.page_stride(), kv.token_stride(), kv.head_stride()});
+  c.launch(p, q, out, lse, kv.indices.size(0), stream);
+}
+
+void BatchPrefillPaged::forget_captured_graphs() { core_->captured = {}; }
+PrefillPlanInfo BatchPrefillPaged::plan_info() const { return core_->info; }
+
+// ---- ragged ----
+
+size_t BatchPrefillRagged::workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::required_bytes(cfg);
+}
+
+size_t BatchPrefillRagged::min_workspace_bytes(const BatchPrefillConfig& cfg) {
+  return ops::PrefillWorkspace::min_bytes(cfg);
+}
+
+BatchPrefillRagged::BatchPrefillRagged(const BatchPrefillConfig& cfg, void* workspace, size_t bytes)
+    : core_(std::make_unique<detail::PrefillCore>(cfg, workspace, bytes, false,
+                                                  "BatchPrefillRagged")) {}
+BatchPrefillRagged::~BatchPrefillRagged() = default;
+
+void BatchPrefillRagged::plan(const PrefillBatch& batch, const AttentionShape& shape,
+                              const PrefillPlanOptions& opts, Stream stream) {
+  check(opts.kv_indices_host == nullptr,
+        "PrefillPlanOptions.kv_indices_host: ragged KV has no page table");
+  core_->plan(batch, shape, opts, stream);
+}
+
+void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, Stream stream) {
+  detail::PrefillCore& c = *core_;
+  PrefillParams p{};
+  c.check_io(q, out, lse, p);
+  const Device dev = Device::cuda(c.cfg.device);
+  for (auto [t, what] : {std::pair{&k, "k"}, {&v, "v"}}) {
+    check_device(*t, what, dev);
+    check_dtype(*t, what, c.shape.kv_dtype);
+    check_ndim(*t, what, 3);
+    check_shape(*t, what, {-1, c.shape.num_kv_heads, c.shape.head_dim});
+    check_last_dim_contiguous(*t, what);
+    check(t->size(0) >= c.nnz_kv, what, ": expected at least ", c.nnz_kv,
+          " rows (kv_indptr[batch_size] of the plan), got ", t->size(0));
+  }
+  check(v.size(0) == k.size(0), "v: expected ", k.size(0), " rows (those of k), got ", v.size(0));
+  check_kv_strides(k, v, c.shape.kv_dtype, "k/v");
+  p.k = k.data();
+  p.v = v.data();
+  p.kv_indices = nullptr;
+  check_offsets_fit(0, k.stride(0), k.stride(1), c.shape.num_kv_heads, c.shape.head_dim, "k/v");
+  p.page_stride = 0;
+  p.token_stride = static_cast<int>(k.stride(0));
+  p.head_stride = static_cast<int>(k.stride(1));
+  p.num_pages = 0;
+  c.set_tma(p, q, {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, 0, k.size(0), 0, k.stride(0), k.stride(1)});
+  c.launch(p, q, out, lse, k.size(0), stream);
+}
+
+void BatchPrefillRagged::forget_captured_graphs() { core_->captured = {}; }
+PrefillPlanInfo BatchPrefillRagged::plan_info() const { return core_->info; }
+
+}  // namespace flashkv
