@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
-#include "flashkv/rope.h"
+#include "flashkv/rope_frequencies.h"
 
 namespace flashkv {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "flashkv/error.h"
-#include "flashkv/rope.h"
+#include "flashkv/rope_frequencies.h"
 
 namespace flashkv {
 
