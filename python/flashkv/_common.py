@@ -168,6 +168,54 @@ def outputs(q, rows_shape, head_dim, o_dtype, out, lse, return_lse):
     return out, lse
 
 
+def run_outputs(wrapper, q, k, out, lse, return_lse, indices_name=None):
+    """What every planned wrapper's run() checks before it launches, and its outputs: q on the
+    wrapper's side (GPU or host), the plan's host page ids against k's page count (when
+    `indices_name` names them), then out/lse allocated or checked (``outputs``)."""
+    plan = wrapper._plan
+    check_same_side(wrapper._on_gpu, wrapper._device, q, "q")
+    if indices_name is not None:
+        check_page_ids_fit(plan, k, indices_name)
+    return outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse, return_lse)
+
+
+def launch_paged(wrapper, q, k, v, out, lse):
+    """The GPU run of a paged plan: the C++ op's run() with the plan's device page table, on q's
+    stream."""
+    plan = wrapper._plan
+    A.call(wrapper._slot.op.run, q, k, v, wrapper._kv_layout, plan["run_indptr"], plan["indices"],
+           plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+
+
+class PagedRun:
+    """The eager run of the paged wrappers (batch decode, paged prefill): also the body of their
+    torch custom ops. The plan's checks and outputs, then the C++ op on the GPU or, on the host,
+    the plan's checks and the wrapper's CPU reference (``_reference_run``)."""
+
+    _indices_name = "indices"  # how a bad host page id is named (the wrapper's plan() argument)
+
+    def _run(self, q, k, v, out, lse, return_lse):
+        """run() on the planned batch, eager (also the body of the torch custom op)."""
+        plan = self._plan
+        require_plan(plan)
+        out, lse = run_outputs(self, q, k, out, lse, return_lse, self._indices_name)
+        if self._on_gpu:
+            launch_paged(self, q, k, v, out, lse)
+        else:
+            check_planned_host(q, k, plan, self._kv_layout)
+            self._reference_run(q, k, v, out, lse)
+        return finish(out, lse, return_lse)
+
+    def _reference_run(self, q, k, v, out, lse):
+        raise NotImplementedError
+
+
+def check_planned_host(q, k, plan, kv_layout):
+    """The host path's checks of q and a paged cache against the plan (the GPU path's are C++)."""
+    check_planned(q, k, plan)
+    check_planned_paged(k, plan, kv_layout)
+
+
 def finish(out, lse, return_lse):
     """FlashInfer's return value; lse converted in place to base 2."""
     if lse is not None:

@@ -307,15 +307,11 @@ class MultiLevelCascadeWrapper:
         plan = self._plan
         C.require_plan(plan)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        C.check_same_side(self._on_gpu, self._device, q, "q")
-        C.check_page_ids_fit(plan, k, "paged_kv_indices")
-        out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
-                             return_lse)
+        out, lse = C.run_outputs(self, q, k, out, lse, return_lse, "paged_kv_indices")
         if self._on_gpu:
             A.call(self._slot.op.run, q, k, v, self._kv_layout, out, lse, A.cuda_stream(q))
         else:
-            C.check_planned(q, k, plan)
-            C.check_planned_paged(k, plan, self._kv_layout)
+            C.check_planned_host(q, k, plan, self._kv_layout)
             if plan["qo_indptr"] is None:
                 A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, plan["indptr"],
                        plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"])

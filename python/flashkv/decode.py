@@ -95,7 +95,7 @@ def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, str
            None if lse is None else lse[None], stream)
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
     """Batch decode over a paged KV cache: ``plan()`` once per generation step, ``run()`` per
     layer. FlashInfer's ``flashinfer.BatchDecodeWithPagedKVCacheWrapper`` API.
 
@@ -328,23 +328,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _run(self, q, k, v, out, lse, return_lse):
-        """run() on the planned batch, eager (also the body of the torch custom op)."""
+    def _reference_run(self, q, k, v, out, lse):
         plan = self._plan
-        C.require_plan(plan)
-        C.check_same_side(self._on_gpu, self._device, q, "q")
-        C.check_page_ids_fit(plan, k, "indices")
-        out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
-                             return_lse)
-        if self._on_gpu:
-            A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
-                   plan["indices"], plan["run_last_page_len"], out, lse, A.cuda_stream(q))
-        else:
-            C.check_planned(q, k, plan)
-            C.check_planned_paged(k, plan, self._kv_layout)
-            self._reference_decode(q, k, v, plan["indptr"], plan["indices"],
-                                   plan["last_page_len"], out, lse)
-        return C.finish(out, lse, return_lse)
+        self._reference_decode(q, k, v, plan["indptr"], plan["indices"], plan["last_page_len"],
+                               out, lse)
 
     def _reference_decode(self, q, k, v, indptr, indices, last_page_len, out, lse):
         """The CPU reference of the plan (its built-in variant, if any)."""
@@ -412,10 +399,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         theta = float((5e5 if llama31 else 1e4) if rope_theta is None else rope_theta)
         rd = 0 if rotary_dim is None else int(rotary_dim)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        C.check_same_side(self._on_gpu, self._device, q, "q")
-        C.check_page_ids_fit(plan, k, "indices")
-        out, lse = C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse,
-                             return_lse)
+        out, lse = C.run_outputs(self, q, k, out, lse, return_lse, "indices")
         if self._on_gpu:
             pos = None if pos_ids is None else (
                 A.device_i32(pos_ids) if A.is_cuda(pos_ids)
@@ -427,8 +411,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                    bool(is_neox), pos, A.cuda_stream(q))
             return C.finish(out, lse, return_lse)
         # Host: the unfused ops on the CPU reference.
-        C.check_planned(q, k, plan)
-        C.check_planned_paged(k, plan, self._kv_layout)
+        C.check_planned_host(q, k, plan, self._kv_layout)
         for name, x in (("k_new", k_new), ("v_new", v_new)):
             if len(x.shape) != 3 or x.shape[0] != plan["batch"]:
                 raise ValueError(f"{name}: expected {plan['batch']} rows (one new token per "

@@ -263,12 +263,10 @@ class _BatchPrefillBase:
             self._tile_rows = op.plan_info()["tile_rows"]
 
     def _outputs(self, q, out, lse, return_lse):
-        C.check_same_side(self._on_gpu, self._device, q, "q")
-        plan = self._plan
-        return C.outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse, return_lse)
+        return C.run_outputs(self, q, None, out, lse, return_lse)
 
 
-class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
+class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
     """Batch prefill/append over a paged KV cache with ragged queries (FlashInfer's
     ``flashinfer.BatchPrefillWithPagedKVCacheWrapper``): ``plan()`` per step, ``run()`` per layer.
 
@@ -286,6 +284,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
     raises where it cannot run, e.g. with a variant). ``plan_info()["wgmma"]`` says which ran,
     ``plan_info()["kv_tma"]`` whether the last run() loaded by TMA (pages of >= 16 tokens).
     """
+
+    _indices_name = "paged_kv_indices"
 
     _op_class = _C.BatchPrefillPaged
 
@@ -413,27 +413,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase):
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _run(self, q, k, v, out, lse, return_lse):
-        """run() on the planned batch, eager (also the body of the torch custom op)."""
+    def _reference_run(self, q, k, v, out, lse):
         plan = self._plan
-        C.require_plan(plan)
-        C.check_page_ids_fit(plan, k, "paged_kv_indices")
-        out, lse = self._outputs(q, out, lse, return_lse)
-        if self._on_gpu:
-            A.call(self._slot.op.run, q, k, v, self._kv_layout, plan["run_indptr"],
-                   plan["indices"], plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+        if plan["variant"] is None:
+            A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v, self._kv_layout,
+                   plan["indptr"], plan["indices"], plan["last_page_len"], out, lse,
+                   plan["causal"], plan["sm_scale"])
         else:
-            C.check_planned(q, k, plan)
-            C.check_planned_paged(k, plan, self._kv_layout)
-            if plan["variant"] is None:
-                A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v,
-                       self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"],
-                       out, lse, plan["causal"], plan["sm_scale"])
-            else:
-                A.call(_C.reference_batch_prefill_paged_variant, q, plan["qo_indptr"], k, v,
-                       self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"],
-                       out, lse, plan["variant"])
-        return C.finish(out, lse, return_lse)
+            A.call(_C.reference_batch_prefill_paged_variant, q, plan["qo_indptr"], k, v,
+                   self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"], out,
+                   lse, plan["variant"])
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
