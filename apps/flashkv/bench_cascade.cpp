@@ -142,7 +142,17 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
         BatchDecodeConfig dcfg{n, kHq, kD};
         DeviceBuffer dws(BatchDecode::workspace_bytes(dcfg));
         BatchDecode dec(dcfg, dws.data(), dws.size());
-        dec.plan(b.indptr.data(), b.last.data(), n, kHq, kHkv, kD, b.page, dt, dt, dt, {}, s);
+        dec.plan({.kv_indptr = b.indptr.data(),
+                  .kv_last_page_len = b.last.data(),
+                  .batch_size = n,
+                  .page_size = b.page},
+                 {.num_qo_heads = kHq,
+                  .num_kv_heads = kHkv,
+                  .head_dim = kD,
+                  .q_dtype = dt,
+                  .kv_dtype = dt,
+                  .o_dtype = dt},
+                 {}, s);
         const Timing tp = time_on_stream(
             s, [&](int rep) { dec.run(q, device_cache(b, dt, rep % b.copies), op, {}, s); }, 5,
             o.reps);

@@ -122,8 +122,17 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           po.backend = o.backend == "cuda" ? DecodeBackend::kCudaCores
                        : o.backend == "tc" ? DecodeBackend::kTensorCores
                                            : DecodeBackend::kAuto;
-          dec.plan(st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq, sh.num_kv_heads, D,
-                   o.page_size, dt, dt, dt, po, s);
+          dec.plan({.kv_indptr = st.kv.indptr.data(),
+                    .kv_last_page_len = st.kv.last.data(),
+                    .batch_size = st.B,
+                    .page_size = o.page_size},
+                   {.num_qo_heads = st.Hq,
+                    .num_kv_heads = sh.num_kv_heads,
+                    .head_dim = D,
+                    .q_dtype = dt,
+                    .kv_dtype = dt,
+                    .o_dtype = dt},
+                   po, s);
           std::vector<PagedKVCache> caches;
           for (int c = 0; c < st.kv.copies; ++c) caches.push_back(st.kv.device_view(c));
           const size_t q_bytes = size_t(st.B) * st.Hq * D * dtype_size(dt);
@@ -238,7 +247,16 @@ nlohmann::json bench_plan_time(Stream s) {
     }
     std::vector<double> us, sched_us;
     for (int rep = 0; rep < 50; ++rep) {
-      dec.plan(indptr.data(), last.data(), B, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16,
+      dec.plan({.kv_indptr = indptr.data(),
+                .kv_last_page_len = last.data(),
+                .batch_size = B,
+                .page_size = 16},
+               {.num_qo_heads = 32,
+                .num_kv_heads = 8,
+                .head_dim = 128,
+                .q_dtype = DType::f16,
+                .kv_dtype = DType::f16,
+                .o_dtype = DType::f16},
                {}, s);
       us.push_back(dec.plan_info().plan_us);
       sched_us.push_back(dec.plan_info().schedule_us);

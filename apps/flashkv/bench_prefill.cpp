@@ -192,8 +192,18 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
                : o.backend == "wgmma" ? PrefillBackend::kWgmma
                                       : PrefillBackend::kAuto;
   auto plan = [&] {
-    pf.plan(st.qo_indptr.data(), st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq,
-            sh.num_kv_heads, D, o.page_size, dt, dt, dt, po, s);
+    pf.plan({.qo_indptr = st.qo_indptr.data(),
+             .kv_indptr = st.kv.indptr.data(),
+             .kv_last_page_len = st.kv.last.data(),
+             .batch_size = st.B,
+             .page_size = o.page_size},
+            {.num_qo_heads = st.Hq,
+             .num_kv_heads = sh.num_kv_heads,
+             .head_dim = D,
+             .q_dtype = dt,
+             .kv_dtype = dt,
+             .o_dtype = dt},
+            po, s);
     return pf.plan_info().plan_us;
   };
   const double plan_first_us = plan();  // may include the kernel's JIT compile

@@ -103,9 +103,19 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       DeviceBuffer ws_e(BatchDecode::workspace_bytes(cfg)), ws_g(BatchDecode::workspace_bytes(cfg));
       BatchDecode eager(cfg, ws_e.data(), ws_e.size()), graphed(cfg, ws_g.data(), ws_g.size());
       DecodePlanOptions po;
-      eager.plan(kv0.indptr.data(), kv0.last.data(), B, kHq, kHkv, kD, o.page_size, dt, dt, dt, po, s);
+      const DecodeBatch batch{.kv_indptr = kv0.indptr.data(),
+                              .kv_last_page_len = kv0.last.data(),
+                              .batch_size = B,
+                              .page_size = o.page_size};
+      const AttentionShape shape{.num_qo_heads = kHq,
+                                 .num_kv_heads = kHkv,
+                                 .head_dim = kD,
+                                 .q_dtype = dt,
+                                 .kv_dtype = dt,
+                                 .o_dtype = dt};
+      eager.plan(batch, shape, po, s);
       po.enable_cuda_graph = true;
-      graphed.plan(kv0.indptr.data(), kv0.last.data(), B, kHq, kHkv, kD, o.page_size, dt, dt, dt, po, s);
+      graphed.plan(batch, shape, po, s);
 
       auto unfused = [&](BatchDecode& dec) {
         for (int l = 0; l < kLayers; ++l) {

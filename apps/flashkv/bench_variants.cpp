@@ -251,8 +251,17 @@ nlohmann::json bench_variants(const VariantsBenchOptions& o, const Ceilings& cei
         auto plan = [&](const Variant& v) {
           DecodePlanOptions po;
           po.variant = v;
-          dec.plan(st.kv.indptr.data(), st.kv.last.data(), st.B, st.Hq, sh.num_kv_heads, st.D,
-                   o.page_size, dt, dt, dt, po, s);
+          dec.plan({.kv_indptr = st.kv.indptr.data(),
+                    .kv_last_page_len = st.kv.last.data(),
+                    .batch_size = st.B,
+                    .page_size = o.page_size},
+                   {.num_qo_heads = st.Hq,
+                    .num_kv_heads = sh.num_kv_heads,
+                    .head_dim = st.D,
+                    .q_dtype = dt,
+                    .kv_dtype = dt,
+                    .o_dtype = dt},
+                   po, s);
         };
         const nlohmann::json base = {{"workload", w.id},
                                      {"shape", sh.name},

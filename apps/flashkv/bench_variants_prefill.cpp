@@ -174,8 +174,18 @@ nlohmann::json bench_variants_prefill(const VariantsBenchOptions& o, const Ceili
           PrefillPlanOptions po;
           po.causal = causal;
           if (!plain) po.variant = Variant::builtin(describe(st, name, true));
-          pf.plan(st.indptr.data(), st.indptr.data(), st.B, st.Hq, st.Hkv, st.D, dt, dt, dt, po,
-                  s);  // JIT-compiles the variant's kernel: outside the timed region
+          pf.plan({.qo_indptr = st.indptr.data(),
+                   .kv_indptr = st.indptr.data(),
+                   .kv_last_page_len = nullptr,
+                   .batch_size = st.B,
+                   .page_size = 0},
+                  {.num_qo_heads = st.Hq,
+                   .num_kv_heads = st.Hkv,
+                   .head_dim = st.D,
+                   .q_dtype = dt,
+                   .kv_dtype = dt,
+                   .o_dtype = dt},
+                  po, s);  // JIT-compiles the variant's kernel: outside the timed region
           const Timing t = time_on_stream(
               s, [&](int rep) { run(rep % st.copies); }, 5, o.reps);
           synchronize(s);

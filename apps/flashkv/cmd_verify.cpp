@@ -108,7 +108,16 @@ Check verify_decode(DType dt, int Hq, int Hkv, int D, int page, bool gpu, uint64
     BatchDecodeConfig cfg{static_cast<int>(B), Hq, D};
     DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
     BatchDecode dec(cfg, ws.data(), ws.size());
-    dec.plan(indptr.data(), last.data(), static_cast<int>(B), Hq, Hkv, D, page, dt, dt, dt);
+    dec.plan({.kv_indptr = indptr.data(),
+              .kv_last_page_len = last.data(),
+              .batch_size = static_cast<int>(B),
+              .page_size = page},
+             {.num_qo_heads = Hq,
+              .num_kv_heads = Hkv,
+              .head_dim = D,
+              .q_dtype = dt,
+              .kv_dtype = dt,
+              .o_dtype = dt});
     dec.run(dq, dc, dout, TensorView());
     synchronize();
     keep.back().copy_to_host(got.data(), got.nbytes());
@@ -221,8 +230,18 @@ Check verify_prefill(DType dt, int Hq, int Hkv, int D, int page, bool causal, bo
     BatchPrefillPaged pf(cfg, ws.data(), ws.size());
     PrefillPlanOptions po;
     po.causal = causal;
-    pf.plan(qo_ptr.data(), kv_ptr.data(), last.data(), static_cast<int>(B), Hq, Hkv, D, page, dt,
-            dt, dt, po);
+    pf.plan({.qo_indptr = qo_ptr.data(),
+             .kv_indptr = kv_ptr.data(),
+             .kv_last_page_len = last.data(),
+             .batch_size = static_cast<int>(B),
+             .page_size = page},
+            {.num_qo_heads = Hq,
+             .num_kv_heads = Hkv,
+             .head_dim = D,
+             .q_dtype = dt,
+             .kv_dtype = dt,
+             .o_dtype = dt},
+            po);
     pf.run(dq, dc, dout, TensorView());
     synchronize();
     keep.back().copy_to_host(got.data(), got.nbytes());

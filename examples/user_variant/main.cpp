@@ -149,8 +149,13 @@ int main() {
   const BatchDecodeConfig cfg{.max_batch = kBatch, .num_qo_heads = kHq, .head_dim = kDim};
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
-  dec.plan(indptr.data(), last_page_len.data(), kBatch, kHq, kHk, kDim, kPage, DType::f16,
-           DType::f16, DType::f16, DecodePlanOptions{.variant = t5});
+  // The batch (its host page table) and the heads (q, KV and out: f16, the default).
+  const DecodeBatch batch{.kv_indptr = indptr.data(),
+                          .kv_last_page_len = last_page_len.data(),
+                          .batch_size = kBatch,
+                          .page_size = kPage};
+  const AttentionShape shape{.num_qo_heads = kHq, .num_kv_heads = kHk, .head_dim = kDim};
+  dec.plan(batch, shape, DecodePlanOptions{.variant = t5});
   dec.run(qv, kv, ov, TensorView());  // no lse wanted
   synchronize();
   std::vector<uint16_t> out(q.size());
@@ -196,8 +201,7 @@ int main() {
 
   // The typo, through plan() on the GPU.
   const bool reported = show_compile_error([&](const VariantSpec& spec) {
-    dec.plan(indptr.data(), last_page_len.data(), kBatch, kHq, kHk, kDim, kPage, DType::f16,
-             DType::f16, DType::f16, DecodePlanOptions{.variant = Variant::user(spec, t5.args())});
+    dec.plan(batch, shape, DecodePlanOptions{.variant = Variant::user(spec, t5.args())});
   });
   return pass && reported ? 0 : 1;
 }

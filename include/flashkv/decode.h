@@ -3,9 +3,11 @@
 //   BatchDecodeConfig cfg{.max_batch = 256, .num_qo_heads = 32, .head_dim = 128};
 //   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
 //   BatchDecode dec(cfg, ws.data(), ws.size());
-//   dec.plan(indptr_host, last_page_len_host, batch, 32, 8, 128, 16, DType::f16, DType::f16,
-//   DType::f16, {}, stream); dec.run(q, paged_kv, out, lse, stream);  // allocates nothing, never
-//   synchronizes
+//   dec.plan({.kv_indptr = indptr_host, .kv_last_page_len = last_page_len_host,
+//             .batch_size = batch, .page_size = 16},
+//            {.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128},  // f16 q, KV and out
+//            {}, stream);
+//   dec.run(q, paged_kv, out, lse, stream);  // allocates nothing, never synchronizes
 //
 // The workspace is sized once for the worst case, so its pointers never move: a CUDA graph that
 // captured run() (after a plan() with enable_cuda_graph) replays correctly after any later plan()
@@ -149,15 +151,6 @@ class BatchDecode {
   // plan into the workspace asynchronously on `stream`.
   void plan(const DecodeBatch& batch, const AttentionShape& shape,
             const DecodePlanOptions& opts = {}, Stream stream = nullptr);
-  // The same, positional (transitional; every caller in this tree uses the structs).
-  void plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
-            int num_qo_heads, int num_kv_heads, int head_dim, int page_size, DType q_dtype,
-            DType kv_dtype, DType o_dtype, const DecodePlanOptions& opts = {},
-            Stream stream = nullptr) {
-    plan(DecodeBatch{kv_indptr, kv_last_page_len, batch_size, page_size},
-         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
-         stream);
-  }
 
   // q[batch, H_qo, D], out[batch, H_qo, D], lse f32[batch, H_qo] (optional: undefined view).
   // kv's index tensors are on the device (only kv.indices is read; indptr and last_page_len are

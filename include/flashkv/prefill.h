@@ -11,8 +11,10 @@
 //                          .head_dim = 128};
 //   DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
 //   BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-//   pf.plan(qo_indptr_h, kv_indptr_h, last_page_len_h, batch, 32, 8, 128, 16, DType::f16,
-//           DType::f16, DType::f16, {.causal = true}, stream);
+//   pf.plan({.qo_indptr = qo_indptr_h, .kv_indptr = kv_indptr_h,
+//            .kv_last_page_len = last_page_len_h, .batch_size = batch, .page_size = 16},
+//           {.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128},  // f16 q, KV and out
+//           {.causal = true}, stream);
 //   pf.run(q, paged_kv, out, lse, stream);  // allocates nothing, never synchronizes
 //
 // Requests may have qo_len 0 or kv_len 0; a query row that sees no key gets out = 0, lse = -inf.
@@ -134,15 +136,6 @@ class BatchPrefillPaged {
   // `stream`.
   void plan(const PrefillBatch& batch, const AttentionShape& shape,
             const PrefillPlanOptions& opts = {}, Stream stream = nullptr);
-  // The same, positional (transitional; every caller in this tree uses the structs).
-  void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, const int32_t* kv_last_page_len,
-            int batch_size, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-            DType q_dtype, DType kv_dtype, DType o_dtype, const PrefillPlanOptions& opts = {},
-            Stream stream = nullptr) {
-    plan(PrefillBatch{qo_indptr, kv_indptr, kv_last_page_len, batch_size, page_size},
-         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
-         stream);
-  }
   // q[nnz_qo, H_qo, D], out[nnz_qo, H_qo, D], lse f32[nnz_qo, H_qo] (optional: undefined view).
   // Only kv.indices is read from kv's index tensors (on the device); indptr and last_page_len are
   // those given to plan(), but their views must still have the plan's batch shape (they are
@@ -172,14 +165,6 @@ class BatchPrefillRagged {
   // its page_size 0 (ragged KV has no pages).
   void plan(const PrefillBatch& batch, const AttentionShape& shape,
             const PrefillPlanOptions& opts = {}, Stream stream = nullptr);
-  // The same, positional (transitional; every caller in this tree uses the structs).
-  void plan(const int32_t* qo_indptr, const int32_t* kv_indptr, int batch_size, int num_qo_heads,
-            int num_kv_heads, int head_dim, DType q_dtype, DType kv_dtype, DType o_dtype,
-            const PrefillPlanOptions& opts = {}, Stream stream = nullptr) {
-    plan(PrefillBatch{qo_indptr, kv_indptr, nullptr, batch_size, 0},
-         AttentionShape{num_qo_heads, num_kv_heads, head_dim, q_dtype, kv_dtype, o_dtype}, opts,
-         stream);
-  }
   // q/out [nnz_qo, H_qo, D]; k, v [nnz_kv, H_kv, D] with nnz_kv >= kv_indptr[batch].
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);

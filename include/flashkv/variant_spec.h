@@ -14,7 +14,7 @@
 //                                                float s) { ... }
 //     };)";
 //   Variant v = Variant::user(spec, VariantArgs().set("num_buckets", 32).set("bias", bias_view));
-//   decode.plan(..., DecodePlanOptions{.variant = v});
+//   decode.plan(batch, shape, DecodePlanOptions{.variant = v});
 //
 // The source is compiled once per (spec, kernel configuration); the JIT key holds a hash of the
 // source and the declaration. A compile error in the source raises flashkv::Error with NVRTC's

@@ -169,8 +169,15 @@ class PyBatchDecode {
     if (variant != nullptr) o.variant = variant->variant;
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
-      op_->plan(ip, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
-                stream_of(stream));
+      op_->plan(
+          {.kv_indptr = ip, .kv_last_page_len = lp, .batch_size = batch, .page_size = page_size},
+          {.num_qo_heads = num_qo_heads,
+           .num_kv_heads = num_kv_heads,
+           .head_dim = head_dim,
+           .q_dtype = qt,
+           .kv_dtype = kt,
+           .o_dtype = ot},
+          o, stream_of(stream));
     });
     // The plan holds the variant's device pointers: keep their arrays for as long as it runs.
     variant_keep_ = variant != nullptr ? variant->keep : std::vector<InArray>{};
@@ -327,8 +334,18 @@ class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
                                                  variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
-      op_->plan(qp, kp, lp, batch, num_qo_heads, num_kv_heads, head_dim, page_size, qt, kt, ot, o,
-                stream_of(stream));
+      op_->plan({.qo_indptr = qp,
+                 .kv_indptr = kp,
+                 .kv_last_page_len = lp,
+                 .batch_size = batch,
+                 .page_size = page_size},
+                {.num_qo_heads = num_qo_heads,
+                 .num_kv_heads = num_kv_heads,
+                 .head_dim = head_dim,
+                 .q_dtype = qt,
+                 .kv_dtype = kt,
+                 .o_dtype = ot},
+                o, stream_of(stream));
     });
     keep_variant(variant);
   }
@@ -359,8 +376,18 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
                                                  variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
-      op_->plan(qp, kp, batch, num_qo_heads, num_kv_heads, head_dim, qt, kt, ot, o,
-                stream_of(stream));
+      op_->plan({.qo_indptr = qp,
+                 .kv_indptr = kp,
+                 .kv_last_page_len = nullptr,
+                 .batch_size = batch,
+                 .page_size = 0},
+                {.num_qo_heads = num_qo_heads,
+                 .num_kv_heads = num_kv_heads,
+                 .head_dim = head_dim,
+                 .q_dtype = qt,
+                 .kv_dtype = kt,
+                 .o_dtype = ot},
+                o, stream_of(stream));
     });
     keep_variant(variant);
   }

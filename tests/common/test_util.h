@@ -112,4 +112,13 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
+// `s` with one member replaced: a plan() argument struct (DecodeBatch, PrefillBatch,
+// AttentionShape) that is valid but for the field a bad-input test names, e.g.
+//   dec.plan(with(batch, &DecodeBatch::batch_size, -1), shape);
+template <class S, class M, class V>
+S with(S s, M S::*member, const V& value) {
+  s.*member = value;
+  return s;
+}
+
 }  // namespace flashkv::test

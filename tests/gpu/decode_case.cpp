@@ -115,9 +115,17 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
   DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes : BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
   Stream s = create_stream();
-  dec.plan(cache.indptr.view().data_as<int32_t>(), cache.last_page_len.view().data_as<int32_t>(),
-           static_cast<int>(B), c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size, c.dtype,
-           c.dtype, c.dtype, c.opts, s);
+  dec.plan({.kv_indptr = cache.indptr.view().data_as<int32_t>(),
+            .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+            .batch_size = static_cast<int>(B),
+            .page_size = c.page_size},
+           {.num_qo_heads = c.num_qo_heads,
+            .num_kv_heads = c.num_kv_heads,
+            .head_dim = c.head_dim,
+            .q_dtype = c.dtype,
+            .kv_dtype = c.dtype,
+            .o_dtype = c.dtype},
+           c.opts, s);
   dec.run(dq.view, dc.cache, dout.view, dlse.view, s);
   synchronize(s);
   destroy_stream(s);

@@ -190,9 +190,18 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
     DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes
                                           : BatchPrefillPaged::workspace_bytes(cfg));
     BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-    pf.plan(qo_indptr, in.cache.indptr.view().data_as<int32_t>(),
-            in.cache.last_page_len.view().data_as<int32_t>(), B, c.num_qo_heads, c.num_kv_heads,
-            c.head_dim, c.page_size, dt, dt, dt, opts, s);
+    pf.plan({.qo_indptr = qo_indptr,
+             .kv_indptr = in.cache.indptr.view().data_as<int32_t>(),
+             .kv_last_page_len = in.cache.last_page_len.view().data_as<int32_t>(),
+             .batch_size = B,
+             .page_size = c.page_size},
+            {.num_qo_heads = c.num_qo_heads,
+             .num_kv_heads = c.num_kv_heads,
+             .head_dim = c.head_dim,
+             .q_dtype = dt,
+             .kv_dtype = dt,
+             .o_dtype = dt},
+            opts, s);
     pf.run(in.dq.view, in.dcache.cache, dout.view, lse_view, s);
     synchronize(s);
     o.plan = pf.plan_info();
@@ -200,8 +209,18 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
     DeviceBuffer ws(c.workspace_bytes > 0 ? c.workspace_bytes
                                           : BatchPrefillRagged::workspace_bytes(cfg));
     BatchPrefillRagged pf(cfg, ws.data(), ws.size());
-    pf.plan(qo_indptr, in.cache.kv_indptr.view().data_as<int32_t>(), B, c.num_qo_heads,
-            c.num_kv_heads, c.head_dim, dt, dt, dt, opts, s);
+    pf.plan({.qo_indptr = qo_indptr,
+             .kv_indptr = in.cache.kv_indptr.view().data_as<int32_t>(),
+             .kv_last_page_len = nullptr,
+             .batch_size = B,
+             .page_size = 0},
+            {.num_qo_heads = c.num_qo_heads,
+             .num_kv_heads = c.num_kv_heads,
+             .head_dim = c.head_dim,
+             .q_dtype = dt,
+             .kv_dtype = dt,
+             .o_dtype = dt},
+            opts, s);
     pf.run(in.dq.view, in.dk_ragged.view, in.dv_ragged.view, dout.view, lse_view, s);
     synchronize(s);
     o.plan = pf.plan_info();

@@ -19,6 +19,12 @@ namespace {
 
 constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;
 constexpr DType kDt = DType::f16;
+constexpr AttentionShape kShape{.num_qo_heads = kHqo,
+                                .num_kv_heads = kHkv,
+                                .head_dim = kD,
+                                .q_dtype = kDt,
+                                .kv_dtype = kDt,
+                                .o_dtype = kDt};
 
 class DecodeBadInputGpu : public GpuTest {
  protected:
@@ -28,6 +34,9 @@ class DecodeBadInputGpu : public GpuTest {
 
   const int32_t* indptr() const { return cache.indptr.view().data_as<int32_t>(); }
   const int32_t* last() const { return cache.last_page_len.view().data_as<int32_t>(); }
+  DecodeBatch batch() const {
+    return {.kv_indptr = indptr(), .kv_last_page_len = last(), .batch_size = 2, .page_size = kPage};
+  }
 
   // fn() throws flashkv::Error containing `needle`, and every poisoned tensor keeps its bytes.
   static void expect_refused(const std::function<void()>& fn, const std::string& needle,
@@ -72,31 +81,32 @@ TEST_F(DecodeBadInputGpu, PlanRefusesBadPageTablesAndSizes) {
     std::string needle;
     std::function<void()> plan;
   };
-  const int32_t* ip = indptr();
-  const int32_t* lp = last();
+  const DecodeBatch good = batch();
   const std::vector<BadPlan> cases = {
       {"kv_indptr[0]",
-       [&] { dec.plan(indptr_not_from_zero.data(), lp, 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt); }},
+       [&] { dec.plan(with(good, &DecodeBatch::kv_indptr, indptr_not_from_zero.data()), kShape); }},
       {"kv_indptr",  // null
-       [&] { dec.plan(nullptr, lp, 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt); }},
+       [&] { dec.plan(with(good, &DecodeBatch::kv_indptr, nullptr), kShape); }},
       {"kv_last_page_len[1]",
-       [&] { dec.plan(ip, last_past_page.data(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt); }},
-      {"page_size", [&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, 0, kDt, kDt, kDt); }},
-      {"page_size", [&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, -16, kDt, kDt, kDt); }},
-      {"batch_size", [&] { dec.plan(ip, lp, -1, kHqo, kHkv, kD, kPage, kDt, kDt, kDt); }},
+       [&] {
+         dec.plan(with(good, &DecodeBatch::kv_last_page_len, last_past_page.data()), kShape);
+       }},
+      {"page_size", [&] { dec.plan(with(good, &DecodeBatch::page_size, 0), kShape); }},
+      {"page_size", [&] { dec.plan(with(good, &DecodeBatch::page_size, -16), kShape); }},
+      {"batch_size", [&] { dec.plan(with(good, &DecodeBatch::batch_size, -1), kShape); }},
       {"num_qo_heads",  // more than BatchDecodeConfig.num_qo_heads
-       [&] { dec.plan(ip, lp, 2, 2 * kHqo, kHkv, kD, kPage, kDt, kDt, kDt); }},
-      {"o_dtype", [&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, kDt, kDt, DType::bf16); }},
-      {"q_dtype", [&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, DType::f32, kDt, kDt); }},
+       [&] { dec.plan(good, with(kShape, &AttentionShape::num_qo_heads, 2 * kHqo)); }},
+      {"o_dtype", [&] { dec.plan(good, with(kShape, &AttentionShape::o_dtype, DType::bf16)); }},
+      {"q_dtype", [&] { dec.plan(good, with(kShape, &AttentionShape::q_dtype, DType::f32)); }},
   };
   for (const BadPlan& c : cases) {
     SCOPED_TRACE(c.needle);
-    dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt);
+    dec.plan(good, kShape);
     expect_refused(c.plan, c.needle, poisoned);
     expect_refused([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
                    "before a successful plan", poisoned);
   }
-  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt);
+  dec.plan(good, kShape);
   expect_valid_run_matches(dec, dq, dc);
 }
 
@@ -109,7 +119,7 @@ TEST_F(DecodeBadInputGpu, RunRefusesTensorsThatDoNotMatchThePlan) {
   q.fill_random(3);
   const DeviceCache dc = to_device(cache);
   const DeviceTensor dq = to_device(q), dout = poisoned_like(out), dlse = poisoned_like(lse);
-  dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt);
+  dec.plan(batch(), kShape);
 
   // Runs with one argument replaced; out and lse are the poisoned ones unless replaced.
   const auto run = [&](const TensorView& q_view, const PagedKVCache& kv, const TensorView& o,

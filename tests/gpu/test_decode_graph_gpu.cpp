@@ -23,6 +23,16 @@ using runtime::driver;
 
 constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;
 
+// The heads of every plan here, with q, KV and out in `dt`.
+AttentionShape shape_in(DType dt) {
+  return {.num_qo_heads = kHqo,
+          .num_kv_heads = kHkv,
+          .head_dim = kD,
+          .q_dtype = dt,
+          .kv_dtype = dt,
+          .o_dtype = dt};
+}
+
 // A fixed pool of pages on host and device; each step picks pages for its batch from the pool.
 struct Pool {
   int num_pages;
@@ -105,8 +115,11 @@ void replays_across_replans(int64_t ws_extra) {
   // Capture with a full batch.
   std::vector<int64_t> lens(kMaxBatch, 100);
   Batch b = make_batch(lens, pool.num_pages, rng);
-  dec.plan(b.indptr.view().data_as<int32_t>(), b.last.view().data_as<int32_t>(), kMaxBatch, kHqo,
-           kHkv, kD, kPage, dt, dt, dt, opts, s);
+  dec.plan({.kv_indptr = b.indptr.view().data_as<int32_t>(),
+            .kv_last_page_len = b.last.view().data_as<int32_t>(),
+            .batch_size = kMaxBatch,
+            .page_size = kPage},
+           shape_in(dt), opts, s);
   PagedKVCache dc;
   dc.k = pool.dk.view;
   dc.v = pool.dv.view;
@@ -142,8 +155,11 @@ void replays_across_replans(int64_t ws_extra) {
     d_indices.copy_from_host(sb.indices.data(), sb.indices.nbytes());
     dout.buf.fill_bytes(0xff);
     dlse.buf.fill_bytes(0xff);  // so a replay that skips the LSE shows, step by step
-    dec.plan(sb.indptr.view().data_as<int32_t>(), sb.last.view().data_as<int32_t>(), B, kHqo, kHkv,
-             kD, kPage, dt, dt, dt, opts, s);
+    dec.plan({.kv_indptr = sb.indptr.view().data_as<int32_t>(),
+              .kv_last_page_len = sb.last.view().data_as<int32_t>(),
+              .batch_size = B,
+              .page_size = kPage},
+             shape_in(dt), opts, s);
     check_cu(d.cuGraphLaunch(exec, s), "graph launch");
     synchronize(s);
     const BatchDecode::PlanInfo info = dec.plan_info();
@@ -239,8 +255,11 @@ TEST_F(DecodeGraphGpu, FixedSplitSizeIsBatchInvariantEagerAndReplayed) {
     return b;
   };
   const auto plan = [&](const XBatch& b, const DecodePlanOptions& opts, Stream s) {
-    dec.plan(b.indptr.view().data_as<int32_t>(), b.last.view().data_as<int32_t>(), b.size, kHqo,
-             kHkv, kD, kPage, dt, dt, dt, opts, s);
+    dec.plan({.kv_indptr = b.indptr.view().data_as<int32_t>(),
+              .kv_last_page_len = b.last.view().data_as<int32_t>(),
+              .batch_size = b.size,
+              .page_size = kPage},
+             shape_in(dt), opts, s);
   };
   // x's row of a device output, as bytes.
   const auto x_row = [&](const DeviceTensor& dout, int x_pos) {
@@ -383,47 +402,47 @@ TEST_F(DecodeGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   auto dq = to_device(q), dout = poisoned_like(out);
   DecodePlanOptions opts;
   opts.enable_cuda_graph = true;
-  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
-  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  const DecodeBatch two{.kv_indptr = cache.indptr.view().data_as<int32_t>(),
+                        .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+                        .batch_size = 2,
+                        .page_size = kPage};
+  const AttentionShape shape = shape_in(dt);
   Stream s = create_stream();
-  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s);
+  dec.plan(two, shape, opts, s);
   const int ctas = dec.plan_info().num_ctas;
   const auto& d = driver();
   check_cu(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
   // plan() inside a capture is refused too.
-  EXPECT_NE(error_of([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, opts, s); })
-                .find("captured"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { dec.plan(two, shape, opts, s); }).find("captured"), std::string::npos);
   dec.run(dq.view, dc.cache, dout.view, TensorView(), s);
   CUgraph g;
   check_cu(d.cuStreamEndCapture(s, &g), "end capture");
   // The graph holds 2 rows of q/out: a batch of 3 no longer fits.
   PagedCacheHost bigger = make_paged_cache({40, 3, 5}, kPage, kHkv, kD, KVLayout::NHD, dt, 4);
-  EXPECT_NE(error_of([&] {
-              dec.plan(bigger.indptr.view().data_as<int32_t>(),
-                       bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD, kPage, dt,
-                       dt, dt, opts, s);
-            }).find("batch_size"),
+  const DecodeBatch three{.kv_indptr = bigger.indptr.view().data_as<int32_t>(),
+                          .kv_last_page_len = bigger.last_page_len.view().data_as<int32_t>(),
+                          .batch_size = 3,
+                          .page_size = kPage};
+  EXPECT_NE(error_of([&] { dec.plan(three, shape, opts, s); }).find("batch_size"),
             std::string::npos);
   DecodePlanOptions other = opts;
   other.sm_scale = 0.5f;
-  EXPECT_NE(error_of([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, other, s); })
-                .find("sm_scale"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { dec.plan(two, shape, other, s); }).find("sm_scale"), std::string::npos);
   // The graph's CTAs share work items in blocks of num_kv_heads CTAs where that divides the grid
   // (decode_plan.cuh): half the heads (the same group, so the same kernel) need other blocks.
   const auto ctas_per_unit = [&](int heads) { return ctas % heads == 0 ? heads : 1; };
   if (ctas_per_unit(kHkv / 2) != ctas_per_unit(kHkv)) {
-    EXPECT_NE(error_of([&] {
-                dec.plan(ip, lp, 2, kHqo / 2, kHkv / 2, kD, kPage, dt, dt, dt, opts, s);
-              }).find("units of"),
-              std::string::npos);
+    const AttentionShape half{.num_qo_heads = kHqo / 2,
+                              .num_kv_heads = kHkv / 2,
+                              .head_dim = kD,
+                              .q_dtype = dt,
+                              .kv_dtype = dt,
+                              .o_dtype = dt};
+    EXPECT_NE(error_of([&] { dec.plan(two, half, opts, s); }).find("units of"), std::string::npos);
   }
   d.cuGraphDestroy(g);
   dec.forget_captured_graphs();
-  EXPECT_NO_THROW(dec.plan(bigger.indptr.view().data_as<int32_t>(),
-                           bigger.last_page_len.view().data_as<int32_t>(), 3, kHqo, kHkv, kD, kPage,
-                           dt, dt, dt, opts, s));
+  EXPECT_NO_THROW(dec.plan(three, shape, opts, s));
   synchronize(s);
   destroy_stream(s);
 }
@@ -457,38 +476,39 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
       "workspace: expected at least");
 
   BatchDecode dec(cfg, ws.data(), ws.size());
-  const int32_t* ip = cache.indptr.view().data_as<int32_t>();
-  const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  const DecodeBatch good{.kv_indptr = cache.indptr.view().data_as<int32_t>(),
+                         .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+                         .batch_size = 2,
+                         .page_size = kPage};
+  const AttentionShape shape = shape_in(dt);
   expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
                "before a successful plan");
-  expect_error([&] { dec.plan(ip, lp, 5, kHqo, kHkv, kD, kPage, dt, dt, dt); }, "batch_size");
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, 5, kD, kPage, dt, dt, dt); }, "num_kv_heads");
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, 96, kPage, dt, dt, dt); }, "head_dim");
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); },
+  expect_error([&] { dec.plan(with(good, &DecodeBatch::batch_size, 5), shape); }, "batch_size");
+  expect_error([&] { dec.plan(good, with(shape, &AttentionShape::num_kv_heads, 5)); },
+               "num_kv_heads");
+  expect_error([&] { dec.plan(good, with(shape, &AttentionShape::head_dim, 96)); }, "head_dim");
+  expect_error([&] { dec.plan(good, with(shape, &AttentionShape::kv_dtype, DType::bf16)); },
                "kv_dtype");
   std::vector<int32_t> bad_last = {0, 3};
-  expect_error([&] { dec.plan(ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt); },
-               "kv_last_page_len[0]");
+  expect_error(
+      [&] { dec.plan(with(good, &DecodeBatch::kv_last_page_len, bad_last.data()), shape); },
+      "kv_last_page_len[0]");
   std::vector<int32_t> bad_indptr = {0, 3, 2};
-  expect_error([&] { dec.plan(bad_indptr.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt); },
+  expect_error([&] { dec.plan(with(good, &DecodeBatch::kv_indptr, bad_indptr.data()), shape); },
                "kv_indptr[2]");
   DecodePlanOptions neg_scale;
   neg_scale.sm_scale = -1.f;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, neg_scale); },
-               "sm_scale");
+  expect_error([&] { dec.plan(good, shape, neg_scale); }, "sm_scale");
   DecodePlanOptions bad_shape;
   bad_shape.tc_stages = 1;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
-               "tc_stages");
+  expect_error([&] { dec.plan(good, shape, bad_shape); }, "tc_stages");
   bad_shape = {};
   bad_shape.tc_warps = 3;
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
-               "tc_warps");
+  expect_error([&] { dec.plan(good, shape, bad_shape); }, "tc_warps");
   bad_shape = {};
   bad_shape.tc_stages = 8;
   bad_shape.tc_warps = 8;  // 8 stages of 128 tokens: 1 MB of shared memory
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, bad_shape); },
-               "shared memory");
+  expect_error([&] { dec.plan(good, shape, bad_shape); }, "shared memory");
   BatchDecodeConfig neg_ctas = cfg;
   neg_ctas.ctas_per_sm = -1;
   expect_error([&] { (void)BatchDecode::workspace_bytes(neg_ctas); }, "ctas_per_sm");
@@ -496,18 +516,17 @@ TEST_F(DecodeGraphGpu, BadInputsRaiseNamedErrors) {
   std::vector<int32_t> bad_idx = {0, 1, 99, 3};
   check_idx.kv_indices_host = bad_idx.data();
   check_idx.num_pages = cache.cache.num_pages();
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, check_idx); },
-               "kv_indices[2]");
+  expect_error([&] { dec.plan(good, shape, check_idx); }, "kv_indices[2]");
 
   // A plan() that throws leaves the object unplanned, never half-planned (batch_decode.cpp), even
   // after a successful one: run() is then refused rather than run on a stale plan.
-  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
-  expect_error([&] { dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt); },
+  dec.plan(good, shape);
+  expect_error([&] { dec.plan(good, with(shape, &AttentionShape::kv_dtype, DType::bf16)); },
                "kv_dtype");
   expect_error([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
                "before a successful plan");
 
-  dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt);
+  dec.plan(good, shape);
   HostTensor q3(dt, {3, kHqo, kD});
   auto dq3 = to_device(q3);
   expect_error([&] { dec.run(dq3.view, dc.cache, dout.view, dlse.view); }, "q:");

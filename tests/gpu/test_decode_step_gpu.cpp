@@ -200,9 +200,17 @@ void run_step_case(const StepCase& c) {
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
   Stream st = create_stream();
-  dec.plan(in.cache.indptr.view().data_as<int32_t>(),
-           in.cache.last_page_len.view().data_as<int32_t>(), static_cast<int>(B), c.num_qo_heads,
-           c.num_kv_heads, c.head_dim, c.page_size, c.dtype, c.dtype, c.dtype, c.opts, st);
+  dec.plan({.kv_indptr = in.cache.indptr.view().data_as<int32_t>(),
+            .kv_last_page_len = in.cache.last_page_len.view().data_as<int32_t>(),
+            .batch_size = static_cast<int>(B),
+            .page_size = c.page_size},
+           {.num_qo_heads = c.num_qo_heads,
+            .num_kv_heads = c.num_kv_heads,
+            .head_dim = c.head_dim,
+            .q_dtype = c.dtype,
+            .kv_dtype = c.dtype,
+            .o_dtype = c.dtype},
+           c.opts, st);
   if (c.opts.fixed_split_size > 0 && *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) >
                                          c.opts.fixed_split_size) {
     EXPECT_GT(dec.plan_info().num_split_tiles, 0) << "the case was meant to split";
@@ -318,6 +326,12 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
   using runtime::check_cu;
   const runtime::Driver& d = runtime::driver();
   constexpr int kBatch = 6, kHqo = 32, kHkv = 8, kD = 128, kPage = 16, kPool = 320, kSteps = 12;
+  constexpr AttentionShape kShape{.num_qo_heads = kHqo,
+                                  .num_kv_heads = kHkv,
+                                  .head_dim = kD,
+                                  .q_dtype = DType::f16,
+                                  .kv_dtype = DType::f16,
+                                  .o_dtype = DType::f16};
   std::vector<int64_t> lens{1, 15, 16, 40, 900, 3000};
   std::vector<std::vector<int64_t>> pages(kBatch);
   int next_page = 0;
@@ -389,8 +403,11 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
     DeviceTensor ip_d = to_device(ip_t), last_d = to_device(last_t);
     PagedKVCache ca{ka.view, va.view, KVLayout::NHD, ip_d.view, indices.view, last_d.view};
     PagedKVCache cb{kb.view, vb.view, KVLayout::NHD, ip_d.view, indices.view, last_d.view};
-    dec.plan(indptr.data(), last.data(), batch, kHqo, kHkv, kD, kPage, DType::f16, DType::f16,
-             DType::f16, opts, st);
+    dec.plan({.kv_indptr = indptr.data(),
+              .kv_last_page_len = last.data(),
+              .batch_size = batch,
+              .page_size = kPage},
+             kShape, opts, st);
     // Unfused, eager, on cache A.
     const TensorView posv = pos.view.slice0(0, batch), biv = bi.view.slice0(0, batch);
     apply_llama31_rope_pos_ids(dq.view.slice0(0, batch), dk.view.slice0(0, batch),
@@ -440,15 +457,27 @@ TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
   EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
                 .find("before a successful plan()"),
             std::string::npos);
+  const AttentionShape shape{.num_qo_heads = 32,
+                             .num_kv_heads = 8,
+                             .head_dim = 128,
+                             .q_dtype = DType::f16,
+                             .kv_dtype = DType::f16,
+                             .o_dtype = DType::f16};
   // A plan with a request of kv_len 0 has no slot for its new token.
   std::vector<int32_t> indptr{0, 1, 1, 2}, last{4, 0, 9};
-  dec.plan(indptr.data(), last.data(), 3, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16);
+  dec.plan({.kv_indptr = indptr.data(),
+            .kv_last_page_len = last.data(),
+            .batch_size = 3,
+            .page_size = 16},
+           shape);
   EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
                 .find("kv_len >= 1"),
             std::string::npos);
-  dec.plan(in.cache.indptr.view().data_as<int32_t>(),
-           in.cache.last_page_len.view().data_as<int32_t>(), 3, 32, 8, 128, 16, DType::f16,
-           DType::f16, DType::f16);
+  dec.plan({.kv_indptr = in.cache.indptr.view().data_as<int32_t>(),
+            .kv_last_page_len = in.cache.last_page_len.view().data_as<int32_t>(),
+            .batch_size = 3,
+            .page_size = 16},
+           shape);
   EXPECT_NE(error_of([&] { dec.run_step(dq.view, dq.view, dv.view, dc.cache, out.view, {}, s); })
                 .find("new_k"),
             std::string::npos);
@@ -502,24 +531,33 @@ TEST_F(DecodeStepGpu, PlanRefusesWhatACapturedStepCannotRun) {
   BatchDecode dec(cfg, ws.data(), ws.size());
   DecodePlanOptions opts;
   opts.enable_cuda_graph = true;
-  const int32_t* indptr = in.cache.indptr.view().data_as<int32_t>();
-  const int32_t* last = in.cache.last_page_len.view().data_as<int32_t>();
+  // The first n requests of the table.
+  const auto first = [&](int n) {
+    return DecodeBatch{.kv_indptr = in.cache.indptr.view().data_as<int32_t>(),
+                       .kv_last_page_len = in.cache.last_page_len.view().data_as<int32_t>(),
+                       .batch_size = n,
+                       .page_size = 16};
+  };
+  const AttentionShape shape{.num_qo_heads = 32,
+                             .num_kv_heads = 8,
+                             .head_dim = 128,
+                             .q_dtype = DType::f16,
+                             .kv_dtype = DType::f16,
+                             .o_dtype = DType::f16};
   Stream st = create_stream();
-  dec.plan(indptr, last, 4, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
+  dec.plan(first(4), shape, opts, st);
   DecodeStepOptions s;
   s.rope = Rope::kLlama31;
   CUgraph graph;
   check_cu(d.cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "capture");
   dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s, st);
   check_cu(d.cuStreamEndCapture(st, &graph), "end capture");
-  EXPECT_NE(error_of([&] {
-              dec.plan(indptr, last, 6, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
-            }).find("new_k"),
+  EXPECT_NE(error_of([&] { dec.plan(first(6), shape, opts, st); }).find("new_k"),
             std::string::npos);
-  dec.plan(indptr, last, 3, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);  // fits
+  dec.plan(first(3), shape, opts, st);  // fits
   d.cuGraphDestroy(graph);
   dec.forget_captured_graphs();
-  dec.plan(indptr, last, 6, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, opts, st);
+  dec.plan(first(6), shape, opts, st);
   synchronize(st);
   destroy_stream(st);
 }

@@ -63,8 +63,17 @@ TEST_F(DecodeStreamsGpu, PlansOnAnyStreamOrderAfterTheLastRunAndCopy) {
     const int B = static_cast<int>(x.q.shape()[0]);
     hosts.emplace_back(DType::f16, x.q.shape());
     outs.push_back(poisoned_like(hosts.back()));
-    dec.plan(x.cache.indptr.view().data_as<int32_t>(), x.cache.last_page_len.view().data_as<int32_t>(),
-             B, kHq, kHkv, kD, 16, DType::f16, DType::f16, DType::f16, {}, st.stream);
+    dec.plan({.kv_indptr = x.cache.indptr.view().data_as<int32_t>(),
+              .kv_last_page_len = x.cache.last_page_len.view().data_as<int32_t>(),
+              .batch_size = B,
+              .page_size = 16},
+             {.num_qo_heads = kHq,
+              .num_kv_heads = kHkv,
+              .head_dim = kD,
+              .q_dtype = DType::f16,
+              .kv_dtype = DType::f16,
+              .o_dtype = DType::f16},
+             {}, st.stream);
     dec.run(x.dq.view, x.dc.cache, outs.back().view, TensorView(), st.stream);
   }
   synchronize(s1);

@@ -130,9 +130,17 @@ void run_and_check(const VariantCase& vc) {
   DecodePlanOptions opts = c.opts;
   opts.variant = Variant::builtin(in.device);
   Stream s = create_stream();
-  dec.plan(cache.indptr.view().data_as<int32_t>(), cache.last_page_len.view().data_as<int32_t>(),
-           static_cast<int>(B), c.num_qo_heads, c.num_kv_heads, c.head_dim, c.page_size, c.dtype,
-           c.dtype, c.dtype, opts, s);
+  dec.plan({.kv_indptr = cache.indptr.view().data_as<int32_t>(),
+            .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+            .batch_size = static_cast<int>(B),
+            .page_size = c.page_size},
+           {.num_qo_heads = c.num_qo_heads,
+            .num_kv_heads = c.num_kv_heads,
+            .head_dim = c.head_dim,
+            .q_dtype = c.dtype,
+            .kv_dtype = c.dtype,
+            .o_dtype = c.dtype},
+           opts, s);
   if (c.opts.fixed_split_size > 0 && *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) > 64)
     EXPECT_GT(dec.plan_info().num_split_tiles, 0) << "the case must exercise split-KV";
   dec.run(dq.view, dc.cache, dout.view, softmax ? dlse.view : TensorView{}, s);
@@ -346,7 +354,14 @@ TEST_F(DecodeVariantsGpu, PlanRefusesOtherVariantArgumentsUnderACapturedGraph) {
     DecodePlanOptions o;
     o.enable_cuda_graph = true;
     o.variant = Variant::builtin(v);
-    dec.plan(ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o, nullptr);
+    dec.plan({.kv_indptr = ip, .kv_last_page_len = lp, .batch_size = 2, .page_size = kPage},
+             {.num_qo_heads = kHqo,
+              .num_kv_heads = kHkv,
+              .head_dim = kD,
+              .q_dtype = dt,
+              .kv_dtype = dt,
+              .o_dtype = dt},
+             o, nullptr);
   };
   Stream s = create_stream();
   plan_with(30.f, -1);

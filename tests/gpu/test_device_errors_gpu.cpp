@@ -289,9 +289,17 @@ TEST_F(DeviceErrorsGpu, DecodeRunReportsOutOfRangePageIds) {
         DecodePlanOptions opts;
         opts.backend = backend;
         opts.check_page_ids = checked;
-        dec.plan(cache.indptr.view().data_as<int32_t>(),
-                 cache.last_page_len.view().data_as<int32_t>(), static_cast<int>(B), Hq, Hkv, D,
-                 page, dt, dt, dt, opts);
+        dec.plan({.kv_indptr = cache.indptr.view().data_as<int32_t>(),
+                  .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+                  .batch_size = static_cast<int>(B),
+                  .page_size = page},
+                 {.num_qo_heads = Hq,
+                  .num_kv_heads = Hkv,
+                  .head_dim = D,
+                  .q_dtype = dt,
+                  .kv_dtype = dt,
+                  .o_dtype = dt},
+                 opts);
         EXPECT_EQ(dec.plan_info().tensor_cores, backend == DecodeBackend::kTensorCores);
         HostTensor got(dt, {B, Hq, D}), got_lse(DType::f32, {B, Hq});
         DeviceTensor dout = poisoned_like(got), dlse = poisoned_like(got_lse);

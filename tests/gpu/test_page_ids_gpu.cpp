@@ -24,6 +24,12 @@ namespace {
 
 constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;
 constexpr DType kDt = DType::f16;
+constexpr AttentionShape kShape{.num_qo_heads = kHqo,
+                                .num_kv_heads = kHkv,
+                                .head_dim = kD,
+                                .q_dtype = kDt,
+                                .kv_dtype = kDt,
+                                .o_dtype = kDt};
 
 class PageIdsGpu : public GpuTest {
  protected:
@@ -32,6 +38,17 @@ class PageIdsGpu : public GpuTest {
 
   const int32_t* indptr() const { return cache.indptr.view().data_as<int32_t>(); }
   const int32_t* last() const { return cache.last_page_len.view().data_as<int32_t>(); }
+  // The table as plan()'s batch: decode, and prefill with query rows `qo_indptr`.
+  DecodeBatch decode_batch() const {
+    return {.kv_indptr = indptr(), .kv_last_page_len = last(), .batch_size = 2, .page_size = kPage};
+  }
+  PrefillBatch prefill_batch(const int32_t* qo_indptr) const {
+    return {.qo_indptr = qo_indptr,
+            .kv_indptr = indptr(),
+            .kv_last_page_len = last(),
+            .batch_size = 2,
+            .page_size = kPage};
+  }
   std::vector<int32_t> ids() const {
     const int32_t* p = cache.indices.view().data_as<int32_t>();
     return std::vector<int32_t>(p, p + indptr()[2]);
@@ -79,7 +96,7 @@ TEST_F(PageIdsGpu, DecodeChecksHostIdsAtPlanAndRun) {
   kv_bad.indices = bad_d.view;
   DecodePlanOptions o;
   o.kv_indices_host = bad.data();
-  dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o);
+  dec.plan(decode_batch(), kShape, o);
   expect_refused([&] { dec.run(dq.view, kv_bad, dout.view, dlse.view); }, past_the_end(), poisoned);
   // The fused step checks too (its new keys would be appended into the page of entry 2).
   {
@@ -93,7 +110,7 @@ TEST_F(PageIdsGpu, DecodeChecksHostIdsAtPlanAndRun) {
   {
     const std::vector<int32_t> good = ids();
     o.kv_indices_host = good.data();
-    dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o);
+    dec.plan(decode_batch(), kShape, o);
     const int32_t top = *std::max_element(good.begin(), good.end());
     PagedKVCache small = dc.cache;
     small.k = dc.cache.k.slice0(0, top);
@@ -107,7 +124,7 @@ TEST_F(PageIdsGpu, DecodeChecksHostIdsAtPlanAndRun) {
     std::vector<int32_t> neg = ids();
     neg[1] = -1;
     o.kv_indices_host = neg.data();
-    expect_refused([&] { dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o); },
+    expect_refused([&] { dec.plan(decode_batch(), kShape, o); },
                    "kv_indices[1] = -1 is out of range", poisoned);
     expect_refused([&] { dec.run(dq.view, dc.cache, dout.view, dlse.view); },
                    "before a successful plan", poisoned);
@@ -115,13 +132,12 @@ TEST_F(PageIdsGpu, DecodeChecksHostIdsAtPlanAndRun) {
   // The page count given to plan(): the id past it is refused there.
   o.kv_indices_host = bad.data();
   o.num_pages = num_pages();
-  expect_refused([&] { dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o); },
-                 past_the_end(), poisoned);
+  expect_refused([&] { dec.plan(decode_batch(), kShape, o); }, past_the_end(), poisoned);
 
   // Valid: the good table with its host copy runs and matches the reference.
   const std::vector<int32_t> good = ids();
   o.kv_indices_host = good.data();
-  dec.plan(indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o);
+  dec.plan(decode_batch(), kShape, o);
   dec.run(dq.view, dc.cache, dout.view, TensorView());
   synchronize();
   HostTensor ref(DType::f32, out.shape()), lowp(kDt, out.shape()), got(kDt, out.shape());
@@ -153,27 +169,24 @@ TEST_F(PageIdsGpu, PrefillPagedChecksHostIdsAtPlanAndRun) {
   PagedKVCache kv_bad = dc.cache;
   kv_bad.indices = bad_d.view;
   o.kv_indices_host = bad.data();
-  pf.plan(qo.data(), indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o);
+  pf.plan(prefill_batch(qo.data()), kShape, o);
   expect_refused([&] { pf.run(dq.view, kv_bad, dout.view, dlse.view); }, past_the_end(), poisoned);
   {
     std::vector<int32_t> neg = ids();
     neg[3] = -7;
     o.kv_indices_host = neg.data();
-    expect_refused(
-        [&] { pf.plan(qo.data(), indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o); },
-        "kv_indices[3] = -7 is out of range", poisoned);
+    expect_refused([&] { pf.plan(prefill_batch(qo.data()), kShape, o); },
+                   "kv_indices[3] = -7 is out of range", poisoned);
     expect_refused([&] { pf.run(dq.view, dc.cache, dout.view, dlse.view); },
                    "before a successful plan", poisoned);
   }
   o.kv_indices_host = bad.data();
   o.num_pages = num_pages();
-  expect_refused(
-      [&] { pf.plan(qo.data(), indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o); },
-      past_the_end(), poisoned);
+  expect_refused([&] { pf.plan(prefill_batch(qo.data()), kShape, o); }, past_the_end(), poisoned);
 
   const std::vector<int32_t> good = ids();
   o.kv_indices_host = good.data();
-  pf.plan(qo.data(), indptr(), last(), 2, kHqo, kHkv, kD, kPage, kDt, kDt, kDt, o);
+  pf.plan(prefill_batch(qo.data()), kShape, o);
   pf.run(dq.view, dc.cache, dout.view, TensorView());
   synchronize();
   HostTensor ref(DType::f32, out.shape()), lowp(kDt, out.shape()), got(kDt, out.shape());

@@ -69,12 +69,22 @@ TEST_F(PrefillGraphGpu, PagedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
   const int32_t* qp = qo.view().data_as<int32_t>();
   const int32_t* ip = cache.indptr.view().data_as<int32_t>();
   const int32_t* lp = cache.last_page_len.view().data_as<int32_t>();
+  // The valid batch: 2 requests, 23 query rows.
+  const PrefillBatch good{.qo_indptr = qp,
+                          .kv_indptr = ip,
+                          .kv_last_page_len = lp,
+                          .batch_size = 2,
+                          .page_size = kPage};
+  const AttentionShape shape{.num_qo_heads = kHqo,
+                             .num_kv_heads = kHkv,
+                             .head_dim = kD,
+                             .q_dtype = dt,
+                             .kv_dtype = dt,
+                             .o_dtype = dt};
   PrefillPlanOptions causal;
   causal.causal = true;
-  // plan() of the valid batch (2 requests, 23 query rows) with options `o`.
-  const auto plan_with = [&](const PrefillPlanOptions& o) {
-    pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, o);
-  };
+  // plan() of the valid batch with options `o`.
+  const auto plan_with = [&](const PrefillPlanOptions& o) { pf.plan(good, shape, o); };
 
   expect_error([&] { pf.run(dq.view, dc.cache, dout.view, dlse.view); }, {"plan"});
 
@@ -85,9 +95,12 @@ TEST_F(PrefillGraphGpu, PagedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
     const HostTensor qo5 = indptr_of({1, 1, 1, 1, 1});
     expect_error(
         [&] {
-          pf.plan(qo5.view().data_as<int32_t>(), five.indptr.view().data_as<int32_t>(),
-                  five.last_page_len.view().data_as<int32_t>(), 5, kHqo, kHkv, kD, kPage, dt, dt,
-                  dt, causal);
+          pf.plan({.qo_indptr = qo5.view().data_as<int32_t>(),
+                   .kv_indptr = five.indptr.view().data_as<int32_t>(),
+                   .kv_last_page_len = five.last_page_len.view().data_as<int32_t>(),
+                   .batch_size = 5,
+                   .page_size = kPage},
+                  shape, causal);
         },
         {"batch_size"});
   }
@@ -95,39 +108,35 @@ TEST_F(PrefillGraphGpu, PagedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
     const HostTensor qo65 = indptr_of({60, 5});  // 65 > max_qo_tokens = 64
     expect_error(
         [&] {
-          pf.plan(qo65.view().data_as<int32_t>(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt,
+          pf.plan(with(good, &PrefillBatch::qo_indptr, qo65.view().data_as<int32_t>()), shape,
                   causal);
         },
         {"max_qo_tokens", "nnz_qo", "qo_indptr"});
   }
-  expect_error([&] { pf.plan(qp, ip, lp, 2, 16, kHkv, kD, kPage, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::num_qo_heads, 16), causal); },
                {"num_qo_heads"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, 96, kPage, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::head_dim, 96), causal); },
                {"head_dim"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, 256, kPage, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::head_dim, 256), causal); },
                {"head_dim"});  // supported, but more than the configuration's 128
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, 3, kD, kPage, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::num_kv_heads, 3), causal); },
                {"num_kv_heads"});
-  expect_error([&] { pf.plan(qp, ip, lp, 2, kHqo, kHkv, kD, kPage, dt, DType::bf16, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::kv_dtype, DType::bf16), causal); },
                {"kv_dtype"});
   // plan(): index arrays, each error naming the entry.
   const std::vector<int32_t> qo_not_monotone = {0, 20, 3}, qo_not_zero = {1, 20, 23};
   expect_error(
-      [&] {
-        pf.plan(qo_not_monotone.data(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal);
-      },
+      [&] { pf.plan(with(good, &PrefillBatch::qo_indptr, qo_not_monotone.data()), shape, causal); },
       {"qo_indptr[2]"});
   expect_error(
-      [&] { pf.plan(qo_not_zero.data(), ip, lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal); },
+      [&] { pf.plan(with(good, &PrefillBatch::qo_indptr, qo_not_zero.data()), shape, causal); },
       {"qo_indptr[0]"});
   const std::vector<int32_t> kv_not_monotone = {0, 3, 2}, bad_last = {0, 3};
   expect_error(
-      [&] {
-        pf.plan(qp, kv_not_monotone.data(), lp, 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal);
-      },
+      [&] { pf.plan(with(good, &PrefillBatch::kv_indptr, kv_not_monotone.data()), shape, causal); },
       {"kv_indptr[2]"});
   expect_error(
-      [&] { pf.plan(qp, ip, bad_last.data(), 2, kHqo, kHkv, kD, kPage, dt, dt, dt, causal); },
+      [&] { pf.plan(with(good, &PrefillBatch::kv_last_page_len, bad_last.data()), shape, causal); },
       {"kv_last_page_len[0]"});
   {
     const std::vector<int32_t> bad_ids = {0, 1, 99, 3};
@@ -162,7 +171,13 @@ TEST_F(PrefillGraphGpu, PagedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) {
     BatchPrefillPaged pf32(cfg32, ws32.data(), ws32.size());
     PrefillPlanOptions o = causal;
     o.tile_rows = 16;
-    expect_error([&] { pf32.plan(qp, ip, lp, 2, 32, 1, kD, kPage, dt, dt, dt, o); }, {"tile_rows"});
+    const AttentionShape mqa{.num_qo_heads = 32,
+                             .num_kv_heads = 1,
+                             .head_dim = kD,
+                             .q_dtype = dt,
+                             .kv_dtype = dt,
+                             .o_dtype = dt};
+    expect_error([&] { pf32.plan(good, mqa, o); }, {"tile_rows"});
   }
 
   // run(): tensors that do not match the (valid) plan.
@@ -238,21 +253,35 @@ TEST_F(PrefillGraphGpu, RaggedBadInputsRaiseNamedErrorsAndLeaveOutputUntouched) 
   const DeviceTensor dout = poisoned_like(out), dlse = poisoned_like(lse);
   const int32_t* qp = qo.view().data_as<int32_t>();
   const int32_t* kp = kv.view().data_as<int32_t>();
+  // Ragged KV: no last-page lengths, page_size 0.
+  const PrefillBatch good{.qo_indptr = qp,
+                          .kv_indptr = kp,
+                          .kv_last_page_len = nullptr,
+                          .batch_size = 2,
+                          .page_size = 0};
+  const AttentionShape shape{.num_qo_heads = kHqo,
+                             .num_kv_heads = kHkv,
+                             .head_dim = kD,
+                             .q_dtype = dt,
+                             .kv_dtype = dt,
+                             .o_dtype = dt};
   PrefillPlanOptions causal;
   causal.causal = true;
 
   expect_error([&] { pf.run(dq.view, dk.view, dv.view, dout.view, dlse.view); }, {"plan"});
   const std::vector<int32_t> qo_bad = {0, 20, 3}, kv_bad = {0, 40, 30};
-  expect_error([&] { pf.plan(qo_bad.data(), kp, 2, kHqo, kHkv, kD, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(with(good, &PrefillBatch::qo_indptr, qo_bad.data()), shape, causal); },
                {"qo_indptr[2]"});
-  expect_error([&] { pf.plan(qp, kv_bad.data(), 2, kHqo, kHkv, kD, dt, dt, dt, causal); },
+  expect_error([&] { pf.plan(with(good, &PrefillBatch::kv_indptr, kv_bad.data()), shape, causal); },
                {"kv_indptr[2]"});
-  expect_error([&] { pf.plan(qp, kp, 2, kHqo, kHkv, 96, dt, dt, dt, causal); }, {"head_dim"});
-  expect_error([&] { pf.plan(qp, kp, 2, kHqo, kHkv, kD, dt, DType::f16, dt, causal); },
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::head_dim, 96), causal); },
+               {"head_dim"});
+  expect_error([&] { pf.plan(good, with(shape, &AttentionShape::kv_dtype, DType::f16), causal); },
                {"kv_dtype"});
-  expect_error([&] { pf.plan(qp, kp, 5, kHqo, kHkv, kD, dt, dt, dt, causal); }, {"batch_size"});
+  expect_error([&] { pf.plan(with(good, &PrefillBatch::batch_size, 5), shape, causal); },
+               {"batch_size"});
 
-  pf.plan(qp, kp, 2, kHqo, kHkv, kD, dt, dt, dt, causal);
+  pf.plan(good, shape, causal);
   {
     const DeviceTensor dk42 = to_device(HostTensor(dt, {42, kHkv, kD}));  // kv_indptr[2] is 43
     expect_error([&] { pf.run(dq.view, dk42.view, dv.view, dout.view, dlse.view); },

@@ -429,9 +429,18 @@ TEST_F(PrefillGpu, Single32kCausalPromptSampledRows) {
   const HostTensor qo_indptr = indptr_of({L});
   {
     ScopedStream s;
-    pf.plan(qo_indptr.view().data_as<int32_t>(), cache.indptr.view().data_as<int32_t>(),
-            cache.last_page_len.view().data_as<int32_t>(), 1, Hq, Hkv, D, page, dt, dt, dt, opts,
-            s);
+    pf.plan({.qo_indptr = qo_indptr.view().data_as<int32_t>(),
+             .kv_indptr = cache.indptr.view().data_as<int32_t>(),
+             .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+             .batch_size = 1,
+             .page_size = page},
+            {.num_qo_heads = Hq,
+             .num_kv_heads = Hkv,
+             .head_dim = D,
+             .q_dtype = dt,
+             .kv_dtype = dt,
+             .o_dtype = dt},
+            opts, s);
     pf.run(dq.view, dcache.cache, dout.view, dlse.view, s);
     synchronize(s);
   }

@@ -22,6 +22,16 @@ namespace {
 constexpr int kHqo = 8, kHkv = 2, kD = 128, kPage = 16;
 constexpr int kTileRows = 64;  // fixed in every graph test: the captured kernel must not change
 
+// The heads of every plan here, with q, KV and out in `dt`.
+AttentionShape shape_in(DType dt) {
+  return {.num_qo_heads = kHqo,
+          .num_kv_heads = kHkv,
+          .head_dim = kD,
+          .q_dtype = dt,
+          .kv_dtype = dt,
+          .o_dtype = dt};
+}
+
 // The bytes of rows [first_row, first_row + rows) of a tensor (dimension 0 is the row).
 std::vector<uint8_t> bytes_of(const HostTensor& t, int64_t first_row, int64_t rows) {
   if (t.shape()[0] == 0) return {};
@@ -64,6 +74,14 @@ struct PagedBatch {
   const int32_t* qo_ptr() const { return qo_indptr.view().data_as<int32_t>(); }
   const int32_t* kv_ptr() const { return kv_indptr.view().data_as<int32_t>(); }
   const int32_t* last_ptr() const { return last.view().data_as<int32_t>(); }
+  // The table as plan()'s batch.
+  PrefillBatch plan_batch() const {
+    return {.qo_indptr = qo_ptr(),
+            .kv_indptr = kv_ptr(),
+            .kv_last_page_len = last_ptr(),
+            .batch_size = batch(),
+            .page_size = kPage};
+  }
   // `page_of(request, p)` is the pool page holding the request's tokens [p * kPage, ...).
   template <class PageOf>
   PagedBatch(const std::vector<Req>& r, PageOf&& page_of) : reqs(r) {
@@ -119,8 +137,7 @@ void captured_paged_run_replays_across_replans(int tile_rows) {
       dlast.view);
   ScopedStream s;
   d_indices.copy_from_host(cap.indices.data(), cap.indices.nbytes());
-  pf.plan(cap.qo_ptr(), cap.kv_ptr(), cap.last_ptr(), cap.batch(), kHqo, kHkv, kD, kPage, dt, dt,
-          dt, opts, s);
+  pf.plan(cap.plan_batch(), shape_in(dt), opts, s);
   synchronize(s);
   Graph g;
   capture(g, s, [&] { pf.run(dq.view, dc, dout.view, dlse.view, s); });
@@ -137,8 +154,7 @@ void captured_paged_run_replays_across_replans(int tile_rows) {
     const HostTensor q = upload_random(dq, dt, {nnz, kHqo, kD}, 1000 + step);
     if (b.indices.numel() > 0) d_indices.copy_from_host(b.indices.data(), b.indices.nbytes());
     repoison(dout, dlse);
-    pf.plan(b.qo_ptr(), b.kv_ptr(), b.last_ptr(), b.batch(), kHqo, kHkv, kD, kPage, dt, dt, dt,
-            opts, s);
+    pf.plan(b.plan_batch(), shape_in(dt), opts, s);
     g.launch(s);
     synchronize(s);
     std::string tag = step_tag(step, b.batch(), nnz) + " (qo,kv)";
@@ -199,8 +215,12 @@ TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {
   std::vector<int64_t> cap_qo(kMaxBatch, kQoCap / kMaxBatch), cap_kv(kMaxBatch, 100);
   const HostTensor cap_qo_ptr = indptr_of(cap_qo), cap_kv_ptr = indptr_of(cap_kv);
   ScopedStream s;
-  pf.plan(cap_qo_ptr.view().data_as<int32_t>(), cap_kv_ptr.view().data_as<int32_t>(), kMaxBatch,
-          kHqo, kHkv, kD, dt, dt, dt, opts, s);
+  pf.plan({.qo_indptr = cap_qo_ptr.view().data_as<int32_t>(),
+           .kv_indptr = cap_kv_ptr.view().data_as<int32_t>(),
+           .kv_last_page_len = nullptr,
+           .batch_size = kMaxBatch,
+           .page_size = 0},
+          shape_in(dt), opts, s);
   synchronize(s);
   Graph g;
   capture(g, s, [&] { pf.run(dq.view, dk.view, dv.view, dout.view, dlse.view, s); });
@@ -225,8 +245,12 @@ TEST_F(PrefillGraphGpu, CapturedRaggedRunReplaysAcrossReplans) {
     const HostTensor k = upload_random(dk, dt, {nnz_kv, kHkv, kD}, 3000 + step);
     const HostTensor v = upload_random(dv, dt, {nnz_kv, kHkv, kD}, 4000 + step);
     repoison(dout, dlse);
-    pf.plan(qo_ptr.view().data_as<int32_t>(), kv_ptr.view().data_as<int32_t>(), B, kHqo, kHkv, kD,
-            dt, dt, dt, opts, s);
+    pf.plan({.qo_indptr = qo_ptr.view().data_as<int32_t>(),
+             .kv_indptr = kv_ptr.view().data_as<int32_t>(),
+             .kv_last_page_len = nullptr,
+             .batch_size = B,
+             .page_size = 0},
+            shape_in(dt), opts, s);
     g.launch(s);
     synchronize(s);
     const std::string tag = step_tag(step, B, nnz) + " nnz_kv " + std::to_string(nnz_kv);
@@ -284,8 +308,7 @@ TEST_F(PrefillGraphGpu, FixedSplitAndTileRowsAreBatchInvariantEagerAndReplayed) 
     opts.tile_rows = kTileRows;
     opts.enable_cuda_graph = graph_plan;
     ScopedStream s;
-    pf.plan(b.qo_ptr(), b.kv_ptr(), b.last_ptr(), b.batch(), kHqo, kHkv, kD, kPage, dt, dt, dt,
-            opts, s);
+    pf.plan(b.plan_batch(), shape_in(dt), opts, s);
     if (replay) {
       Graph g;
       capture(g, s, [&] { pf.run(dq.view, dc, dout.view, dlse.view, s); });
@@ -353,9 +376,12 @@ TEST_F(PrefillGraphGpu, PlanRefusesWhatACapturedGraphCannotRun) {
   // plan() on `s` of `batch` requests: queries by `qo_ptr`, KV in the pages of `c`.
   const auto plan = [&](const HostTensor& qo_ptr, const PagedCacheHost& c, int batch,
                         const PrefillPlanOptions& o) {
-    pf.plan(qo_ptr.view().data_as<int32_t>(), c.indptr.view().data_as<int32_t>(),
-            c.last_page_len.view().data_as<int32_t>(), batch, kHqo, kHkv, kD, kPage, dt, dt, dt, o,
-            s);
+    pf.plan({.qo_indptr = qo_ptr.view().data_as<int32_t>(),
+             .kv_indptr = c.indptr.view().data_as<int32_t>(),
+             .kv_last_page_len = c.last_page_len.view().data_as<int32_t>(),
+             .batch_size = batch,
+             .page_size = kPage},
+            shape_in(dt), o, s);
   };
   plan(qo, cache, 2, opts);
   {

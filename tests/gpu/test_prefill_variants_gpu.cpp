@@ -233,16 +233,35 @@ void run_case(const VCase& c) {
     DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
     if (kv == PrefillKV::kPaged) {
       BatchPrefillPaged pf(cfg, ws.data(), ws.size());
-      pf.plan(qo_ptr, cache.indptr.view().data_as<int32_t>(),
-              cache.last_page_len.view().data_as<int32_t>(), B, c.hqo, c.hkv, c.d, c.page, c.dt,
-              c.dt, c.dt, opts, s);
+      pf.plan({.qo_indptr = qo_ptr,
+               .kv_indptr = cache.indptr.view().data_as<int32_t>(),
+               .kv_last_page_len = cache.last_page_len.view().data_as<int32_t>(),
+               .batch_size = B,
+               .page_size = c.page},
+              {.num_qo_heads = c.hqo,
+               .num_kv_heads = c.hkv,
+               .head_dim = c.d,
+               .q_dtype = c.dt,
+               .kv_dtype = c.dt,
+               .o_dtype = c.dt},
+              opts, s);
       pf.run(dq.view, dcache.cache, dout.view, lse_view, s);
       synchronize(s);
       info = pf.plan_info();
     } else {
       BatchPrefillRagged pf(cfg, ws.data(), ws.size());
-      pf.plan(qo_ptr, cache.kv_indptr.view().data_as<int32_t>(), B, c.hqo, c.hkv, c.d, c.dt, c.dt,
-              c.dt, opts, s);
+      pf.plan({.qo_indptr = qo_ptr,
+               .kv_indptr = cache.kv_indptr.view().data_as<int32_t>(),
+               .kv_last_page_len = nullptr,
+               .batch_size = B,
+               .page_size = 0},
+              {.num_qo_heads = c.hqo,
+               .num_kv_heads = c.hkv,
+               .head_dim = c.d,
+               .q_dtype = c.dt,
+               .kv_dtype = c.dt,
+               .o_dtype = c.dt},
+              opts, s);
       pf.run(dq.view, dk.view, dv.view, dout.view, lse_view, s);
       synchronize(s);
       info = pf.plan_info();

@@ -118,7 +118,17 @@ TEST_F(WorkspaceFitGpu, DecodeFixedSplitThatDoesNotFitNamesTheBytes) {
   DecodePlanOptions o;
   o.fixed_split_size = 256;  // 10000 tokens: 40 chunks x 8 heads x 2 requests
   const std::string msg = error_of([&] {
-    dec.plan(indptr.data(), last.data(), 2, 32, 8, 128, 16, DType::f16, DType::f16, DType::f16, o);
+    dec.plan({.kv_indptr = indptr.data(),
+              .kv_last_page_len = last.data(),
+              .batch_size = 2,
+              .page_size = 16},
+             {.num_qo_heads = 32,
+              .num_kv_heads = 8,
+              .head_dim = 128,
+              .q_dtype = DType::f16,
+              .kv_dtype = DType::f16,
+              .o_dtype = DType::f16},
+             o);
   });
   EXPECT_NE(msg.find("fixed_split_size = 256"), std::string::npos) << msg;
   EXPECT_NE(msg.find("a workspace of"), std::string::npos) << msg;

@@ -245,6 +245,12 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
     layout.levels.insert(layout.levels.begin(), empty_level(rows));
 
   // Sub-plans: shared levels on the prefill objects (no mask), the suffix level on its object.
+  const AttentionShape sub_shape{.num_qo_heads = shape.num_qo_heads,
+                                 .num_kv_heads = shape.num_kv_heads,
+                                 .head_dim = shape.head_dim,
+                                 .q_dtype = shape.dtype,
+                                 .kv_dtype = shape.dtype,
+                                 .o_dtype = shape.dtype};
   PrefillPlanOptions pp;
   pp.sm_scale = opts.sm_scale;
   pp.enable_cuda_graph = opts.enable_cuda_graph;
@@ -252,24 +258,31 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   for (int l = 0; l + 1 < levels; ++l) {
     const scheduler::CascadeLevel& lv = layout.levels[l];
     pp.causal = false;
-    m.prefix[l]->plan(lv.qo_indptr.data(), lv.kv_indptr.data(), lv.kv_last_page_len.data(),
-                      lv.num_groups(), shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
-                      b.page_size, shape.dtype, shape.dtype, shape.dtype, pp, stream);
+    m.prefix[l]->plan({.qo_indptr = lv.qo_indptr.data(),
+                       .kv_indptr = lv.kv_indptr.data(),
+                       .kv_last_page_len = lv.kv_last_page_len.data(),
+                       .batch_size = lv.num_groups(),
+                       .page_size = b.page_size},
+                      sub_shape, pp, stream);
   }
   const scheduler::CascadeLevel& last = layout.levels.back();
   if (m.decode_mode) {
     DecodePlanOptions dp;
     dp.sm_scale = opts.sm_scale;
     dp.enable_cuda_graph = opts.enable_cuda_graph;
-    m.suffix_decode->plan(last.kv_indptr.data(), last.kv_last_page_len.data(), last.num_groups(),
-                          shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, b.page_size,
-                          shape.dtype, shape.dtype, shape.dtype, dp, stream);
+    m.suffix_decode->plan({.kv_indptr = last.kv_indptr.data(),
+                           .kv_last_page_len = last.kv_last_page_len.data(),
+                           .batch_size = last.num_groups(),
+                           .page_size = b.page_size},
+                          sub_shape, dp, stream);
   } else {
     pp.causal = opts.causal;
-    m.suffix_prefill->plan(last.qo_indptr.data(), last.kv_indptr.data(),
-                           last.kv_last_page_len.data(), last.num_groups(), shape.num_qo_heads,
-                           shape.num_kv_heads, shape.head_dim, b.page_size, shape.dtype,
-                           shape.dtype, shape.dtype, pp, stream);
+    m.suffix_prefill->plan({.qo_indptr = last.qo_indptr.data(),
+                            .kv_indptr = last.kv_indptr.data(),
+                            .kv_last_page_len = last.kv_last_page_len.data(),
+                            .batch_size = last.num_groups(),
+                            .page_size = b.page_size},
+                           sub_shape, pp, stream);
   }
 
   // Index arrays to the device: row map, row count, each level's page ids — after the previous

@@ -103,9 +103,14 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
   // indptr / last_page_len are read on the host by plan(); their views only carry the batch size.
   kv.indptr = TensorView(c.arange.data(), DType::i32, {2}, Device::cuda(device));
   kv.last_page_len = TensorView(c.arange.data(), DType::i32, {1}, Device::cuda(device));
-  c.op->plan(indptr, last, 1, static_cast<int>(q.size(0)), static_cast<int>(num_kv_heads),
-                 static_cast<int>(head_dim), 1, q.dtype(), k.dtype(), out.dtype(),
-                 plan_options(opts), stream);
+  c.op->plan({.kv_indptr = indptr, .kv_last_page_len = last, .batch_size = 1, .page_size = 1},
+             {.num_qo_heads = static_cast<int>(q.size(0)),
+              .num_kv_heads = static_cast<int>(num_kv_heads),
+              .head_dim = static_cast<int>(head_dim),
+              .q_dtype = q.dtype(),
+              .kv_dtype = k.dtype(),
+              .o_dtype = out.dtype()},
+             plan_options(opts), stream);
   const int64_t q_shape[3] = {1, q.size(0), q.size(1)},
                 q_strides[3] = {q.size(0) * q.stride(0), q.stride(0), q.stride(1)};
   const int64_t o_shape[3] = {1, out.size(0), out.size(1)},
@@ -138,9 +143,17 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   std::lock_guard<std::mutex> lock(g_mu);
   CachedDecoder& c =
       decoder_for(q.device().index, batch, static_cast<int>(q.size(1)), kv.head_dim());
-  c.op->plan(kv.indptr.data_as<const int32_t>(), kv.last_page_len.data_as<const int32_t>(),
-                 batch, static_cast<int>(q.size(1)), kv.num_kv_heads(), kv.head_dim(),
-                 kv.page_size(), q.dtype(), kv.k.dtype(), out.dtype(), plan_options(opts), stream);
+  c.op->plan({.kv_indptr = kv.indptr.data_as<const int32_t>(),
+              .kv_last_page_len = kv.last_page_len.data_as<const int32_t>(),
+              .batch_size = batch,
+              .page_size = kv.page_size()},
+             {.num_qo_heads = static_cast<int>(q.size(1)),
+              .num_kv_heads = kv.num_kv_heads(),
+              .head_dim = kv.head_dim(),
+              .q_dtype = q.dtype(),
+              .kv_dtype = kv.k.dtype(),
+              .o_dtype = out.dtype()},
+             plan_options(opts), stream);
   c.op->run(q, kv, out, lse, stream);
 }
 

@@ -72,9 +72,18 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   PrefillPlanOptions po;
   po.causal = opts.causal;
   po.sm_scale = opts.sm_scale;
-  c.op->plan(qo_indptr, kv_indptr, 1, static_cast<int>(q.size(1)),
-                  static_cast<int>(num_kv_heads), static_cast<int>(k.size(2)), q.dtype(),
-                  k.dtype(), out.dtype(), po, stream);
+  c.op->plan({.qo_indptr = qo_indptr,
+              .kv_indptr = kv_indptr,
+              .kv_last_page_len = nullptr,
+              .batch_size = 1,
+              .page_size = 0},
+             {.num_qo_heads = static_cast<int>(q.size(1)),
+              .num_kv_heads = static_cast<int>(num_kv_heads),
+              .head_dim = static_cast<int>(k.size(2)),
+              .q_dtype = q.dtype(),
+              .kv_dtype = k.dtype(),
+              .o_dtype = out.dtype()},
+             po, stream);
   c.op->run(q, as_nhd(k), as_nhd(v), out, lse, stream);
 }
 
