@@ -49,7 +49,8 @@ struct BatchPrefillConfig {
   int device = 0;
   int num_sms_to_use = 0;  // 0: all SMs
   int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k; fewer where shared memory
-                           // does not fit that many, e.g. head_dim 256)
+                           // does not fit that many, e.g. head_dim 256). The sm_90 tuning
+                           // policy's kPrefillCtasPerSm (kernels/tuning/sm90.cuh says why)
 };
 
 // Which kernel a plan runs. kAuto: the Hopper wgmma kernel where it applies (an sm_90a GPU,

@@ -12,6 +12,7 @@
 
 #include "attention/decode/decode_plan.cuh"
 #include "scheduler/plan_image.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv::scheduler {
 
@@ -21,11 +22,11 @@ namespace flashkv::scheduler {
 // ~120 tokens of one CTA's streaming, and a sweep of alpha over {16, 64, 128, 256} on D1-D4
 // moved no workload beyond run-to-run noise (bench/results/decode-alpha-sweep-2026-11-29-*,
 // NOTES.md "alpha calibration"): with the balanced chunk bound the chunking sets the makespan and
-// alpha only breaks near-ties. 64 stays.
+// alpha only breaks near-ties. 64 stays. (The defaults are the sm_90 policy's, tuning/sm90.cuh.)
 struct CostModel {
   // Fixed cost of a work item (launch of the tile, q load, epilogue), in KV-token units.
-  double alpha = 64.0;
-  double beta = 1.0;  // per KV token; must be > 0
+  double alpha = tuning::sm90::kDecodeWorkItemCostTokens;
+  double beta = tuning::sm90::kDecodeTokenCost;  // per KV token; must be > 0
   double cost(int64_t l_q, int64_t l_kv) const { return alpha * l_q + beta * l_kv; }
 };
 
@@ -49,11 +50,12 @@ struct DecodeScheduleOptions {
   int fixed_split_size = 0;       // > 0: split every tile into chunks of exactly this many tokens
                                   // (last one shorter), independent of the rest of the batch
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
-  int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
+  // Dynamic splitting never makes chunks shorter than this.
+  int min_chunk_tokens = tuning::sm90::kDecodeMinChunkTokens;
   // Dynamic splitting: when a few chunks per CTA are at stake, also try the bounds > L_kv that
   // cut the longest tile into fewer pieces and keep the one with the smallest greedy makespan
   // (decode_scheduler.cpp, balanced_chunk_bound). false: always L_kv.
-  bool balance_chunk_bound = true;
+  bool balance_chunk_bound = tuning::sm90::kDecodeBalanceChunkBound;
   // Dynamic splitting, units of one greedy chunk per request chunk (block mode, or one KV head):
   // the chunks that would overflow the average load (the last, partial round of the greedy) are
   // cut to fill the least-loaded units up to a common level instead of landing whole on some of

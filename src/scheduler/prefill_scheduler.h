@@ -20,6 +20,7 @@
 
 #include "attention/prefill/prefill_plan.cuh"
 #include "scheduler/plan_image.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv::scheduler {
 
@@ -35,11 +36,11 @@ int choose_query_tile_rows(std::span<const int64_t> qo_lens, int group);
 
 // cost(chunk) = alpha * rows + beta * kv_tokens, rows = query tokens of the tile x group. Units
 // are arbitrary (only ratios matter); alpha (loading Q, writing O of a row) and beta (one KV
-// token through a tile) are to be measured on the GPU, not guessed: these defaults only say
-// that a row's fixed work is about one KV token's.
+// token through a tile) are to be measured on the GPU, not guessed: these defaults (the sm_90
+// policy's, tuning/sm90.cuh) only say that a row's fixed work is about one KV token's.
 struct PrefillCostModel {
-  double alpha = 1.0;  // >= 0
-  double beta = 1.0;   // > 0
+  double alpha = tuning::sm90::kPrefillRowCost;   // >= 0
+  double beta = tuning::sm90::kPrefillTokenCost;  // > 0
   double cost(int64_t rows, int64_t kv_tokens) const { return alpha * rows + beta * kv_tokens; }
 };
 
@@ -62,7 +63,8 @@ struct PrefillScheduleOptions {
                                   // independent of the rest of the batch if tile_rows is fixed
                                   // (the heuristic's choice depends on the batch)
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
-  int min_chunk_tokens = 128;     // dynamic splitting never makes chunks shorter than this
+  // Dynamic splitting never makes chunks shorter than this.
+  int min_chunk_tokens = tuning::sm90::kPrefillMinChunkTokens;
   int split_align = 1;            // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
                                   // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
   // Capacity of the partial-state buffer (>= 0), in slots of tile_rows rows. Dynamic splitting fits

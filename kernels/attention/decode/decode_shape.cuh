@@ -1,7 +1,9 @@
 // The decode kernels' geometry: for the tensor-core kernel as a function of (head_dim, GQA group,
 // pipeline stages, warps), for the CUDA-core kernel of (head_dim, KV element size). Constexpr
 // functions read by the kernel configs (decode_tc.cuh, decode.cuh) and by the host launch (through
-// decode_key.h), so the two can never disagree. Includes nothing.
+// decode_key.h), so the two can never disagree. Its tuning knobs (bytes in flight, default warps,
+// stages and CTAs, the CUDA-core tile) come from the sm_90 policy, tuning/sm90.cuh, which says
+// what each was measured to do; this file includes nothing else.
 //
 // Why stages and warps are parameters: decode streams the KV cache, so what matters is how many
 // bytes each SM keeps in flight (warps x 16 tokens x (stages - 1) tiles ahead) against how many
@@ -9,6 +11,8 @@
 // deep CTA per SM keep the same bytes in flight but split short requests differently; the
 // benchmark sweeps them (flashkv bench decode --decode-stages --decode-warps).
 #pragma once
+
+#include "tuning/sm90.cuh"
 
 namespace flashkv {
 
@@ -22,45 +26,49 @@ struct DecodeTCShape {
   int min_ctas;     // __launch_bounds__'s minimum CTAs per SM (caps registers per thread)
 };
 
-// Bytes of K + V each SM keeps in flight by default. Measured on the H200 at head_dim 128 (NOTES.md):
-// one 32 KB tile ahead per CTA at 2 CTAs per SM beat two (GQA D1 55.1 -> 56.9 % of the read
-// ceiling, D4 65.7 -> 66.9, others level or up to a point): deeper queues only lengthen the
-// memory latency every item's first loads wait behind.
-constexpr int kDecodeBytesInFlightPerSm = 64 * 1024;
+// Bytes of K + V each SM keeps in flight by default: the policy's knob (tuning/sm90.cuh says what
+// it was measured to do), under the name the decode kernels have always compiled. A namespace-scope
+// constexpr variable is a __device__ global of every NVRTC module that includes this file (the
+// policy's enumerators are not): keep it, or every decode kernel's symbol indices move.
+constexpr int kDecodeBytesInFlightPerSm = tuning::sm90::kDecodeBytesInFlightPerSm;
 
-// stages, warps: 0 picks the default (4 warps at head_dim <= 128, else 2; stages so that the
-// grid's CTAs on one SM keep kDecodeBytesInFlightPerSm in flight, at least 2). ctas: the CTAs per
-// SM the grid is sized for (0: 2); the kernel is built for as many of them as fit one SM.
+// stages, warps: 0 picks the default (tuning::sm90::decode_tc_default_warps: 4 at head_dim <= 128,
+// else 2; decode_tc_default_stages: so that the grid's CTAs on one SM keep
+// kDecodeBytesInFlightPerSm in flight, at least 2). ctas: the CTAs per SM the grid is sized for
+// (0: kDecodeDefaultCtasPerSm, 2); the kernel is built for as many of them as fit one SM.
 constexpr DecodeTCShape decode_tc_shape(int head_dim, int group, int stages = 0, int warps = 0,
                                         int ctas = 0) {
   DecodeTCShape s{};
-  const int want = ctas > 0 ? ctas : 2;
-  s.warps = warps > 0 ? warps : (head_dim <= 128 ? 4 : 2);
+  const int want = ctas > 0 ? ctas : tuning::sm90::kDecodeDefaultCtasPerSm;
+  s.warps = warps > 0 ? warps : tuning::sm90::decode_tc_default_warps(head_dim);
   s.threads = 32 * s.warps;
   s.tile = 16 * s.warps;
   const int stage_kv_bytes = 2 * s.tile * head_dim * 2;
-  const int ahead = (kDecodeBytesInFlightPerSm + want * stage_kv_bytes - 1) / (want * stage_kv_bytes);
-  s.stages = stages > 0 ? stages : (ahead < 1 ? 2 : ahead > 7 ? 8 : ahead + 1);
+  s.stages = stages > 0 ? stages : tuning::sm90::decode_tc_default_stages(stage_kv_bytes, want);
   s.row_tiles = (group + 15) / 16;
   s.smem_bytes = (s.row_tiles * 16 * head_dim + 2 * s.stages * s.tile * head_dim) * 2;
   // As many of the grid's CTAs per SM as their shared memory (227 KB per SM) allows, and no more
-  // than leave 128 registers per thread (65536 per SM).
-  const int fit_smem = 227 * 1024 / s.smem_bytes, fit_regs = 512 / s.threads;
+  // than leave kDecodeMinRegistersPerThread (128) registers per thread (65536 per SM).
+  const int fit_smem = tuning::sm90::kSmemPerSmBytes / s.smem_bytes;
+  const int fit_regs =
+      int{tuning::sm90::kRegistersPerSm} / tuning::sm90::kDecodeMinRegistersPerThread / s.threads;
   s.min_ctas = want < fit_smem ? want : fit_smem;
   s.min_ctas = s.min_ctas < fit_regs ? s.min_ctas : fit_regs;
   s.min_ctas = s.min_ctas > 1 ? s.min_ctas : 1;
   return s;
 }
 
-// Whether the tensor-core kernel takes this shape: its output accumulators (row tiles x head_dim / 8
-// n-tiles x 4 f32 per thread) must stay within 64 registers; more spilled to local memory (ptxas:
-// head_dim 256 used 255 registers and a 360-byte stack), so larger shapes use the CUDA-core kernel.
+// Whether the tensor-core kernel takes this shape: its output accumulators (row tiles x
+// head_dim / 8 n-tiles x 4 f32 per thread) must stay within kDecodeTCMaxAccumulatorRegs (64)
+// registers; more spilled to local memory (ptxas: head_dim 256 used 255 registers and a 360-byte
+// stack), so larger shapes use the CUDA-core kernel.
 constexpr bool decode_tc_supported(int head_dim, int group) {
-  return (group + 15) / 16 * (head_dim / 8) * 4 <= 64;
+  return (group + 15) / 16 * (head_dim / 8) * 4 <= tuning::sm90::kDecodeTCMaxAccumulatorRegs;
 }
 
 // The CUDA-core kernel (decode.cuh): 128 threads; ~16 KB of K+V per stage (kTile tokens) and
-// 4 stages: enough bytes in flight per SM to cover HBM latency at 2 CTAs per SM.
+// 4 stages: enough bytes in flight per SM to cover HBM latency at 2 CTAs per SM (tuning/sm90.cuh:
+// not measured).
 struct DecodeCudaCoreShape {
   int threads;
   int tile;        // KV tokens per pipeline stage
@@ -69,9 +77,9 @@ struct DecodeCudaCoreShape {
 };
 constexpr DecodeCudaCoreShape decode_cuda_core_shape(int head_dim, int kv_bytes) {
   DecodeCudaCoreShape s{};
-  s.threads = 128;
-  s.tile = 4096 / head_dim * (2 / kv_bytes);
-  s.stages = 4;
+  s.threads = tuning::sm90::kDecodeCudaCoreThreads;
+  s.tile = tuning::sm90::decode_cuda_core_tile(head_dim, kv_bytes);
+  s.stages = tuning::sm90::kDecodeCudaCoreStages;
   s.smem_bytes = 2 * s.stages * s.tile * head_dim * kv_bytes;
   return s;
 }

@@ -1,8 +1,12 @@
 // The prefill kernels' geometry as a function of (head_dim, query-tile rows): warps, KV tile,
 // pipeline depth, shared memory. One constexpr function per kernel (mma.sync: prefill.cuh; Hopper
 // wgmma: prefill_hopper.cuh), read by both the kernel config and the host launch (src/ops), so
-// the two can never disagree. Includes nothing.
+// the two can never disagree. Their tuning knobs (row tiles per warp, warps of small tiles, KV
+// tiles, pipeline depth, query buffers) come from the sm_90 policy, tuning/sm90.cuh, which says
+// what each was measured to do; this file includes nothing else.
 #pragma once
+
+#include "tuning/sm90.cuh"
 
 namespace flashkv {
 
@@ -26,26 +30,22 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows) {
   // Two 16-row MMA tiles per warp in the 128-row tile: each K/V fragment read from shared memory
   // then feeds two MMAs (shared-memory bandwidth, not the tensor cores, bounds one row tile per
   // warp). head_dim 256 keeps one: 128 output accumulators per row tile already.
-  s.row_tiles = (rows == 128 && head_dim <= 128) ? 2 : 1;
+  s.row_tiles = tuning::sm90::prefill_row_tiles_per_warp(head_dim, rows);
   s.warp_rows = 16 * s.row_tiles;
   s.warps_q = rows / s.warp_rows;
   // Small tiles (16, 32 rows: short queries) would leave most of a CTA idle: 4 warps there, the
   // warps of a row block splitting each KV tile.
-  s.warps_kv = rows >= 64 ? 1 : 4 / s.warps_q;
+  s.warps_kv = tuning::sm90::prefill_warps_kv(rows, s.warps_q);
   s.warps = s.warps_q * s.warps_kv;
   s.threads = 32 * s.warps;
   // 64 KV tokens per stage, or 32 at head_dim 256 where a warp has a whole tile (its S fragment
   // next to 128 output accumulators).
-  s.tile = (head_dim <= 128 || s.warps_kv == 4) ? 64 : 32;
+  s.tile = tuning::sm90::prefill_kv_tile(head_dim, s.warps_kv);
   s.q_bytes = rows * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
   // Pipeline depth: as many KV tiles in flight as fit two CTAs per SM (<= 112 KB each); a CTA of
   // 8 warps runs alone on its SM (registers) and takes 4.
-  const int budget = 112 * 1024;
-  s.stages = s.q_bytes + 4 * 2 * s.stage_bytes <= budget   ? 4
-             : s.q_bytes + 3 * 2 * s.stage_bytes <= budget ? 3
-             : s.threads >= 256                            ? 4
-                                                           : 2;
+  s.stages = tuning::sm90::prefill_stages(s.q_bytes, s.stage_bytes, s.threads);
   const int kv_bytes = 2 * s.stages * s.stage_bytes;
   const int merge_bytes = s.warps_kv > 1 ? s.warps * 16 * (head_dim + 2) * 4 : 0;
   s.smem_bytes = s.q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
@@ -71,11 +71,11 @@ constexpr PrefillShape prefill_hopper_shape(int head_dim) {
   s.warps_kv = 1;
   s.warps = 8;
   s.threads = 256;
-  s.tile = head_dim <= 128 ? 128 : 32;
+  s.tile = tuning::sm90::prefill_hopper_kv_tile(head_dim);
   s.q_bytes = 128 * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
-  s.stages = head_dim == 128 ? 3 : 4;
-  s.q_buffers = head_dim <= 128 ? 2 : 1;  // head_dim 128: 2 x 32 + (2 + 3) x 32 KB
+  s.stages = tuning::sm90::prefill_hopper_stages(head_dim);
+  s.q_buffers = tuning::sm90::prefill_hopper_q_buffers(head_dim);  // d128: 2 x 32 + (2 + 3) x 32 KB
   s.smem_bytes = 1024 + s.q_buffers * s.q_bytes + (2 * s.stages - 1) * s.stage_bytes;
   return s;
 }

@@ -26,6 +26,7 @@
 #include "runtime/plan_upload.h"
 #include "scheduler/cascade_cost.h"
 #include "scheduler/prefix_sharing.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv {
 
@@ -254,7 +255,8 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   PrefillPlanOptions pp;
   pp.sm_scale = opts.sm_scale;
   pp.enable_cuda_graph = opts.enable_cuda_graph;
-  if (opts.enable_cuda_graph) pp.tile_rows = 64;  // a captured graph pins the query tile
+  // A captured graph pins the query tile.
+  if (opts.enable_cuda_graph) pp.tile_rows = tuning::sm90::kCascadeGraphTileRows;
   for (int l = 0; l + 1 < levels; ++l) {
     const scheduler::CascadeLevel& lv = layout.levels[l];
     pp.causal = false;

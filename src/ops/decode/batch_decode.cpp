@@ -25,6 +25,7 @@
 #include "runtime/launch.h"
 #include "runtime/plan_upload.h"
 #include "scheduler/decode_scheduler.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv {
 namespace {
@@ -298,7 +299,8 @@ DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
   k.tuning = shape.tuning;
   if (!k.tensor_cores) {
     k.tuning = {};
-    if (cfg.ctas_per_sm == 0) k.ctas_per_sm = 2;  // the CUDA-core kernel's default grid
+    // The CUDA-core kernel's default grid.
+    if (cfg.ctas_per_sm == 0) k.ctas_per_sm = tuning::sm90::kDecodeCudaCoreCtasPerSm;
   }
   return k;
 }

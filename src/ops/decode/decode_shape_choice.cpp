@@ -1,7 +1,9 @@
-// Auto's rule (BatchDecodeConfig.ctas_per_sm = 0). Decode streams the KV cache; what an SM needs is
-// ~8 warps (below that the tensor-core loop is latency-bound: 1 CTA of 4 warps per SM reached 51 %
-// of the read ceiling on GQA D1) and one tile in flight per CTA (decode_shape.cuh). Three ways to
-// get 8 warps, measured on the H200 (f16, % of the read ceiling, NOTES.md):
+// Auto's rule (BatchDecodeConfig.ctas_per_sm = 0); its numbers and the pure rules
+// (decode_auto_ctas_per_sm, decode_auto_warps) are the sm_90 policy's, tuning/sm90.cuh. Decode
+// streams the KV cache; what an SM needs is ~8 warps (below that the tensor-core loop is
+// latency-bound: 1 CTA of 4 warps per SM reached 51 % of the read ceiling on GQA D1) and one tile
+// in flight per CTA (decode_shape.cuh). Three ways to get 8 warps, measured on the H200 (f16, % of
+// the read ceiling, decode-shape-sweep-2026-11-29.log):
 //
 //                 1 x 8 warps   2 x 4 warps   4 x 2 warps
 //   GQA D1 16x1K     61.0          56.9          53.9     equal pairs, no more than SMs
@@ -32,34 +34,31 @@
 namespace flashkv::ops {
 
 DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in) {
+  namespace policy = tuning::sm90;
   int ctas = in.config_ctas_per_sm;
   if (ctas == 0) {
-    ctas = 2;
+    ctas = policy::kDecodeDefaultCtasPerSm;
     const bool may_change = !in.enable_cuda_graph && in.fixed_split_size == 0 && in.tc_warps == 0 &&
-                            in.head_dim <= 128 && !in.kv_lens.empty();
+                            in.head_dim <= policy::kDecodeAutoMaxHeadDim && !in.kv_lens.empty();
     if (may_change) {
       int64_t tokens = 0;
       for (int64_t len : in.kv_lens) tokens += len;
       tokens *= in.num_kv_heads;
       const auto [lo, hi] = std::minmax_element(in.kv_lens.begin(), in.kv_lens.end());
       const int64_t pairs = static_cast<int64_t>(in.kv_lens.size()) * in.num_kv_heads;
-      DecodeTCTuning pick{};
-      if (tokens >= kDecodeSmallCtaMinTokens * in.sms * kDecodeTCSmallCtas.ctas) {
-        pick = kDecodeTCSmallCtas;
-      } else if (*lo == *hi && *hi > 0 && pairs <= in.sms) {
-        pick = kDecodeTCOneCta;
+      const int pick =
+          policy::decode_auto_ctas_per_sm(tokens, pairs, *lo == *hi && *hi > 0, in.sms);
+      if (pick != ctas) {
+        const DecodeTCShape s = decode_tc_shape(in.head_dim, in.group, in.tc_stages,
+                                                policy::decode_auto_warps(in.head_dim, pick), pick);
+        if (s.smem_bytes <= in.max_smem_bytes) ctas = pick;
       }
-      const DecodeTCShape s = decode_tc_shape(in.head_dim, in.group, in.tc_stages, pick.warps, pick.ctas);
-      if (pick.ctas > 0 && s.smem_bytes <= in.max_smem_bytes) ctas = pick.ctas;
     }
   }
   // Warps keep ~8 per SM (0: decode_shape.cuh's default, 4 at head_dim <= 128, 2 above).
-  const int warps = in.tc_warps > 0 ? in.tc_warps
-                    : in.head_dim > 128 ? 0
-                    : ctas == 1 ? 8
-                    : ctas >= 3 ? 2
-                                : 0;
-  return {ctas, DecodeTCTuning{in.tc_stages, warps, ctas == 2 ? 0 : ctas}};
+  const int warps = in.tc_warps > 0 ? in.tc_warps : policy::decode_auto_warps(in.head_dim, ctas);
+  return {ctas,
+          DecodeTCTuning{in.tc_stages, warps, ctas == policy::kDecodeDefaultCtasPerSm ? 0 : ctas}};
 }
 
 }  // namespace flashkv::ops

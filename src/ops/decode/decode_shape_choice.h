@@ -6,6 +6,7 @@
 #include <span>
 
 #include "ops/jit/kernel_specs.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv::ops {
 
@@ -15,7 +16,8 @@ struct DecodeShapeInputs {
   int head_dim = 128;
   int group = 1;               // query heads per KV head
   int num_kv_heads = 1;
-  int max_smem_bytes = 227 * 1024;  // the GPU's opt-in shared memory per block
+  // The GPU's opt-in shared memory per block.
+  int max_smem_bytes = tuning::sm90::kSmemPerBlockBytes;
   std::span<const int64_t> kv_lens;  // the keys each request's row sees
   bool enable_cuda_graph = false;
   int fixed_split_size = 0;
@@ -23,12 +25,14 @@ struct DecodeShapeInputs {
 };
 
 struct DecodeShapeChoice {
-  int ctas_per_sm = 2;     // the grid's, for the tensor-core kernel
+  // The grid's, for the tensor-core kernel (::flashkv::tuning: the member below hides it).
+  int ctas_per_sm = ::flashkv::tuning::sm90::kDecodeDefaultCtasPerSm;
   DecodeTCTuning tuning;   // its kernel shape ({} : the default, 2 CTAs of 4 warps)
 };
 
-// KV tokens (summed over KV heads) per CTA from which auto runs 4 CTAs of 2 warps per SM.
-inline constexpr int64_t kDecodeSmallCtaMinTokens = 896;
+// KV tokens (summed over KV heads) per CTA from which auto runs 4 CTAs of 2 warps per SM
+// (tuning/sm90.cuh: the measurement behind it).
+inline constexpr int64_t kDecodeSmallCtaMinTokens = tuning::sm90::kDecodeSmallCtaMinTokens;
 
 DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in);
 

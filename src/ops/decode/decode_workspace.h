@@ -18,6 +18,7 @@
 #include "attention/decode/decode_plan.cuh"
 #include "flashkv/decode.h"
 #include "scheduler/decode_scheduler.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv::ops {
 
@@ -28,8 +29,8 @@ class DecodeWorkspace {
   static size_t required_bytes(const BatchDecodeConfig& cfg);  // never limits splitting
   static size_t min_bytes(const BatchDecodeConfig& cfg);       // plan arrays, no partial states
 
-  // BatchDecodeConfig.ctas_per_sm = 0 (auto): room for this many CTAs per SM.
-  static constexpr int kAutoCtasPerSm = 4;
+  // BatchDecodeConfig.ctas_per_sm = 0 (auto): room for this many CTAs per SM, the most auto picks.
+  static constexpr int kAutoCtasPerSm = tuning::sm90::kDecodeAutoMaxCtasPerSm;
   int num_ctas() const { return num_ctas_; }  // the most a plan may use
   int sms() const { return sms_; }
   int max_work_items() const { return max_work_items_; }

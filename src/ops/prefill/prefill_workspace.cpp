@@ -8,11 +8,17 @@
 #include "flashkv/runtime.h"
 #include "ops/common/workspace_fit.h"
 #include "runtime/driver.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv::ops {
 namespace {
 size_t align16(size_t x) { return (x + 15) / 16 * 16; }
 }  // namespace
+
+// The public header cannot include the policy (include/flashkv never includes kernels/): its
+// literal default is checked here.
+static_assert(BatchPrefillConfig{}.ctas_per_sm == tuning::sm90::kPrefillCtasPerSm,
+              "BatchPrefillConfig::ctas_per_sm is the sm_90 policy's kPrefillCtasPerSm");
 
 PrefillWorkspace::Sizes PrefillWorkspace::sizes(const BatchPrefillConfig& cfg, size_t bytes) {
   const DeviceInfo info = device_info(cfg.device);
