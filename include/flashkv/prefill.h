@@ -108,7 +108,7 @@ struct PrefillBatch {
   const int32_t* kv_indptr = nullptr;         // [batch_size + 1] pages (paged) or KV rows (ragged)
   const int32_t* kv_last_page_len = nullptr;  // [batch_size] paged; ragged: nullptr
   int batch_size = 0;
-  int page_size = 16;                         // paged; ragged: 0
+  int page_size = 0;  // paged: tokens per page (>= 1, no default: the cache's); ragged: 0
 };
 
 namespace detail {

@@ -2,7 +2,7 @@
 // partial-state slots and merge items. Contract in decode_scheduler.h; the algorithm is the
 // FlashInfer paper's (DESIGN.md "The load-balanced schedule") with tiles = (request, kv_head).
 //
-// Workspace bounds for dynamic splitting (max_decode_slots, max_decode_work_items), proved:
+// Workspace bounds for dynamic splitting (max_split_slots, max_decode_work_items), proved:
 // let tile i have l_i KV tokens, T = sum_i l_i, C = num_ctas and L = max(min_chunk_tokens,
 // ceil(T / C)); so L >= T / C, i.e. T / L <= C. Tile i gets n_i = max(1, ceil(l_i / L)) chunks.
 //  * Work items. For every tile n_i <= 1 + l_i / L: an empty tile has n_i = 1, and for l_i >= 1,
@@ -313,7 +313,7 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
       opts.fixed_split_size > 0
           ? "use a larger fixed_split_size, or size the workspace for it "
             "(BatchDecodeConfig.max_kv_tokens and min_fixed_split_size)"
-          : "size the workspace with max_decode_slots / max_decode_work_items, or use a larger "
+          : "size the workspace with max_split_slots / max_decode_work_items, or use a larger "
             "fixed_split_size";
   check(num_slots <= opts.max_slots, "plan_decode: the schedule needs ", num_slots,
         " partial-state slots but the workspace has max_slots = ", opts.max_slots, "; ", advice);
@@ -531,13 +531,6 @@ DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeSchedul
   return s;
 }
 
-int max_decode_slots(int num_ctas) {
-  check(num_ctas > 0, "max_decode_slots: num_ctas must be > 0 (got ", num_ctas, ")");
-  check(num_ctas <= INT_MAX / 2,
-        "max_decode_slots: 2 * num_ctas overflows int (num_ctas = ", num_ctas, ")");
-  return 2 * num_ctas;
-}
-
 int max_decode_work_items(int max_batch, int num_kv_heads, int num_ctas) {
   check(max_batch > 0 && num_kv_heads > 0 && num_ctas > 0,
         "max_decode_work_items: max_batch, num_kv_heads and num_ctas must be > 0 (got ", max_batch,
@@ -546,11 +539,6 @@ int max_decode_work_items(int max_batch, int num_kv_heads, int num_ctas) {
   check(items <= INT_MAX, "max_decode_work_items: ", max_batch, " * ", num_kv_heads, " + ",
         num_ctas, " = ", items, " overflows int");
   return static_cast<int>(items);
-}
-
-int max_decode_merge_items(int max_slots) {
-  check(max_slots >= 0, "max_decode_merge_items: max_slots must be >= 0 (got ", max_slots, ")");
-  return max_slots / 2;
 }
 
 int cta_work_count(const DecodeSchedule& s, int cta) {

@@ -12,6 +12,7 @@
 
 #include "attention/decode/decode_plan.cuh"
 #include "scheduler/plan_image.h"
+#include "scheduler/split_bounds.h"
 #include "tuning/sm90.cuh"
 
 namespace flashkv::scheduler {
@@ -139,10 +140,8 @@ void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& 
 // num_kv_heads times fewer). fixed_split_size has no such bound (its chunk count follows the KV
 // lengths, not num_ctas): size for the longest batch, or let plan_decode throw. Both throw
 // flashkv::Error on non-positive arguments or int overflow.
-int max_decode_slots(int num_ctas);
+// Slots and merge items: max_split_slots / max_split_merge_items (split_bounds.h).
 int max_decode_work_items(int max_batch, int num_kv_heads, int num_ctas);
-// Every merge item owns >= 2 slots, so a workspace of max_slots slots needs at most max_slots / 2.
-int max_decode_merge_items(int max_slots);
 
 // Serialized plan: the byte image copied to the device workspace, with the offsets of each array.
 // The arrays lie one after another in this order, each starting at a 16-byte aligned offset:

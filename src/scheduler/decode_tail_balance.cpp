@@ -50,7 +50,7 @@ namespace flashkv::scheduler::detail {
 // block mode) and adds num_kv_heads slots (2 num_kv_heads when it splits a tile that was whole).
 // A cut is made only while the schedule's totals stay within min(capacity, bound): stored items
 // <= batch + U (= (batch * num_kv_heads + num_ctas) / ctas_per_unit: max_decode_work_items) and
-// slots <= 2 * num_ctas (max_decode_slots). The plain schedule satisfies both (the proof at the
+// slots <= 2 * num_ctas (max_split_slots). The plain schedule satisfies both (the proof at the
 // top of decode_scheduler.cpp), and each admitted cut keeps them, so they hold for the result.
 // (The wrap makes at most one cut per unit it leaves, so at most U cuts: <= num_ctas more CTA
 // items; the explicit check is still needed, as the plain schedule may already use most of the

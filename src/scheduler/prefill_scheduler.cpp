@@ -12,7 +12,7 @@
 //  * Work items (max_prefill_work_items). n_j <= 1 + v_j / L for every tile: a tile that sees
 //    nothing has n_j = 1, and for v_j >= 1, ceil(v_j / L) <= 1 + (v_j - 1) / L. Summing,
 //    sum_j n_j <= #tiles + T / L <= #tiles + C.
-//  * Slots (max_prefill_slots). Only split tiles (n_j >= 2, i.e. v_j > L) use slots, n_j each.
+//  * Slots (max_split_slots). Only split tiles (n_j >= 2, i.e. v_j > L) use slots, n_j each.
 //    For such a tile n_j = ceil(v_j / L) < v_j / L + 1 < 2 * v_j / L, as v_j / L > 1. Summing
 //    over the split tiles, slots < 2 * T / L <= 2 * C, so slots <= 2 * C - 1.
 //  * Merge items: each owns >= 2 slots, so merges <= slots / 2 < C.
@@ -234,7 +234,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   }
   const char* advice = o.fixed_split_size > 0
                            ? "use a larger fixed_split_size or a larger workspace"
-                           : "size the workspace with max_prefill_slots / max_prefill_work_items, "
+                           : "size the workspace with max_split_slots / max_prefill_work_items, "
                              "or use a larger fixed_split_size";
   check(num_slots <= o.max_slots, "plan_prefill: the schedule needs ", num_slots,
         " partial-state slots but the workspace has max_slots = ", o.max_slots, "; ", advice);
@@ -415,18 +415,6 @@ int max_prefill_work_items(int max_tiles, int num_ctas) {
   check(items <= INT_MAX, "max_prefill_work_items: ", max_tiles, " + ", num_ctas, " = ", items,
         " overflows int");
   return static_cast<int>(items);
-}
-
-int max_prefill_slots(int num_ctas) {
-  check(num_ctas > 0, "max_prefill_slots: num_ctas must be > 0 (got ", num_ctas, ")");
-  check(num_ctas <= INT_MAX / 2,
-        "max_prefill_slots: 2 * num_ctas overflows int (num_ctas = ", num_ctas, ")");
-  return 2 * num_ctas;
-}
-
-int max_prefill_merge_items(int max_slots) {
-  check(max_slots >= 0, "max_prefill_merge_items: max_slots must be >= 0 (got ", max_slots, ")");
-  return max_slots / 2;
 }
 
 }  // namespace flashkv::scheduler

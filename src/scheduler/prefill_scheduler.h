@@ -20,6 +20,7 @@
 
 #include "attention/prefill/prefill_plan.cuh"
 #include "scheduler/plan_image.h"
+#include "scheduler/split_bounds.h"
 #include "tuning/sm90.cuh"
 
 namespace flashkv::scheduler {
@@ -103,7 +104,7 @@ void plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_
                   const PrefillScheduleOptions& opts, PrefillSchedule* out);
 
 // Workspace bounds (proofs in prefill_scheduler.cpp). With dynamic splitting, a schedule uses at
-// most max_prefill_slots(num_ctas) = 2 * num_ctas slots, max_prefill_merge_items(slots) merge
+// most max_split_slots(num_ctas) = 2 * num_ctas slots, max_split_merge_items(slots) merge
 // items and #tiles + num_ctas work items, where #tiles <= max_prefill_tiles(...) for every batch
 // of at most max_batch requests and max_qo_tokens query tokens in all. tile_rows = 0 bounds the
 // tiles for whatever choose_query_tile_rows picks. disable_split_kv: #tiles items, no slots.
@@ -113,9 +114,7 @@ void plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_
 int max_prefill_tiles(int max_batch, int64_t max_qo_tokens, int num_kv_heads, int group,
                       int tile_rows);
 int max_prefill_work_items(int max_tiles, int num_ctas);
-int max_prefill_slots(int num_ctas);
-// Every merge item owns >= 2 slots, so a workspace of max_slots slots needs at most max_slots / 2.
-int max_prefill_merge_items(int max_slots);
+// Slots and merge items: max_split_slots / max_split_merge_items (split_bounds.h).
 
 // Serialized plan: the byte image copied to the device workspace. The arrays lie one after another
 // in this order, each starting at a 16-byte aligned offset:

@@ -34,7 +34,7 @@ inline DecodeScheduleOptions bounded_options(int num_ctas, int num_kv_heads, siz
   DecodeScheduleOptions o;
   o.num_ctas = num_ctas;
   o.num_kv_heads = num_kv_heads;
-  o.max_slots = max_decode_slots(num_ctas);
+  o.max_slots = max_split_slots(num_ctas);
   o.max_work_items =
       max_decode_work_items(std::max<int>(1, static_cast<int>(batch)), num_kv_heads, num_ctas);
   return o;

@@ -36,7 +36,7 @@ inline PrefillScheduleOptions bounded_options(int num_ctas, int num_kv_heads, in
   o.num_kv_heads = num_kv_heads;
   o.group = group;
   o.causal = causal;
-  o.max_slots = max_prefill_slots(num_ctas);
+  o.max_slots = max_split_slots(num_ctas);
   const int tiles = max_prefill_tiles(std::max<int>(1, static_cast<int>(qo_lens.size())),
                                       sum(qo_lens), num_kv_heads, group, 0);
   o.max_work_items = max_prefill_work_items(tiles, num_ctas);

@@ -385,7 +385,7 @@ TEST(DecodeScheduler, BoundsAreNearlyTight) {
     const DecodeSchedule s = plan_decode(lens, o);
     expect_valid(lens, o, s);
     EXPECT_EQ(s.num_slots, 2 * ctas - 2);
-    EXPECT_LE(s.num_slots, max_decode_slots(ctas));
+    EXPECT_LE(s.num_slots, max_split_slots(ctas));
     EXPECT_EQ(s.work.size(), lens.size() + ctas - 1);
     EXPECT_LE(s.work.size(), static_cast<size_t>(o.max_work_items));
   }

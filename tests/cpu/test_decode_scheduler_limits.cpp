@@ -87,10 +87,10 @@ TEST(DecodeScheduler, RejectsInvalidOptions) {
   o.fixed_split_size = 64;  // lengths are checked in every mode
   expect_error(o, negative, "kv_lens[1]");
 
-  EXPECT_THROW(max_decode_slots(0), Error);
+  EXPECT_THROW(max_split_slots(0), Error);
   EXPECT_THROW(max_decode_work_items(1 << 20, 1 << 12, 132), Error);
   EXPECT_EQ(max_decode_work_items(256, 8, 264), 256 * 8 + 264);
-  EXPECT_EQ(max_decode_merge_items(528), 264);
+  EXPECT_EQ(max_split_merge_items(528), 264);
 }
 
 TEST(DecodeScheduler, SerializationRoundTrips) {
@@ -104,7 +104,7 @@ TEST(DecodeScheduler, SerializationRoundTrips) {
     ASSERT_FALSE(s.merge.empty());
     ASSERT_EQ(s.ctas_per_unit, blocks ? 8 : 1);
     const DecodePlanLayout l =
-        decode_plan_layout(o.num_ctas, o.max_work_items, max_decode_merge_items(o.max_slots));
+        decode_plan_layout(o.num_ctas, o.max_work_items, max_split_merge_items(o.max_slots));
     for (size_t off : {l.header, l.cta_work_indptr, l.work, l.bytes}) {
       EXPECT_EQ(off % 16, 0u);
     }

@@ -104,7 +104,7 @@ TEST(DecodeSchedulerTail, RandomBatchesStayValidAndNearTheMean) {
       ++applied;
       // (The room for cuts can run out, e.g. where the plain schedule already splits many
       // tiles: the result is then only no worse. Here it had room: fewer than max slots used.)
-      if (s.num_slots + 2 * heads <= max_decode_slots(ctas) &&
+      if (s.num_slots + 2 * heads <= max_split_slots(ctas) &&
           s.num_cta_work_items() + heads <= o.max_work_items) {
         EXPECT_LE(makespan(s), tail_bound(o, plain) * (1 + 1e-12));
       }
@@ -138,7 +138,7 @@ TEST(DecodeSchedulerTail, WorkspaceBoundsHoldForAdversarialBatches) {
         DecodeSchedule s;
         ASSERT_NO_THROW(s = plan_decode(batches[b], o));
         expect_valid(batches[b], o, s);
-        EXPECT_LE(s.num_slots, max_decode_slots(c));
+        EXPECT_LE(s.num_slots, max_split_slots(c));
         EXPECT_LE(s.num_cta_work_items(), int64_t{max_decode_work_items(
                                               static_cast<int>(batches[b].size()), heads, c)});
       }

@@ -58,8 +58,8 @@ TEST(PrefillScheduler, TileBoundIsTightForOneTokenRequests) {
   EXPECT_THROW(max_prefill_tiles(1, 1, 1, 32, 16), Error);  // tile smaller than a token
   EXPECT_THROW(max_prefill_tiles(INT_MAX, INT64_MAX / 4, 32, 1, 16), Error);  // overflow
   EXPECT_EQ(max_prefill_work_items(10, 132), 142);
-  EXPECT_EQ(max_prefill_slots(132), 264);
-  EXPECT_EQ(max_prefill_merge_items(264), 132);
+  EXPECT_EQ(max_split_slots(132), 264);
+  EXPECT_EQ(max_split_merge_items(264), 132);
 }
 
 TEST(PrefillScheduler, CoversEveryRowOnceAndBalances) {

@@ -100,7 +100,7 @@ TEST(PrefillScheduler, SerializationRoundTrips) {
     const PrefillScheduleOptions o = bounded_options(132, 4, 8, b.qo, t % 2 == 0);
     const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
     const PrefillPlanLayout layout =
-        prefill_plan_layout(o.num_ctas, o.max_work_items, max_prefill_merge_items(o.max_slots));
+        prefill_plan_layout(o.num_ctas, o.max_work_items, max_split_merge_items(o.max_slots));
     std::vector<std::byte> image(layout.bytes, std::byte{0xAB});
     const size_t used = serialize_prefill_schedule(s, layout, image.data());
     ASSERT_LE(used, layout.bytes);

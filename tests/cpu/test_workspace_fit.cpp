@@ -42,8 +42,8 @@ BatchPrefillConfig prefill_cfg(int max_batch, int64_t max_qo_tokens, int num_qo_
 template <class Sizes>
 void expect_fits(const Sizes& s, size_t bytes) {
   EXPECT_LE(s.total, bytes);
-  EXPECT_LE(s.lse_offset + s.partial_rows * sizeof(float), s.o_offset);
-  EXPECT_LE(s.o_offset, s.arrivals_offset);
+  EXPECT_LE(s.states.lse_offset + s.partial_rows * sizeof(float), s.states.o_offset);
+  EXPECT_LE(s.states.o_offset, s.states.arrivals_offset);
   EXPECT_LE(s.min_total, s.total);
   EXPECT_LE(s.total, s.full_total);
 }
@@ -107,7 +107,7 @@ TEST(PrefillWorkspaceFit, TwelveTokensFitSixteenMegabytes) {
   // 2 slots per CTA of 16-row tiles (what a 12-token plan takes at GQA groups up to 16): the
   // partial states never limit such a plan's splitting.
   const int ctas = kH200Sms * cfg.ctas_per_sm;
-  EXPECT_GE(s.partial_rows / 16, static_cast<size_t>(scheduler::max_prefill_slots(ctas)));
+  EXPECT_GE(s.partial_rows / 16, static_cast<size_t>(scheduler::max_split_slots(ctas)));
   EXPECT_LT(W::layout_for(cfg, kH200Sms, SIZE_MAX).min_total, 1 * kMB);
   EXPECT_EQ(W::layout_for(cfg, kH200Sms, full.min_total).partial_rows, 0u);
 }

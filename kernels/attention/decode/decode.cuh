@@ -15,7 +15,7 @@
 
 #include "attention/decode/decode_common.cuh"
 #include "attention/decode/decode_prologue.cuh"
-#include "attention/decode/decode_shape.cuh"
+#include "attention/decode/decode_cuda_core_shape.cuh"
 #include "attention/decode/decode_step.cuh"
 #include "attention/decode/decode_timeline.cuh"
 #include "attention/state.cuh"
@@ -45,10 +45,9 @@ struct DecodeConfig {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
-  static constexpr DecodeCudaCoreShape kShape = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT));
   static constexpr int kVec = 16 / sizeof(KVT);          // elements per 16-byte load
   static constexpr int kBdx = HEAD_DIM / kVec;           // lanes across the head dimension
-  static constexpr int kThreads = kShape.threads;
+  static constexpr int kThreads = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).threads;
   static constexpr int kRows = kThreads / kBdx;
   // Up to 4 heads per thread: registers for q and o grow with it (8 floats each per head), and 4
   // already amortizes the shared-memory load and conversion of K/V over the GQA-4 group. (One
@@ -57,16 +56,16 @@ struct DecodeConfig {
   static constexpr int kBdy = cmin(pow2_ceil((GROUP + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread), kRows);
   static constexpr int kHeadsPerThread = (GROUP + kBdy - 1) / kBdy;
   static constexpr int kBdz = kRows / kBdy;
-  static constexpr int kTile = kShape.tile;
+  static constexpr int kTile = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).tile;
   static constexpr int kTokensPerLane = kTile / kBdz;
   static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
   static constexpr int kLoads = kTile * kBdx / kThreads;    // 16-byte loads per thread per stage
   static constexpr int kChunks = kBdx;                      // 16-byte chunks per K/V row
   // Stage layout: plain rows (threads of one token row read consecutive 16-byte chunks).
   __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) { return (u32)((row * kChunks + chunk) * 16); }
-  static constexpr int kStages = kShape.stages;
+  static constexpr int kStages = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).stages;
   static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
-  static constexpr int kSmemBytes = kShape.smem_bytes;
+  static constexpr int kSmemBytes = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).smem_bytes;
 
   static_assert(HEAD_DIM % kVec == 0 && kBdx <= 32 && 32 % kBdx == 0,
                 "head_dim must be 64, 128 or 256 for 16-bit KV");

@@ -12,6 +12,7 @@
 // benchmark sweeps them (flashkv bench decode --decode-stages --decode-warps).
 #pragma once
 
+#include "attention/decode/decode_cuda_core_shape.cuh"
 #include "tuning/sm90.cuh"
 
 namespace flashkv {
@@ -64,24 +65,6 @@ constexpr DecodeTCShape decode_tc_shape(int head_dim, int group, int stages = 0,
 // stack), so larger shapes use the CUDA-core kernel.
 constexpr bool decode_tc_supported(int head_dim, int group) {
   return (group + 15) / 16 * (head_dim / 8) * 4 <= tuning::sm90::kDecodeTCMaxAccumulatorRegs;
-}
-
-// The CUDA-core kernel (decode.cuh): 128 threads; ~16 KB of K+V per stage (kTile tokens) and
-// 4 stages: enough bytes in flight per SM to cover HBM latency at 2 CTAs per SM (tuning/sm90.cuh:
-// not measured).
-struct DecodeCudaCoreShape {
-  int threads;
-  int tile;        // KV tokens per pipeline stage
-  int stages;
-  int smem_bytes;  // `stages` K tiles and `stages` V tiles
-};
-constexpr DecodeCudaCoreShape decode_cuda_core_shape(int head_dim, int kv_bytes) {
-  DecodeCudaCoreShape s{};
-  s.threads = tuning::sm90::kDecodeCudaCoreThreads;
-  s.tile = tuning::sm90::decode_cuda_core_tile(head_dim, kv_bytes);
-  s.stages = tuning::sm90::kDecodeCudaCoreStages;
-  s.smem_bytes = 2 * s.stages * s.tile * head_dim * kv_bytes;
-  return s;
 }
 
 // Stages and warps a caller may ask for (0: the default).

@@ -23,7 +23,8 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
-#include "runtime/plan_upload.h"
+#include "ops/common/plan_lifecycle.h"
+#include "ops/common/run_checks.h"
 #include "scheduler/cascade_cost.h"
 #include "scheduler/prefix_sharing.h"
 #include "tuning/sm90.cuh"
@@ -90,17 +91,13 @@ struct MultiLevelCascade::Impl {
   MultiLevelCascadeConfig cfg;
   bool decode_mode = true;  // max_qo_tokens == 0: one query row per request, suffix on BatchDecode
   ops::CascadeWorkspace ws;
-  runtime::PlanUpload upload;  // the index arrays' pinned buffers and copies into the workspace
-  // What a CUDA graph that captured run() holds fixed: later plans must fit its buffers.
-  struct Captured {
-    bool any = false;
-    int64_t q_rows = 0, out_rows = 0, lse_rows = -1;
-  } captured;
+  ops::PlanLifecycle life;  // plan/run guards and the index arrays' copies into the workspace
+  // What a CUDA graph that captured run() holds fixed (its rows; the levels' ops record the rest).
+  ops::CapturedRun captured;
   std::vector<std::unique_ptr<BatchPrefillPaged>> prefix;  // one per shared level
   std::unique_ptr<BatchPrefillPaged> suffix_prefill;
   std::unique_ptr<BatchDecode> suffix_decode;
   // The plan in force.
-  bool planned = false;
   CascadeShape shape;
   CascadePlanOptions opts;
   scheduler::CascadeLayout layout;
@@ -131,7 +128,7 @@ MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* w
   m.decode_mode = cfg.max_qo_tokens == 0;
   m.ws = ops::CascadeWorkspace(cfg, workspace, bytes);
   runtime::ensure_context(cfg.device);
-  m.upload = runtime::PlanUpload(m.ws.index_bytes(), cfg.device);
+  m.life = ops::PlanLifecycle("MultiLevelCascade", m.ws.index_bytes(), cfg.device);
   const BatchPrefillConfig pc = m.ws.prefill_config();
   for (int l = 0; l + 1 < cfg.max_levels; ++l) {
     m.prefix.push_back(std::make_unique<BatchPrefillPaged>(pc, m.ws.level_workspace(l),
@@ -163,8 +160,8 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   const MultiLevelCascadeConfig& cfg = m.cfg;
-  m.planned = false;
   runtime::ensure_context(cfg.device);
+  m.life.begin_plan(stream);  // refused under capture; unplanned until commit()
   check(b.batch_size >= 0 && b.batch_size <= cfg.max_batch, "batch_size: expected 0..",
         cfg.max_batch, " (MultiLevelCascadeConfig.max_batch), got ", b.batch_size);
   check(b.kv_indptr != nullptr && b.kv_indices != nullptr &&
@@ -194,13 +191,9 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   check(qo.back() <= max_rows, "query rows: ", qo.back(), " exceed the configured ", max_rows);
   check(shape.dtype == DType::f16 || shape.dtype == DType::bf16,
         "CascadeShape.dtype: expected f16 or bf16, got ", dtype_name(shape.dtype));
-  check(!runtime::stream_is_capturing(stream),
-        "MultiLevelCascade::plan: the stream is being captured; plan outside the capture");
   if (m.captured.any) {
-    const auto& c = m.captured;
-    check(qo.back() <= std::min(c.q_rows, c.out_rows) && (c.lse_rows < 0 || qo.back() <= c.lse_rows),
-          "query rows: ", qo.back(), " exceed the ", std::min(c.q_rows, c.out_rows),
-          " rows of q/out a captured CUDA graph holds; capture run() with max-row views");
+    m.captured.check_rows(qo.back(), "query rows: " + std::to_string(qo.back()),
+                          "max-row views");
   }
 
   // Detection, cost model, decision.
@@ -289,19 +282,19 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
 
   // Index arrays to the device: row map, row count, each level's page ids — after the previous
   // copy left the pinned buffer and the last run() (on any stream) is done reading the region.
-  std::byte* const base = m.upload.begin(stream);
+  std::byte* const base = m.life.begin_upload(stream);
   const int32_t nrows = static_cast<int32_t>(rows);
   std::memcpy(base + m.ws.rows_offset(), layout.qo_rows.data(), rows * 4);
   std::memcpy(base + m.ws.num_rows_offset(), &nrows, 4);
-  m.upload.copy(m.ws.index_device_ptr(), 0, m.ws.level_indices_offset(0), stream);
+  m.life.upload(m.ws.index_device_ptr(), 0, m.ws.level_indices_offset(0), stream);
   for (int l = 0; l < levels; ++l) {
     const auto& ids = layout.levels[l].kv_indices;
     if (ids.empty()) continue;
     const size_t offset = m.ws.level_indices_offset(l);
     std::memcpy(base + offset, ids.data(), ids.size() * 4);
-    m.upload.copy(m.ws.index_device_ptr() + offset, offset, ids.size() * 4, stream);
+    m.life.upload(m.ws.index_device_ptr() + offset, offset, ids.size() * 4, stream);
   }
-  m.upload.end(stream);
+  m.life.end_upload(stream);
 
   if (m.gather_fn == nullptr || m.shape.dtype != shape.dtype) {
     const ops::KernelSpec spec = ops::cascade_kernel_spec(shape.dtype);
@@ -336,7 +329,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
     m.info.num_split_tiles += pi.num_split_tiles;
     m.info.split_limited = m.info.split_limited || pi.split_limited;
   }
-  m.planned = true;
+  m.life.commit();
   m.info.plan_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -344,40 +337,23 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
 void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                             const TensorView& lse, Stream stream) {
   Impl& m = *impl_;
-  check(m.planned, "MultiLevelCascade::run: called before a successful plan()");
+  m.life.require_planned("run");
   const CascadeShape& sh = m.shape;
   const Device dev = Device::cuda(m.cfg.device);
-  for (auto [t, name] : {std::pair{&q, "q"}, {&out, "out"}}) {
-    check_device(*t, name, dev);
-    check_dtype(*t, name, sh.dtype);
-    check_ndim(*t, name, 3);
-    check(m.opts.enable_cuda_graph ? t->size(0) >= m.rows : t->size(0) == m.rows, name,
-          ": expected ", m.opts.enable_cuda_graph ? "at least " : "", m.rows,
-          " rows (the plan's query rows), got ", t->size(0));
-    check_shape(*t, name, {-1, sh.num_qo_heads, sh.head_dim});
-    check_last_dim_contiguous(*t, name);
-    check_aligned(*t, name, 16);
-    check(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0, name, ": strides must be 16-byte multiples");
-  }
-  if (lse.defined()) {
-    check_device(lse, "lse", dev);
-    check_dtype(lse, "lse", DType::f32);
-    check_ndim(lse, "lse", 2);
-    check(m.opts.enable_cuda_graph ? lse.size(0) >= m.rows : lse.size(0) == m.rows,
-          "lse: expected ", m.opts.enable_cuda_graph ? "at least " : "", m.rows, " rows, got ",
-          lse.size(0));
-    check(lse.size(1) == sh.num_qo_heads && lse.stride(1) == 1 &&
-              (lse.size(0) <= 1 || lse.stride(0) >= sh.num_qo_heads),
-          "lse: expected [rows, num_qo_heads] with contiguous heads and non-overlapping rows");
-  }
+  ops::PlannedQueries queries;
+  queries.device = dev;
+  queries.q_dtype = queries.o_dtype = sh.dtype;
+  queries.num_qo_heads = sh.num_qo_heads;
+  queries.head_dim = sh.head_dim;
+  queries.rows = m.rows;
+  queries.rows_of = "the plan's query rows";
+  queries.graph = m.opts.enable_cuda_graph;
+  ops::check_planned_queries(q, out, lse, queries);
   check_defined(kv.k, "paged_kv.k");
   // The plan's page ids against this cache, before anything is launched: no GPU work.
   check_page_ids_fit(m.page_ids, kv.num_pages());
-  const bool capturing = runtime::stream_is_capturing(stream);
-  check(m.opts.enable_cuda_graph || !capturing,
-        "MultiLevelCascade::run: the stream is being captured, but plan() was called without "
-        "enable_cuda_graph");
   runtime::ensure_context(m.cfg.device);
+  const bool capturing = m.life.begin_run(m.opts.enable_cuda_graph, "CascadePlanOptions", stream);
   const int64_t max_rows = m.ws.max_rows();
   const TensorView qc = m.ws.rows_view(0, sh, max_rows);  // q in cascade order
   // Level l's page table: the cache tensors with this plan's device page ids for the level (its
@@ -393,11 +369,8 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
   const CascadeRowsParams rp{m.ws.num_rows_ptr(), m.ws.rows_ptr(), sh.num_qo_heads, sh.head_dim};
   const unsigned grid = m.ws.merge_grid();
   auto finish = [&] {
-    if (capturing) {
-      m.captured = {true, q.size(0), out.size(0), lse.defined() ? lse.size(0) : -1};
-    } else {
-      m.upload.record_run(stream);
-    }
+    if (capturing) m.captured.record(q, out, lse, 0, "", 0.f, {});
+    m.life.end_run(capturing, stream);
   };
   if (!m.gather && m.num_levels == 1) {  // plain attention, in the caller's order
     if (m.decode_mode) {

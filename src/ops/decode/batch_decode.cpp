@@ -14,6 +14,7 @@
 #include "attention/decode/decode_key.h"
 #include "ops/common/kernel_memo.h"
 #include "ops/common/plan_lifecycle.h"
+#include "ops/common/run_checks.h"
 #include "ops/decode/decode_shape_choice.h"
 #include "ops/decode/decode_step.h"
 #include "ops/decode/decode_workspace.h"
@@ -442,62 +443,28 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   // Under CUDA graphs, q/out/lse may hold more rows than this plan's batch (capture them at
   // max_batch so later, larger plans still fit); eagerly they must match the plan exactly.
   const bool graph = m.opts.enable_cuda_graph;
-  const auto check_rows = [&](const TensorView& t, const char* name) {
-    if (graph ? t.size(0) < m.batch : t.size(0) != m.batch) {
-      fail(name, ": expected ", graph ? "at least " : "", m.batch, " rows (the plan's batch), got ",
-           t.size(0));
-    }
-  };
-  check_device(q, "q", dev);
-  check_dtype(q, "q", m.shape.q_dtype);
-  check_ndim(q, "q", 3);
-  check_rows(q, "q");
-  check_shape(q, "q", {-1, m.shape.num_qo_heads, m.shape.head_dim});
-  check_last_dim_contiguous(q, "q");
-  check_aligned(q, "q", 16);
-  check_device(out, "out", dev);
-  check_dtype(out, "out", m.shape.o_dtype);
-  check_ndim(out, "out", 3);
-  check_rows(out, "out");
-  check_shape(out, "out", {-1, m.shape.num_qo_heads, m.shape.head_dim});
-  check_last_dim_contiguous(out, "out");
-  check_aligned(out, "out", 16);
-  check(m.variant_jit.use_softmax || !lse.defined(),
-        "lse: the plan's variant has no softmax (sigmoid attention); pass an undefined lse");
-  if (lse.defined()) {
-    check_device(lse, "lse", dev);
-    check_dtype(lse, "lse", DType::f32);
-    check_ndim(lse, "lse", 2);
-    check_rows(lse, "lse");
-    check_shape(lse, "lse", {-1, m.shape.num_qo_heads});
-    check(lse.stride(1) == 1 && (lse.size(0) <= 1 || lse.stride(0) >= m.shape.num_qo_heads),
-          "lse: expected contiguous heads and non-overlapping rows");
-    check_aligned(lse, "lse", 4);
-  }
-  kv.validate_shapes();
-  check_device(kv.k, "paged_kv.k", dev);
-  check_device(kv.indices, "paged_kv.indices", dev);
-  // The plan's host page ids (if it had them) against this cache: no GPU work.
-  check_page_ids_fit(m.page_ids, kv.num_pages());
-  // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
-  if (kv.indices.size(0) < m.nnz_pages) {
-    fail("paged_kv.indices: expected at least ", m.nnz_pages,
-         " entries (kv_indptr[batch] of the plan), got ", kv.indices.size(0));
-  }
-  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1,
-        "paged_kv.indices: expected a contiguous array");
-  check_aligned(kv.indices, "paged_kv.indices", 4);
-  check_dtype(kv.k, "paged_kv.k", m.shape.kv_dtype);
-  check(kv.page_size() == m.page_size, "paged_kv.page_size: expected ", m.page_size,
-        " (the plan's), got ", kv.page_size());
-  check(kv.num_kv_heads() == m.shape.num_kv_heads, "paged_kv.num_kv_heads: expected ", m.shape.num_kv_heads,
-        " (the plan's), got ", kv.num_kv_heads());
-  check(kv.head_dim() == m.shape.head_dim, "paged_kv.head_dim: expected ", m.shape.head_dim,
-        " (the plan's), got ", kv.head_dim());
-  if (graph ? kv.batch_size() < m.batch : kv.batch_size() != m.batch) {
-    fail("paged_kv batch: expected ", graph ? "at least " : "", m.batch,
-         " requests (the plan's), got ", kv.batch_size());
-  }
+  ops::PlannedQueries queries;
+  queries.device = dev;
+  queries.q_dtype = m.shape.q_dtype;
+  queries.o_dtype = m.shape.o_dtype;
+  queries.num_qo_heads = m.shape.num_qo_heads;
+  queries.head_dim = m.shape.head_dim;
+  queries.rows = m.batch;
+  queries.rows_of = "the plan's batch";
+  queries.graph = graph;
+  queries.softmax = m.variant_jit.use_softmax;
+  ops::check_planned_queries(q, out, lse, queries);
+  ops::PlannedPagedKV pages;
+  pages.device = dev;
+  pages.kv_dtype = m.shape.kv_dtype;
+  pages.page_size = m.page_size;
+  pages.num_kv_heads = m.shape.num_kv_heads;
+  pages.head_dim = m.shape.head_dim;
+  pages.batch = m.batch;
+  pages.nnz_pages = m.nnz_pages;
+  pages.page_ids = m.page_ids;
+  pages.graph = graph;
+  ops::check_planned_paged_kv(kv, pages);
   check_aligned(kv.k, "paged_kv.k", 16);
   check_aligned(kv.v, "paged_kv.v", 16);
   for (int64_t s : {kv.page_stride(), kv.token_stride(), kv.head_stride()}) {
@@ -514,26 +481,14 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   check(kv.page_stride() * elem <= int64_t{UINT32_MAX} && in_page <= int64_t{UINT32_MAX},
         "paged_kv: the page stride (", kv.page_stride() * elem, " bytes) and the offsets within a ",
         "page (up to ", in_page, " bytes) must be below 2^32 bytes");
-  check(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && out.stride(0) % 8 == 0 &&
-            out.stride(1) % 8 == 0,
-        "q/out: row strides must be multiples of 16 bytes");
-  check((m.batch <= 1 || out.stride(0) != 0) && (m.shape.num_qo_heads <= 1 || out.stride(1) != 0),
-        "out: rows must not overlap (zero stride)");
   runtime::ensure_context(m.cfg.device);
   const bool capturing = m.life.begin_run(m.opts.enable_cuda_graph, "DecodePlanOptions", stream);
 
   DecodeParams p{};
-  p.q = q.data();
+  ops::set_query_params(p, q, out, lse);
   p.k = kv.k.data();
   p.v = kv.v.data();
   p.kv_indices = kv.indices.data_as<const int>();
-  p.out = out.data();
-  p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
-  p.q_stride_n = q.stride(0);
-  p.q_stride_h = q.stride(1);
-  p.o_stride_n = out.stride(0);
-  p.o_stride_h = out.stride(1);
-  p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
   p.page_stride = kv.page_stride();
   p.token_stride = kv.token_stride();
   p.head_stride = kv.head_stride();

@@ -9,10 +9,6 @@
 #include "runtime/driver.h"
 
 namespace flashkv::ops {
-namespace {
-size_t align16(size_t x) { return (x + 15) / 16 * 16; }
-}  // namespace
-
 DecodeWorkspace::Sizes DecodeWorkspace::sizes(const BatchDecodeConfig& cfg, size_t bytes) {
   check(cfg.num_sms_to_use >= 0,
         "BatchDecodeConfig.num_sms_to_use: expected >= 0 (0: all SMs), got ", cfg.num_sms_to_use);
@@ -67,10 +63,8 @@ DecodeWorkspace::Sizes DecodeWorkspace::layout_for(const BatchDecodeConfig& cfg,
     s.max_work_items = cfg.max_batch * cfg.num_qo_heads + static_cast<int>(rows);
     s.max_merge_items = static_cast<int>(rows / 2);
     s.layout = scheduler::decode_plan_layout(s.num_ctas, s.max_work_items, s.max_merge_items);
-    s.lse_offset = align16(s.layout.bytes);
-    s.o_offset = align16(s.lse_offset + rows * sizeof(float));
-    s.arrivals_offset = align16(s.o_offset + rows * cfg.head_dim * sizeof(float));
-    s.total = s.arrivals_offset + static_cast<size_t>(std::max(s.max_merge_items, 1)) * sizeof(int);
+    s.states = partial_state_region(s.layout.bytes, rows, cfg.head_dim, s.max_merge_items);
+    s.total = s.states.end;
     return s;
   };
   return fit_workspace_rows(full_rows, bytes, with_rows);
@@ -101,10 +95,10 @@ DecodeWorkspace::DecodeWorkspace(const BatchDecodeConfig& cfg, void* base, size_
   num_ctas_ = s.num_ctas;
   max_work_items_ = s.max_work_items;
   partial_rows_ = s.partial_rows;
-  lse_offset_ = s.lse_offset;
-  o_offset_ = s.o_offset;
+  lse_offset_ = s.states.lse_offset;
+  o_offset_ = s.states.o_offset;
   max_head_dim_ = cfg.head_dim;
-  arrivals_offset_ = s.arrivals_offset;
+  arrivals_offset_ = s.states.arrivals_offset;
   max_merge_items_ = s.max_merge_items;
   layout_ = s.layout;
   bytes_used_ = s.total;

@@ -17,6 +17,7 @@
 
 #include "attention/decode/decode_plan.cuh"
 #include "flashkv/decode.h"
+#include "ops/common/workspace_fit.h"
 #include "scheduler/decode_scheduler.h"
 #include "tuning/sm90.cuh"
 
@@ -45,7 +46,8 @@ class DecodeWorkspace {
   struct Sizes {
     int sms, num_ctas, max_work_items, max_merge_items;
     scheduler::DecodePlanLayout layout;
-    size_t lse_offset, o_offset, arrivals_offset, partial_rows, total;
+    PartialStateRegion states;  // after the plan image (common/workspace_fit.h)
+    size_t partial_rows, total;
     size_t full_total, min_total;  // with every row the config may need; with none
   };
   // The layout in `bytes` on a GPU of `sms` SMs: every partial-state row the config may need, or

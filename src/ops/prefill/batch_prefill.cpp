@@ -3,6 +3,7 @@
 #include "flashkv/prefill.h"
 
 #include "flashkv/error.h"
+#include "ops/common/run_checks.h"
 #include "ops/prefill/prefill_core.h"
 
 namespace flashkv {
@@ -59,30 +60,17 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   detail::PrefillCore& c = *core_;
   PrefillParams p{};
   c.check_io(q, out, lse, p);
-  const Device dev = Device::cuda(c.cfg.device);
-  kv.validate_shapes();
-  check_device(kv.k, "paged_kv.k", dev);
-  check_device(kv.indices, "paged_kv.indices", dev);
-  // The plan's host page ids (if it had them) against this cache: no GPU work.
-  check_page_ids_fit(c.page_ids, kv.num_pages());
-  check_dtype(kv.k, "paged_kv.k", c.shape.kv_dtype);
-  check(kv.page_size() == c.page_size, "paged_kv.page_size: expected ", c.page_size,
-        " (the plan's), got ", kv.page_size());
-  check(kv.num_kv_heads() == c.shape.num_kv_heads, "paged_kv.num_kv_heads: expected ", c.shape.num_kv_heads,
-        " (the plan's), got ", kv.num_kv_heads());
-  check(kv.head_dim() == c.shape.head_dim, "paged_kv.head_dim: expected ", c.shape.head_dim,
-        " (the plan's), got ", kv.head_dim());
-  const bool graph = c.opts.enable_cuda_graph;
-  if (graph ? kv.batch_size() < c.batch : kv.batch_size() != c.batch) {
-    fail("paged_kv batch: expected ", graph ? "at least " : "", c.batch,
-         " requests (the plan's), got ", kv.batch_size());
-  }
-  // The kernel reads kv_indices[0 .. kv_indptr[batch]) with unit stride.
-  check(kv.indices.size(0) >= c.nnz_kv, "paged_kv.indices: expected at least ", c.nnz_kv,
-        " entries (kv_indptr[batch] of the plan), got ", kv.indices.size(0));
-  check(kv.indices.size(0) <= 1 || kv.indices.stride(0) == 1,
-        "paged_kv.indices: expected a contiguous array");
-  check_aligned(kv.indices, "paged_kv.indices", 4);
+  ops::PlannedPagedKV pages;
+  pages.device = Device::cuda(c.cfg.device);
+  pages.kv_dtype = c.shape.kv_dtype;
+  pages.page_size = c.page_size;
+  pages.num_kv_heads = c.shape.num_kv_heads;
+  pages.head_dim = c.shape.head_dim;
+  pages.batch = c.batch;
+  pages.nnz_pages = c.nnz_kv;
+  pages.page_ids = c.page_ids;
+  pages.graph = c.opts.enable_cuda_graph;
+  ops::check_planned_paged_kv(kv, pages);
   check_kv_strides(kv.k, kv.v, c.shape.kv_dtype, "paged_kv");
   p.k = kv.k.data();
   p.v = kv.v.data();

@@ -77,7 +77,7 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
   life.begin_plan(stream);  // refused under capture; unplanned until commit()
   check_arguments(b, sh, o);
   ops::VariantJit vj;
-  const ops::LoadedKernel& k = select_kernel(b, sh, o, vj);
+  select_kernel(b, sh, o, vj);
   const PrefillKernelKey& key = *kernel.key();
 
   // A built-in description's causal flag and sm_scale apply where the options set none.
@@ -136,7 +136,6 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
   info.chunk_bound = s.chunk_bound;
   kv_tma_plan = tiles_aligned;
   q_tile_tokens = s.tile_tokens;
-  (void)k;
   life.commit();
   info.plan_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -193,7 +192,7 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
 }
 
 // plan() step 2.
-const ops::LoadedKernel& PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
+void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
                                                     const PrefillPlanOptions& o, ops::VariantJit& vj) {
   vj = ops::variant_jit(o.variant);
   const int group = sh.num_qo_heads / sh.num_kv_heads;
@@ -221,7 +220,6 @@ const ops::LoadedKernel& PrefillCore::select_kernel(const PrefillBatch& b, const
     key.wgmma = false;
     load_kernel(key);
   }
-  return kernel.kernel();
 }
 
 // plan() step 3: a captured graph keeps its q/out/lse/KV pointers, kernel, sm_scale, mask, heads,
@@ -301,49 +299,18 @@ bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
 void PrefillCore::check_io(const TensorView& q, const TensorView& out, const TensorView& lse,
                            PrefillParams& p) const {
   life.require_planned("run");
-  const Device dev = Device::cuda(cfg.device);
-  // Under CUDA graphs q/out/lse may hold more rows than this plan (capture them at max_qo_tokens
-  // so later, larger plans still fit); eagerly they must match the plan exactly.
-  const bool graph = opts.enable_cuda_graph;
-  const auto check_rows = [&](const TensorView& t, const char* what) {
-    if (graph ? t.size(0) < nnz_qo : t.size(0) != nnz_qo) {
-      fail(what, ": expected ", graph ? "at least " : "", nnz_qo,
-           " rows (qo_indptr[batch_size] of the plan), got ", t.size(0));
-    }
-  };
-  for (auto [t, what, dtype] : {std::tuple{&q, "q", shape.q_dtype}, {&out, "out", shape.o_dtype}}) {
-    check_device(*t, what, dev);
-    check_dtype(*t, what, dtype);
-    check_ndim(*t, what, 3);
-    check_rows(*t, what);
-    check_shape(*t, what, {-1, shape.num_qo_heads, shape.head_dim});
-    check_last_dim_contiguous(*t, what);
-    check_aligned(*t, what, 16);
-    check(t->stride(0) % 8 == 0 && t->stride(1) % 8 == 0, what,
-          ": row strides must be multiples of 16 bytes");
-  }
-  check((nnz_qo <= 1 || out.stride(0) != 0) && (shape.num_qo_heads <= 1 || out.stride(1) != 0),
-        "out: rows must not overlap (zero stride)");
-  check(variant_jit.use_softmax || !lse.defined(),
-        "lse: the plan's variant has no softmax (sigmoid attention); pass an undefined lse");
-  if (lse.defined()) {
-    check_device(lse, "lse", dev);
-    check_dtype(lse, "lse", DType::f32);
-    check_ndim(lse, "lse", 2);
-    check_rows(lse, "lse");
-    check_shape(lse, "lse", {-1, shape.num_qo_heads});
-    check(lse.stride(1) == 1 && (lse.size(0) <= 1 || lse.stride(0) >= shape.num_qo_heads),
-          "lse: expected contiguous heads and non-overlapping rows");
-    check_aligned(lse, "lse", 4);
-  }
-  p.q = q.data();
-  p.out = out.data();
-  p.lse = lse.defined() ? lse.data_as<float>() : nullptr;
-  p.q_stride_n = q.stride(0);
-  p.q_stride_h = q.stride(1);
-  p.o_stride_n = out.stride(0);
-  p.o_stride_h = out.stride(1);
-  p.lse_stride_n = lse.defined() ? lse.stride(0) : 0;
+  ops::PlannedQueries queries;
+  queries.device = Device::cuda(cfg.device);
+  queries.q_dtype = shape.q_dtype;
+  queries.o_dtype = shape.o_dtype;
+  queries.num_qo_heads = shape.num_qo_heads;
+  queries.head_dim = shape.head_dim;
+  queries.rows = nnz_qo;
+  queries.rows_of = "qo_indptr[batch_size] of the plan";
+  queries.graph = opts.enable_cuda_graph;
+  queries.softmax = variant_jit.use_softmax;
+  ops::check_planned_queries(q, out, lse, queries);
+  ops::set_query_params(p, q, out, lse);
   p.variant = variant_args;
 }
 

@@ -14,6 +14,7 @@
 #include "flashkv/prefill.h"
 #include "ops/common/kernel_memo.h"
 #include "ops/common/plan_lifecycle.h"
+#include "ops/common/run_checks.h"
 #include "ops/prefill/prefill_kernel.h"
 #include "ops/prefill/prefill_tma.h"
 #include "ops/prefill/prefill_workspace.h"
@@ -99,7 +100,7 @@ struct PrefillCore {
   // The kernel: the query tile (the paper's heuristic unless the caller fixes it), mma.sync or
   // wgmma, and the variant (plain attention unless opts.variant says otherwise), JIT-compiled here
   // (first use only) so run() never compiles.
-  const ops::LoadedKernel& select_kernel(const PrefillBatch& b, const AttentionShape& sh,
+  void select_kernel(const PrefillBatch& b, const AttentionShape& sh,
                                          const PrefillPlanOptions& o, ops::VariantJit& vj);
   // Loads `key`'s kernel and what it allows; false where the wgmma kernel was asked for and
   // cannot run (its register count).

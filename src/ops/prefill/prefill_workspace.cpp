@@ -11,9 +11,6 @@
 #include "tuning/sm90.cuh"
 
 namespace flashkv::ops {
-namespace {
-size_t align16(size_t x) { return (x + 15) / 16 * 16; }
-}  // namespace
 
 // The public header cannot include the policy (include/flashkv never includes kernels/): its
 // literal default is checked here.
@@ -55,10 +52,10 @@ PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& c
   }
   base.max_work_items = scheduler::max_prefill_work_items(max_tiles, base.max_ctas);
   // Partial states in rows: a plan with tiles of R rows has partial_rows / R slots. Dynamic
-  // splitting uses at most max_prefill_slots(num_ctas) = 2 x #CTA slots (prefill_scheduler.h), so
+  // splitting uses at most max_split_slots(num_ctas) = 2 x #CTA slots (prefill_scheduler.h), so
   // 2 x #CTA x 128 rows never limit it; a plan's need follows its own tile rows, which follow its
   // query tokens (16-row tiles for a 12-token prefill need an eighth of that).
-  const size_t full_rows = static_cast<size_t>(scheduler::max_prefill_slots(base.max_ctas)) *
+  const size_t full_rows = static_cast<size_t>(scheduler::max_split_slots(base.max_ctas)) *
                            scheduler::kMaxPrefillTileRows;
   const auto with_rows = [&](size_t rows) {
     Sizes s = base;
@@ -66,10 +63,8 @@ PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& c
     // Every merge item owns >= 2 slots of >= 16 rows (the smallest tile).
     s.max_merge_items = static_cast<int>(rows / (2 * scheduler::kPrefillTileRows[0]));
     s.layout = scheduler::prefill_plan_layout(s.max_ctas, s.max_work_items, s.max_merge_items);
-    s.lse_offset = align16(s.layout.bytes);
-    s.o_offset = align16(s.lse_offset + rows * sizeof(float));
-    s.arrivals_offset = align16(s.o_offset + rows * cfg.head_dim * sizeof(float));
-    s.total = s.arrivals_offset + static_cast<size_t>(std::max(s.max_merge_items, 1)) * sizeof(int);
+    s.states = partial_state_region(s.layout.bytes, rows, cfg.head_dim, s.max_merge_items);
+    s.total = s.states.end;
     return s;
   };
   return fit_workspace_rows(full_rows, bytes, with_rows);
@@ -102,7 +97,7 @@ PrefillWorkspace::PrefillWorkspace(const BatchPrefillConfig& cfg, void* base, si
   // The merge-arrival counters start at zero; each run leaves them at zero again.
   runtime::ensure_context(cfg.device);
   runtime::check_cu(
-      runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + s.arrivals_offset), 0,
+      runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + s.states.arrivals_offset), 0,
                                     static_cast<size_t>(std::max(s.max_merge_items, 1))),
       "cuMemsetD32(prefill merge counters)");
 }
@@ -113,9 +108,9 @@ PrefillPlanPtrs PrefillWorkspace::plan_ptrs() const {
   p.header = reinterpret_cast<const PrefillPlanHeader*>(base_ + l.header);
   p.cta_work_indptr = reinterpret_cast<const int*>(base_ + l.cta_work_indptr);
   p.work = reinterpret_cast<const PrefillWorkItem*>(base_ + l.work);
-  p.partial_lse = reinterpret_cast<float*>(base_ + sizes_.lse_offset);
-  p.partial_o = reinterpret_cast<float*>(base_ + sizes_.o_offset);
-  p.merge_arrivals = reinterpret_cast<int*>(base_ + sizes_.arrivals_offset);
+  p.partial_lse = reinterpret_cast<float*>(base_ + sizes_.states.lse_offset);
+  p.partial_o = reinterpret_cast<float*>(base_ + sizes_.states.o_offset);
+  p.merge_arrivals = reinterpret_cast<int*>(base_ + sizes_.states.arrivals_offset);
   return p;
 }
 

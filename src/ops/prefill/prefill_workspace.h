@@ -4,7 +4,7 @@
 //
 // Layout: [plan: header | cta indptr | work items, merge items][partial lse][partial o][arrivals]
 // Partial states: rows of head_dim floats + 1 lse; a plan of R-row query tiles has rows / R slots.
-// max_prefill_slots(num_ctas) = 2 * num_ctas slots of 128 rows (the largest query tile) never limit
+// max_split_slots(num_ctas) = 2 * num_ctas slots of 128 rows (the largest query tile) never limit
 // splitting (prefill_scheduler.h proves the bound); a smaller caller's buffer holds as many rows as
 // fit after the plan arrays, down to none (min_bytes), and the scheduler fits its splits into the
 // slots there are (PrefillScheduleOptions::max_slots). The plan region is laid
@@ -18,6 +18,7 @@
 
 #include "attention/prefill/prefill_plan.cuh"
 #include "flashkv/prefill.h"
+#include "ops/common/workspace_fit.h"
 #include "scheduler/prefill_scheduler.h"
 
 namespace flashkv::ops {
@@ -41,7 +42,8 @@ class PrefillWorkspace {
   struct Sizes {
     int sms = 0, max_ctas = 0, max_work_items = 0, max_merge_items = 0;
     scheduler::PrefillPlanLayout layout;
-    size_t partial_rows = 0, lse_offset = 0, o_offset = 0, arrivals_offset = 0, total = 0;
+    PartialStateRegion states;  // after the plan image (common/workspace_fit.h)
+    size_t partial_rows = 0, total = 0;
     size_t full_total = 0, min_total = 0;  // with every row the config may need; with none
   };
   // The layout in `bytes` on a GPU of `sms` SMs: every partial-state row the config may need, or
