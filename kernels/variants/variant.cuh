@@ -35,7 +35,7 @@
 // q_pos = kv_len - qo_len + i (the causal diagonal, attention.h); key j at j. Decode has qo_len 1.
 // Split-KV: hooks see whole-request positions, so chunks of a split request compute the same
 // logits as the whole; the sink enters exactly one chunk of a row (decode: the request's last,
-// prefill: the one that starts at key 0).
+// prefill: the one that starts at key 0), by fold_sink2 (attention/state.cuh).
 #pragma once
 
 #include "primitives/types.cuh"
@@ -206,16 +206,5 @@ struct VariantTraits {
     return neg_inf();
   }
 };
-
-// Folds a sink (base-2 logit, zero value) into a base-2 state (m, d) whose output `o` is still
-// unnormalized: returns the factor o must be multiplied by. -inf sink: no change.
-__device__ __forceinline__ float fold_sink2(float sink2, float& m, float& d) {
-  if (sink2 == neg_inf()) return 1.f;
-  const float m_new = fmaxf(m, sink2);
-  const float scale = m == neg_inf() ? 0.f : fast_exp2(m - m_new);
-  d = d * scale + fast_exp2(sink2 - m_new);
-  m = m_new;
-  return scale;
-}
 
 }  // namespace flashkv

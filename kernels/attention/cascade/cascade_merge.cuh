@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attention/cascade/cascade_params.cuh"
+#include "attention/state.cuh"
 #include "primitives/types.cuh"
 
 namespace flashkv {
@@ -53,7 +54,7 @@ __global__ void cascade_merge_kernel(const CascadeMergeParams p) {
         sum += w;
       }
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = softmax_inv(sum);
 #pragma unroll
     for (int e = 0; e < N; ++e) acc[e] *= inv;
     const long long j = jh / p.r.num_heads;

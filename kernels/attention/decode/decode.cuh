@@ -258,11 +258,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
         continue;
       }
       if constexpr (Tr::kSink) {  // the sink joins the request's last chunk, once
-        if (w.kv_end == w.kv_len) {
-          const float f = fold_sink2(Tr::sink2(va, w.kv_head * C::kGroup + g), st[h].m, st[h].d);
-#pragma unroll
-          for (int e = 0; e < V; ++e) st[h].o[e] *= f;
-        }
+        if (w.kv_end == w.kv_len) st[h].add_sink2(Tr::sink2(va, w.kv_head * C::kGroup + g));
       }
       st[h].normalized(o);
       const float lse2 = st[h].lse2();

@@ -6,6 +6,7 @@
 #include "attention/decode/decode_params.cuh"
 #include "attention/decode/decode_timeline.cuh"
 #include "attention/merge/split_merge.cuh"
+#include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/l2_hint.cuh"
 #include "primitives/types.cuh"
@@ -268,16 +269,14 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
 #pragma unroll
         for (int q = 0; q < kParts; ++q) {
           const float* st = scratch + (q * kVecs + v) * 5;
-          const float w = fast_exp2(st[4] - m);  // 0 for an empty share (lse -inf)
-          d += w;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[e] += w * st[e];
+          // weight 0 for an empty share (lse -inf)
+          softmax_merge_add_normalized(m, st[4], st, d, acc);
         }
       }
-      const float inv = d > 0.f ? 1.f / d : 0.f;
+      const float inv = softmax_inv(d);
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] *= inv;
-      decode_merge_write<C>(p, item, g, col, acc, d > 0.f ? m + log2f(d) : neg_inf());
+      decode_merge_write<C>(p, item, g, col, acc, softmax_lse2(m, d));
     }
     __syncthreads();  // the scratch is the next work item's shared memory
   }

@@ -16,6 +16,7 @@
 #include "attention/decode/decode_shape.cuh"
 #include "attention/decode/decode_step.cuh"
 #include "attention/decode/decode_timeline.cuh"
+#include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
@@ -102,7 +103,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   unsigned char* k_smem = smem + C::kQElems * 2;
   unsigned char* v_smem = k_smem + C::kStages * C::kStageElems * 2;
 
-  // Per thread: rows lane/4 and lane/4 + 8 of each row tile.
+  // Per thread: rows lane/4 and lane/4 + 8 of each row tile, the layout of SoftmaxFragState
+  // (attention/state.cuh) in plain arrays: in the struct ptxas allocated registers differently.
   float o[R][DT][4];
   float m[R][2], d[R][2];
 #pragma unroll
@@ -241,23 +243,15 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
           pa[r][h + 2] = pack2<kv_t>(x[2], x[3]);
           continue;
         }
-        float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[r][h], mx);
-        // All of this row's keys so far masked: keep the state empty (p = 0, no rescale).
-        const float m_use = m_new == neg_inf() ? 0.f : m_new;
-        const float scale = fast_exp2(m[r][h] - m_use);
-        m[r][h] = m_new;
+        const float mx = softmax_quad_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
+        const SoftmaxStep step = softmax_step(m[r][h], mx);
+        m[r][h] = step.m;
         float pr[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pr[i] = fast_exp2(x[i] - m_use);
-        d[r][h] = d[r][h] * scale + (pr[0] + pr[1] + pr[2] + pr[3]);  // quad-partial sum
-#pragma unroll
-        for (int n = 0; n < DT; ++n) {
-          o[r][n][h * 2] *= scale;
-          o[r][n][h * 2 + 1] *= scale;
-        }
+        for (int i = 0; i < 4; ++i) pr[i] = softmax_p(x[i], step.m_exp);
+        // quad-partial sum
+        d[r][h] = softmax_d(d[r][h], step.scale, pr[0] + pr[1] + pr[2] + pr[3]);
+        softmax_rescale_rows(o[r], h, step.scale);
         pa[r][h] = pack2<kv_t>(pr[0], pr[1]);      // k = tokens 2(lane%4) + {0,1}
         pa[r][h + 2] = pack2<kv_t>(pr[2], pr[3]);  // k = tokens 8 + 2(lane%4) + {0,1}
       }
@@ -295,9 +289,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     for (int h = 0; h < 2; ++h) {
       if (r * 16 + 8 * h >= C::kGroup) continue;  // 8 padding rows (compile time)
       const int row = r * 16 + lane / 4 + 8 * h;
-      float dsum = d[r][h];
-      dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-      dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
+      const float dsum = softmax_quad_sum(d[r][h]);
       if (row >= C::kGroup) continue;  // the quad's row is padding (no shuffles below)
       if (lane % 4 == 0) {
         md_sm[(warp * R * 16 + row) * 2] = m[r][h];
@@ -332,8 +324,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     if (mm != neg_inf()) {
 #pragma unroll
       for (int wv = 0; wv < C::kWarps; ++wv) {
-        const float wm = md_sm[(wv * R * 16 + row) * 2];
-        const float sc = wm == neg_inf() ? 0.f : fast_exp2(wm - mm);
+        const float sc = softmax_merge_scale(md_sm[(wv * R * 16 + row) * 2], mm);
         dd += sc * md_sm[(wv * R * 16 + row) * 2 + 1];
         const float* src = o_sm + (wv * R * 16 + row) * kOStride + col;
 #pragma unroll
@@ -347,11 +338,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         for (int e = 0; e < 8; ++e) acc[e] *= f;
       }
     }
-    const float inv = dd > 0.f ? 1.f / dd : 0.f;
+    const float inv = softmax_inv(dd);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
-    const float lse2 = dd > 0.f ? mm + log2f(dd) : neg_inf();
-    decode_store_row<C>(p, w, row, col, acc, lse2, col == 0);
+    decode_store_row<C>(p, w, row, col, acc, softmax_lse2(mm, dd), col == 0);
   }
   __syncthreads();  // the shared memory is reused by the next work item
 }

@@ -4,6 +4,7 @@
 // CTAs: they are read through L2 (__ldcg), never a possibly stale L1 line.
 #pragma once
 
+#include "attention/state.cuh"
 #include "primitives/types.cuh"
 
 namespace flashkv {
@@ -39,19 +40,15 @@ __device__ __forceinline__ float merge_split_slots4(const float* o, long long o_
     for (int e = 0; e < 4; ++e) acc[e] *= scale;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      const float w = fast_exp2(l[i] - m_new);  // 0 for empty states (lse = -inf)
-      d += w;
-      acc[0] += w * v[i].x;
-      acc[1] += w * v[i].y;
-      acc[2] += w * v[i].z;
-      acc[3] += w * v[i].w;
+      // weight 0 for empty states (lse = -inf)
+      softmax_merge_add_normalized(m_new, l[i], v[i], d, acc);
     }
     m = m_new;
   }
-  const float inv = d > 0.f ? 1.f / d : 0.f;
+  const float inv = softmax_inv(d);
 #pragma unroll
   for (int e = 0; e < 4; ++e) acc[e] *= inv;
-  return d > 0.f ? m + log2f(d) : neg_inf();
+  return softmax_lse2(m, d);
 }
 
 }  // namespace flashkv

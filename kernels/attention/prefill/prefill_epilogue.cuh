@@ -81,15 +81,15 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
   for (int r = 0; r < C::kRowTiles; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float d = st.d[r][h];
-      d += __shfl_xor_sync(0xffffffffu, d, 1);
-      d += __shfl_xor_sync(0xffffffffu, d, 2);
+      float d = softmax_quad_sum(st.d[r][h]);
       const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
       if (row >= valid_rows) continue;
       float inv = 1.f, lse2 = 0.f;  // no softmax: unnormalized sums, partial lse 0
       if constexpr (C::Traits::kUseSoftmax) {
         float m = st.m[r][h];
         const float f = prefill_fold_sink<C>(p, w, row, m, d);
+        // softmax_inv(d, f) and softmax_lse2(m, d) (attention/state.cuh), written out: as calls
+        // they change the machine code of the kernels with sinks.
         inv = d > 0.f ? f / d : 0.f;
         lse2 = d > 0.f ? m + log2f(d) : neg_inf();
       }
@@ -117,9 +117,7 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = lane / 4 + 8 * h;
-    float d = st.d[0][h];
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    const float d = softmax_quad_sum(st.d[0][h]);
     if (lane % 4 == 0) {
       md_sm[(warp * 16 + r) * 2] = st.m[0][h];
       md_sm[(warp * 16 + r) * 2 + 1] = d;
@@ -156,8 +154,7 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
 #pragma unroll
       for (int wk = 0; wk < C::kWarpsKV; ++wk) {
         const int wi = (wq * C::kWarpsKV + wk) * 16 + r;
-        const float wm = md_sm[wi * 2];
-        const float sc = wm == neg_inf() ? 0.f : fast_exp2(wm - mm);
+        const float sc = softmax_merge_scale(md_sm[wi * 2], mm);
         dd += sc * md_sm[wi * 2 + 1];
         const float* src = o_sm + wi * C::kHeadDim + col;
 #pragma unroll
@@ -165,11 +162,11 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
       }
     }
     const float f = prefill_fold_sink<C>(p, w, row, mm, dd);  // once, after the warps' ⊕
-    const float inv = dd > 0.f ? f / dd : 0.f;
+    const float inv = softmax_inv(dd, f);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
     prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);
-    prefill_store<C, 8>(dst, col, acc, dd > 0.f ? mm + log2f(dd) : neg_inf(), col == 0);
+    prefill_store<C, 8>(dst, col, acc, softmax_lse2(mm, dd), col == 0);
   }
 }
 

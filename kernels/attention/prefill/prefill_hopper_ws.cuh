@@ -229,7 +229,7 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   if constexpr (kPendingPV) {
     if (__any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) prefill_rescale_o(st, 0, h, rescale[0][h]);
+      for (int h = 0; h < 2; ++h) st.rescale(0, h, rescale[0][h]);
     }
   }
 }

@@ -5,35 +5,17 @@
 // t/4 and t/4 + 8 (h = 0, 1 below) of each row tile.
 #pragma once
 
+#include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
 
 namespace flashkv {
 
-// One warp's running state for its rows: unnormalized O, running max m and (quad-partial)
-// denominator d of the rows this thread holds.
+// One warp's running state for its rows (attention/state.cuh): unnormalized O, running max m and
+// (quad-partial) denominator d of the rows this thread holds.
 template <class C>
-struct PrefillWarpState {
-  float o[C::kRowTiles][C::kDTiles][4];
-  float m[C::kRowTiles][2];
-  float d[C::kRowTiles][2];
-
-  __device__ __forceinline__ void init() {
-#pragma unroll
-    for (int r = 0; r < C::kRowTiles; ++r) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m[r][h] = neg_inf();
-        d[r][h] = 0.f;
-      }
-#pragma unroll
-      for (int n = 0; n < C::kDTiles; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[r][n][e] = 0.f;
-    }
-  }
-};
+struct PrefillWarpState : SoftmaxFragState<C::kRowTiles, C::kDTiles> {};
 
 // S[rows of warp row block wq][kWarpTokens] = Q · K(tokens of this warp's slice)ᵀ.
 template <class C>
@@ -69,16 +51,6 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
   }
 }
 
-// O of row half (r, h) (rows lane/4 + 8h of row tile r) times `rescale`.
-template <class C>
-__device__ __forceinline__ void prefill_rescale_o(PrefillWarpState<C>& st, int r, int h, float rescale) {
-#pragma unroll
-  for (int n = 0; n < C::kDTiles; ++n) {
-    st.o[r][n][h * 2] *= rescale;
-    st.o[r][n][h * 2 + 1] *= rescale;
-  }
-}
-
 // The online-softmax update of row half (r, h) (rows lane/4 + 8h of row tile r) from this
 // thread's logits s[r][*][2h..2h+1], already masked (-inf), whose maximum is `mx` (this thread's
 // part; reduced across the quad here). Logits are in base 2 after multiplying by `scale_log2`
@@ -89,13 +61,7 @@ template <class C, bool kRescaleO = true>
 __device__ __forceinline__ float prefill_online_update(PrefillWarpState<C>& st,
                                                        float (&s)[C::kRowTiles][C::kNT][4], int r, int h,
                                                        float mx, float scale_log2) {
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(st.m[r][h], mx * scale_log2);
-  // Every key of this row masked so far: keep the state empty (p = 0, no rescale, no NaN).
-  const float m_use = m_new == neg_inf() ? 0.f : m_new;
-  const float rescale = fast_exp2(st.m[r][h] - m_use);
-  st.m[r][h] = m_new;
+  const SoftmaxStep step = st.step(r, h, softmax_quad_max(mx) * scale_log2);
   // Four partial sums: one running sum would be a chain of kNT * 2 dependent adds, and with two
   // warps per scheduler (the Hopper kernel) nothing hides its latency.
   float sum[4] = {0.f, 0.f, 0.f, 0.f};
@@ -103,14 +69,14 @@ __device__ __forceinline__ float prefill_online_update(PrefillWarpState<C>& st,
   for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const float pr = fast_exp2(fmaf(s[r][nt][h * 2 + e], scale_log2, -m_use));
+      const float pr = softmax_p(s[r][nt][h * 2 + e], scale_log2, step.m_exp);
       s[r][nt][h * 2 + e] = pr;
       sum[(nt % 2) * 2 + e] += pr;
     }
   // quad-partial: reduced across the quad at the end
-  st.d[r][h] = st.d[r][h] * rescale + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
-  if constexpr (kRescaleO) prefill_rescale_o(st, r, h, rescale);
-  return rescale;
+  st.add(r, h, step, (sum[0] + sum[1]) + (sum[2] + sum[3]));
+  if constexpr (kRescaleO) st.rescale(r, h, step.scale);
+  return step.scale;
 }
 
 // P of row tile r (in s) as the A operand of P·V: the C-fragment layout of S is the A-fragment

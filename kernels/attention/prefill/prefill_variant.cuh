@@ -7,6 +7,7 @@
 
 #include "attention/prefill/prefill_mainloop.cuh"
 #include "attention/prefill/prefill_params.cuh"
+#include "attention/state.cuh"
 #include "variants/variant_smem.cuh"
 
 namespace flashkv {
