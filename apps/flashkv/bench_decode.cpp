@@ -1,17 +1,16 @@
 #include "bench_decode.h"
 
-#include <fstream>
-
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 #include <random>
 
+#include "decode_timeline.h"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/host_tensor.h"
 #include "flashkv/reference.h"
-#include "decode_timeline.h"
 
 namespace flashkv::cli {
 namespace {
@@ -47,9 +46,9 @@ RefCheck check_sampled(const DecodeSetup& st, float sm_scale) {
   for (int r : reqs) {
     const int np = kv.indptr[r + 1] - kv.indptr[r];
     const int64_t pages = std::max(np, 1);
-    const std::vector<int64_t> shape = kv.layout == KVLayout::NHD
-                                           ? std::vector<int64_t>{pages, kv.page_size, kv.num_kv_heads, D}
-                                           : std::vector<int64_t>{pages, kv.num_kv_heads, kv.page_size, D};
+    const std::vector<int64_t> shape =
+        kv.layout == KVLayout::NHD ? std::vector<int64_t>{pages, kv.page_size, kv.num_kv_heads, D}
+                                   : std::vector<int64_t>{pages, kv.num_kv_heads, kv.page_size, D};
     HostTensor k(dt, shape), v(dt, shape);
     kv.pages_to_host(r, k.data(), v.data());
     HostTensor q(dt, {1, st.Hq, D}), out(dt, {1, st.Hq, D});
@@ -180,12 +179,13 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                      std::to_string(info.num_partial_states) + " partial states)";
           }
           std::printf(
-              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e%s %s %dx%dw %d items/%d split, plan %.1f us, "
+              "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e%s %s %dx%dw %d items/%d split, plan %.1f "
+              "us, "
               "run host %.1f us%s\n",
               w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
-              100 * tbps / ceil.read_tbps, err, ref.pass ? "" : " FAIL", info.tensor_cores ? "tc" : "cc", info.ctas_per_sm,
-              info.warps,
-              info.num_work_items, info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str());
+              100 * tbps / ceil.read_tbps, err, ref.pass ? "" : " FAIL",
+              info.tensor_cores ? "tc" : "cc", info.ctas_per_sm, info.warps, info.num_work_items,
+              info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str());
           std::fflush(stdout);
           rows.push_back({{"workload", w.id},
                           {"shape", sh.name},

@@ -19,11 +19,11 @@ struct DecodeBenchOptions {
   int page_size = 16;
   KVLayout layout = KVLayout::NHD;
   int reps = 30;
-  int ctas_per_sm = 0;           // BatchDecodeConfig.ctas_per_sm (0: auto)
-  std::string backend = "auto";  // auto, cuda, tc
-  std::vector<double> alphas = {0.0};      // DecodePlanOptions.work_item_cost_tokens (0: default)
-  std::vector<int> min_chunks = {0};       // DecodePlanOptions.min_chunk_tokens (0: default)
-  std::vector<int> balance = {1};          // DecodePlanOptions.balance_chunk_bound (1 / 0)
+  int ctas_per_sm = 0;                 // BatchDecodeConfig.ctas_per_sm (0: auto)
+  std::string backend = "auto";        // auto, cuda, tc
+  std::vector<double> alphas = {0.0};  // DecodePlanOptions.work_item_cost_tokens (0: default)
+  std::vector<int> min_chunks = {0};   // DecodePlanOptions.min_chunk_tokens (0: default)
+  std::vector<int> balance = {1};      // DecodePlanOptions.balance_chunk_bound (1 / 0)
   // DecodePlanOptions.balance_tail (1 / 0); default: the library's default.
   std::vector<int> tail = {DecodePlanOptions{}.balance_tail ? 1 : 0};
   // DecodePlanOptions.tc_stages / tc_warps to sweep (0: the defaults).

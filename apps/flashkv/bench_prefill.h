@@ -19,8 +19,8 @@ struct PrefillBenchOptions {
   int head_dim = 128;
   int page_size = 16;
   int reps = 30;
-  int ctas_per_sm = 2;  // BatchPrefillConfig.ctas_per_sm
-  int tile_rows = 0;    // PrefillPlanOptions.tile_rows; 0: the planner's heuristic
+  int ctas_per_sm = 2;           // BatchPrefillConfig.ctas_per_sm
+  int tile_rows = 0;             // PrefillPlanOptions.tile_rows; 0: the planner's heuristic
   std::string backend = "auto";  // PrefillPlanOptions.backend: auto, mma (mma.sync) or wgmma
   // Workspace sizes to compare, in MB (0: workspace_bytes, which never limits splitting;
   // FlashInfer's prefill tests pass 16 MB).

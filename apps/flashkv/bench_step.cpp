@@ -51,8 +51,8 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
   (void)ceil;
   nlohmann::json rows = nlohmann::json::array();
   const DType dt = o.dtype;
-  std::printf("%-6s %-6s %-8s %12s %12s %10s %s\n", "batch", "kv", "mode", "us/token",
-              "launches", "speedup", "check");
+  std::printf("%-6s %-6s %-8s %12s %12s %10s %s\n", "batch", "kv", "mode", "us/token", "launches",
+              "speedup", "check");
   for (int B : o.batches) {
     for (int64_t kv_len : o.kv_lens) {
       // The page table after the append: every request's new token is at kv_len - 1.
@@ -79,9 +79,9 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       // Device page-table arrays (the append checks positions against them) and positions.
       std::vector<int32_t> pos(B, static_cast<int32_t>(kv_len - 1)), bi(B);
       std::iota(bi.begin(), bi.end(), 0);
-      DeviceBuffer d_indptr(kv0.indptr.size() * 4), d_last(std::max<size_t>(kv0.last.size() * 4, 4)),
-          d_pos(B * 4), d_bi(B * 4), q_rope(q_elems * dtype_size(dt)),
-          k_rope(kv_elems * dtype_size(dt));
+      DeviceBuffer d_indptr(kv0.indptr.size() * 4),
+          d_last(std::max<size_t>(kv0.last.size() * 4, 4)), d_pos(B * 4), d_bi(B * 4),
+          q_rope(q_elems * dtype_size(dt)), k_rope(kv_elems * dtype_size(dt));
       d_indptr.copy_from_host(kv0.indptr.data(), kv0.indptr.size() * 4, 0);
       d_last.copy_from_host(kv0.last.data(), kv0.last.size() * 4, 0);
       d_pos.copy_from_host(pos.data(), B * 4, 0);
@@ -93,8 +93,10 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
         c.last_page_len = dev_view(d_last, DType::i32, {B});
         caches.push_back(c);
       }
-      const TensorView posv = dev_view(d_pos, DType::i32, {B}), biv = dev_view(d_bi, DType::i32, {B});
-      const TensorView qr = dev_view(q_rope, dt, {B, kHq, kD}), kr = dev_view(k_rope, dt, {B, kHkv, kD});
+      const TensorView posv = dev_view(d_pos, DType::i32, {B}),
+                       biv = dev_view(d_bi, DType::i32, {B});
+      const TensorView qr = dev_view(q_rope, dt, {B, kHq, kD}),
+                       kr = dev_view(k_rope, dt, {B, kHkv, kD});
       DecodeStepOptions step;
       step.rope = DecodeStepOptions::Rope::kLlama31;
 
@@ -120,8 +122,9 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       auto unfused = [&](BatchDecode& dec) {
         for (int l = 0; l < kLayers; ++l) {
           Layer& L = layers[l];
-          apply_llama31_rope_pos_ids(dev_view(L.q, dt, {B, kHq, kD}), dev_view(L.k, dt, {B, kHkv, kD}),
-                                     qr, kr, posv, step.llama31, s);
+          apply_llama31_rope_pos_ids(dev_view(L.q, dt, {B, kHq, kD}),
+                                     dev_view(L.k, dt, {B, kHkv, kD}), qr, kr, posv, step.llama31,
+                                     s);
           append_paged_kv_cache(kr, dev_view(L.v, dt, {B, kHkv, kD}), biv, posv, caches[l], s);
           dec.run(qr, caches[l], dev_view(L.out_unfused, dt, {B, kHq, kD}), TensorView(), s);
         }
@@ -145,8 +148,10 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       const std::vector<Mode> modes = {
           {"unfused", 3 * kLayers, [&](int) { unfused(eager); }},
           {"fused", kLayers, [&](int) { fused(eager); }},
-          {"unfused+graph", 3 * kLayers, [&](int) { check_cu(driver().cuGraphLaunch(g_unfused, s), "launch"); }},
-          {"fused+graph", kLayers, [&](int) { check_cu(driver().cuGraphLaunch(g_fused, s), "launch"); }},
+          {"unfused+graph", 3 * kLayers,
+           [&](int) { check_cu(driver().cuGraphLaunch(g_unfused, s), "launch"); }},
+          {"fused+graph", kLayers,
+           [&](int) { check_cu(driver().cuGraphLaunch(g_fused, s), "launch"); }},
       };
       std::vector<double> us;
       for (const Mode& m : modes) us.push_back(time_on_stream(s, m.fn, 3, o.reps).median_us);
@@ -166,7 +171,8 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       }
       // Layer 0 again, unfused, so q_rope holds its rotated q.
       apply_llama31_rope_pos_ids(dev_view(layers[0].q, dt, {B, kHq, kD}),
-                                 dev_view(layers[0].k, dt, {B, kHkv, kD}), qr, kr, posv, step.llama31, s);
+                                 dev_view(layers[0].k, dt, {B, kHkv, kD}), qr, kr, posv,
+                                 step.llama31, s);
       synchronize(s);
       const int np = kv0.indptr[1];
       HostTensor kh(dt, {np, o.page_size, kHkv, kD}), vh = kh, qh(dt, {1, kHq, kD}), oh = qh;

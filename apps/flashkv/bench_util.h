@@ -49,7 +49,7 @@ struct BenchPagedKV {
   int num_kv_heads = 0, head_dim = 0, page_size = 0;
   DType dtype = DType::f16;
   KVLayout layout = KVLayout::NHD;  // of every page: NHD [page_size, H, D] or HND [H, page_size, D]
-  std::vector<int64_t> lens;          // kv_len per request
+  std::vector<int64_t> lens;        // kv_len per request
   std::vector<int32_t> indptr, last;  // host page table: indptr[batch + 1], last_page_len[batch]
   int64_t pages_per_copy = 0;
   int copies = 1;

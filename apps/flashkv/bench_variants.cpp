@@ -17,7 +17,7 @@ namespace flashkv::cli {
 namespace {
 
 constexpr double kMaxRelErr = 1e-2;  // the cap of check_reference's tolerance rule (bench_util.h)
-constexpr int kWindowLeft = 1024;     // the window configurations' window_left
+constexpr int kWindowLeft = 1024;    // the window configurations' window_left
 const Device kGpu = Device::cuda(0);
 
 // What every variant of one (workload, shape, dtype) shares: the paged cache and q in rotated
@@ -90,9 +90,10 @@ AttentionVariant BenchVariantInputs::describe(const std::string& name, int windo
   if (name == "alibi")
     v.alibi_slopes = dev ? TensorView(d_alibi.data(), DType::f32, {Hq}, kGpu) : alibi.view();
   if (name == "custom-mask")
-    v.custom_mask = {dev ? static_cast<const uint8_t*>(d_mask.data()) : mask.data(),
-                     static_cast<int64_t>(mask.size()),
-                     dev ? TensorView(d_mask_indptr.data(), DType::i32, {B + 1}, kGpu) : TensorView()};
+    v.custom_mask = {
+        dev ? static_cast<const uint8_t*>(d_mask.data()) : mask.data(),
+        static_cast<int64_t>(mask.size()),
+        dev ? TensorView(d_mask_indptr.data(), DType::i32, {B + 1}, kGpu) : TensorView()};
   if (name == "rope-fused") {
     v.rope.mode = RopeMode::llama;
     v.rope.rope_theta = 1e4f;

@@ -4,12 +4,11 @@
 // variant costs the JIT (cold NVRTC compile, warm cache lookup).
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
-
-#include <cstdint>
-#include <random>
 
 #include "bench_util.h"
 #include "flashkv/dtype.h"

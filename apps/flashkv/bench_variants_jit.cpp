@@ -50,10 +50,14 @@ nlohmann::json bench_variants_jit(const VariantsBenchOptions& o) {
   const bool tc = decode_tc_supported(o.head_dim, group);
   for (const auto& [name, v] : vs) {
     try {
-      const ops::KernelSpec spec = ops::kernel_spec(
-          DecodeKernelKey{.q = dt, .kv = dt, .head_dim = o.head_dim, .group = group,
-                          .page_size = o.page_size, .tensor_cores = tc,
-                          .variant = ops::variant_jit(v).kernel()});
+      const ops::KernelSpec spec =
+          ops::kernel_spec(DecodeKernelKey{.q = dt,
+                                           .kv = dt,
+                                           .head_dim = o.head_dim,
+                                           .group = group,
+                                           .page_size = o.page_size,
+                                           .tensor_cores = tc,
+                                           .variant = ops::variant_jit(v).kernel()});
       runtime::CompileRequest req = spec.make();
       req.arch = runtime::device_arch(0);
       auto t0 = std::chrono::steady_clock::now();

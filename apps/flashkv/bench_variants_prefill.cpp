@@ -144,12 +144,12 @@ nlohmann::json bench_variants_prefill(const VariantsBenchOptions& o, const Ceili
       Setup st;
       build(st, sh, o.head_dim, dt, seed, s);
       seed += 3;
-      BatchPrefillConfig cfg{.max_batch = st.B,
-                             .max_qo_tokens = st.rows(),
-                             .num_qo_heads = st.Hq,
-                             .head_dim = st.D,
-                             .ctas_per_sm = o.ctas_per_sm > 0 ? o.ctas_per_sm
-                                                              : BatchPrefillConfig{}.ctas_per_sm};
+      BatchPrefillConfig cfg{
+          .max_batch = st.B,
+          .max_qo_tokens = st.rows(),
+          .num_qo_heads = st.Hq,
+          .head_dim = st.D,
+          .ctas_per_sm = o.ctas_per_sm > 0 ? o.ctas_per_sm : BatchPrefillConfig{}.ctas_per_sm};
       DeviceBuffer ws(BatchPrefillRagged::workspace_bytes(cfg));
       BatchPrefillRagged pf(cfg, ws.data(), ws.size());
       const TensorView out(st.out.data(), dt, {st.rows(), st.Hq, st.D}, kGpu);

@@ -223,8 +223,8 @@ void add_bench_command(CLI::App& app) {
       ->check(int_in_range(1, 1 << 16))
       ->capture_default_str();
   cmd->add_option_function<std::string>(
-         "--layout", [a](const std::string& l) { a->decode.layout = parse_kv_layout(l); },
-         "bench decode: KV page layout, NHD or HND (default NHD)");
+      "--layout", [a](const std::string& l) { a->decode.layout = parse_kv_layout(l); },
+      "bench decode: KV page layout, NHD or HND (default NHD)");
   cmd->add_option("--ctas-per-sm", a->ctas_per_sm,
                   "persistent CTAs per SM, decode and prefill (0: the libraries' defaults)")
       ->check(int_in_range(0, 64))
@@ -235,8 +235,9 @@ void add_bench_command(CLI::App& app) {
          "decode and prefill: caller workspace sizes to compare, MB (0: workspace_bytes, never "
          "limiting split-KV; FlashInfer's tests use 32 for decode, 16 for prefill)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--prefill-backend", a->prefill.backend,
-                  "prefill kernel: auto (wgmma on sm_90a where it applies), mma (mma.sync) or wgmma")
+  cmd->add_option(
+         "--prefill-backend", a->prefill.backend,
+         "prefill kernel: auto (wgmma on sm_90a where it applies), mma (mma.sync) or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}))
       ->capture_default_str();
   cmd->add_option("--prefill-tile-rows", a->prefill.tile_rows,
@@ -267,9 +268,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-warps", a->decode.warps,
                   "decode sweep: tensor-core kernel warps per CTA (0: default, 2, 4, 8)")
       ->capture_default_str();
-  cmd->add_option("--decode-timeline", a->decode.timeline_file,
-                  "profiling build of the decode kernels: per-CTA phase timestamps of every "
-                  "configuration into this JSON file (kernels/attention/decode/decode_timeline.cuh)")
+  cmd->add_option(
+         "--decode-timeline", a->decode.timeline_file,
+         "profiling build of the decode kernels: per-CTA phase timestamps of every "
+         "configuration into this JSON file (kernels/attention/decode/decode_timeline.cuh)")
       ->check(writable_file());
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->check(int_in_range(1))

@@ -46,7 +46,8 @@ struct RandomPagedCache {
   HostTensor k, v;
   PagedKVCache host;
 
-  RandomPagedCache(const std::vector<int64_t>& lens, int page, int Hkv, int D, DType dt, uint64_t seed) {
+  RandomPagedCache(const std::vector<int64_t>& lens, int page, int Hkv, int D, DType dt,
+                   uint64_t seed) {
     for (int64_t l : lens) {
       const int64_t p = (l + page - 1) / page;
       indptr.push_back(static_cast<int32_t>(indptr.back() + p));
@@ -191,10 +192,10 @@ Check verify_merge(DType dt, bool gpu, uint64_t seed) {
 // reference; without a GPU the paged reference vs the ragged reference on the same KV.
 Check verify_prefill(DType dt, int Hq, int Hkv, int D, int page, bool causal, bool gpu,
                      uint64_t seed) {
-  const std::vector<int64_t> qo = gpu ? std::vector<int64_t>{0, 1, 17, 300, 113}
-                                      : std::vector<int64_t>{0, 1, 17, 40};
-  const std::vector<int64_t> kvl = gpu ? std::vector<int64_t>{5, 1, 600, 300, 1023}
-                                       : std::vector<int64_t>{5, 1, 60, 40};
+  const std::vector<int64_t> qo =
+      gpu ? std::vector<int64_t>{0, 1, 17, 300, 113} : std::vector<int64_t>{0, 1, 17, 40};
+  const std::vector<int64_t> kvl =
+      gpu ? std::vector<int64_t>{5, 1, 600, 300, 1023} : std::vector<int64_t>{5, 1, 60, 40};
   const int64_t B = static_cast<int64_t>(qo.size());
   std::vector<int32_t> qo_ptr{0}, tok_ptr{0};
   for (int64_t b = 0; b < B; ++b) {
@@ -246,7 +247,8 @@ Check verify_prefill(DType dt, int Hq, int Hkv, int D, int page, bool causal, bo
     synchronize();
     keep.back().copy_to_host(got.data(), got.nbytes());
   } else {
-    HostTensor kr(dt, {std::max<int64_t>(ntok, 1), Hkv, D}), vr(dt, {std::max<int64_t>(ntok, 1), Hkv, D});
+    HostTensor kr(dt, {std::max<int64_t>(ntok, 1), Hkv, D}),
+        vr(dt, {std::max<int64_t>(ntok, 1), Hkv, D});
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < kvl[b]; ++t) {
         const int64_t pg = idx[kv_ptr[b] + t / page], row = tok_ptr[b] + t;

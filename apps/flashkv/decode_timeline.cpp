@@ -28,8 +28,9 @@ nlohmann::json capture_decode_timeline(const std::string& kernel_id, unsigned gr
       });
   CUdeviceptr global = 0;
   size_t global_bytes = 0;
-  check_cu(driver().cuModuleGetGlobal(&global, &global_bytes, mod.module, "flashkv_decode_timeline"),
-           "cuModuleGetGlobal(flashkv_decode_timeline): is this a --decode-timeline build?");
+  check_cu(
+      driver().cuModuleGetGlobal(&global, &global_bytes, mod.module, "flashkv_decode_timeline"),
+      "cuModuleGetGlobal(flashkv_decode_timeline): is this a --decode-timeline build?");
   const size_t n = size_t(grid) * kEvents;
   DeviceBuffer stamps(n * sizeof(uint64_t));
   stamps.fill_bytes(0);

@@ -142,10 +142,11 @@ int main() {
 
   // The variant: its spec (compiled once per kernel configuration, cached on disk) and its
   // arguments (a device pointer captured by value at plan(); run() may replace them).
-  const Variant t5 = Variant::user(
-      t5_spec("T5Bias", kT5Source),
-      VariantArgs().set("num_buckets", kBuckets).set("bias", TensorView(dbias.data(), DType::f32,
-                                                                        {kBuckets}, gpu)));
+  const Variant t5 =
+      Variant::user(t5_spec("T5Bias", kT5Source),
+                    VariantArgs()
+                        .set("num_buckets", kBuckets)
+                        .set("bias", TensorView(dbias.data(), DType::f32, {kBuckets}, gpu)));
   const BatchDecodeConfig cfg{.max_batch = kBatch, .num_qo_heads = kHq, .head_dim = kDim};
   DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
   BatchDecode dec(cfg, ws.data(), ws.size());
@@ -196,8 +197,8 @@ int main() {
   // The repo's metric and cap (tests/common/test_util.h): ||out - ref|| / ||ref|| <= 1e-2.
   const double rel = std::sqrt(err2 / ref2);
   const bool pass = rel <= 1e-2;
-  std::printf("user_variant: T5 bias decode, kv_lens 1/37/300, max relative error %.3g: %s\n",
-              rel, pass ? "PASS" : "FAIL");
+  std::printf("user_variant: T5 bias decode, kv_lens 1/37/300, max relative error %.3g: %s\n", rel,
+              pass ? "PASS" : "FAIL");
 
   // The typo, through plan() on the GPU.
   const bool reported = show_compile_error([&](const VariantSpec& spec) {

@@ -34,21 +34,21 @@
 namespace flashkv {
 
 struct MultiLevelCascadeConfig {
-  int max_batch = 256;        // requests per plan(), at most
-  int64_t max_qo_tokens = 0;  // query rows per plan(), at most; 0: max_batch (decode)
+  int max_batch = 256;          // requests per plan(), at most
+  int64_t max_qo_tokens = 0;    // query rows per plan(), at most; 0: max_batch (decode)
   int64_t max_pages = 1 << 20;  // kv_indices entries of a plan's page table, at most
-  int num_qo_heads = 32;      // at most
-  int head_dim = 128;         // at most
-  int max_levels = 3;         // 1..4: shared-prefix levels + the suffix level
+  int num_qo_heads = 32;        // at most
+  int head_dim = 128;           // at most
+  int max_levels = 3;           // 1..4: shared-prefix levels + the suffix level
   int device = 0;
 };
 
 // The batch's page table on the host (paged_kv.h conventions), as the plain ops take it, plus the
 // host page ids (detection compares them).
 struct CascadeBatch {
-  const int32_t* qo_indptr = nullptr;  // [batch + 1] query rows per request; nullptr: decode
-  const int32_t* kv_indptr = nullptr;  // [batch + 1]
-  const int32_t* kv_indices = nullptr; // [kv_indptr[batch]]
+  const int32_t* qo_indptr = nullptr;         // [batch + 1] query rows per request; nullptr: decode
+  const int32_t* kv_indptr = nullptr;         // [batch + 1]
+  const int32_t* kv_indices = nullptr;        // [kv_indptr[batch]]
   const int32_t* kv_last_page_len = nullptr;  // [batch]
   int batch_size = 0;
   int page_size = 16;
@@ -60,19 +60,19 @@ struct CascadeShape {
 };
 
 struct CascadePlanOptions {
-  bool causal = true;         // the last level (append / prefill rows; decode is unaffected)
-  float sm_scale = 0.0f;      // 0: 1/sqrt(head_dim)
+  bool causal = true;     // the last level (append / prefill rows; decode is unaffected)
+  float sm_scale = 0.0f;  // 0: 1/sqrt(head_dim)
   // Automatic use: kAuto decides by the cost model (scheduler/cascade_cost.h), kAlways cascades
   // whenever a prefix is shared, kNever runs plain attention (one level).
   enum class Use : uint8_t { kAuto, kAlways, kNever } use = Use::kAuto;
-  int min_group_size = 2;     // requests that must share a prefix for it to form a group
+  int min_group_size = 2;          // requests that must share a prefix for it to form a group
   bool enable_cuda_graph = false;  // fixed launches and grids: run() may be captured and replayed
 };
 
 struct CascadePlanInfo {
-  int num_levels = 0;          // 1: plain attention
-  bool cascade = false;        // whether the plan uses a shared-prefix level
-  int64_t plain_kv_bytes = 0;  // KV bytes plain attention would read
+  int num_levels = 0;            // 1: plain attention
+  bool cascade = false;          // whether the plan uses a shared-prefix level
+  int64_t plain_kv_bytes = 0;    // KV bytes plain attention would read
   int64_t cascade_kv_bytes = 0;  // KV bytes this plan reads
   double estimated_plain_us = 0, estimated_cascade_us = 0;
   int num_split_tiles = 0;     // split-KV tiles over every level's plan
@@ -95,16 +95,16 @@ class MultiLevelCascade {
   // Detects shared prefixes in `batch` (whole pages that every query row of every member sees),
   // builds the levels, decides by the cost model (opts.use), schedules every level and copies
   // the levels' page ids and the plan to the workspace (async on `stream`).
-  void plan(const CascadeBatch& batch, const CascadeShape& shape, const CascadePlanOptions& opts = {},
-            Stream stream = nullptr);
+  void plan(const CascadeBatch& batch, const CascadeShape& shape,
+            const CascadePlanOptions& opts = {}, Stream stream = nullptr);
 
   // q / out [rows, H_qo, D] in the batch's own row order, lse f32 [rows, H_qo] optional (natural
   // log). `kv` supplies the cache tensors (k, v, layout); its index tensors are not read: the plan
   // holds device copies of every level's page ids. Allocates nothing, never synchronizes. plan()
   // refuses a negative page id and keeps the largest; run() throws, naming its entry, before
   // anything is launched when it is >= kv.num_pages() (plan_checks.h).
-  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
-           Stream stream = nullptr);
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+           const TensorView& lse, Stream stream = nullptr);
 
   CascadePlanInfo plan_info() const;
   // A captured graph holds q/out/lse and the levels' kernels fixed: plan() refuses more query rows

@@ -173,8 +173,8 @@ class BatchDecode {
   // kv_len >= 1, its last page allocated). q is read, not modified. Equal to
   // apply_rope_pos_ids -> append_paged_kv_cache -> run bitwise (cache and outputs). Split-KV and
   // CUDA graphs work as with run() (the positions come from the plan, so a replay after a new
-  // plan() appends where the new plan says). See kernels/attention/decode/decode_step.cuh for why the
-  // append is visible to every CTA that reads the new token.
+  // plan() appends where the new plan says). See kernels/attention/decode/decode_step.cuh for why
+  // the append is visible to every CTA that reads the new token.
   void run_step(const TensorView& q, const TensorView& new_k, const TensorView& new_v,
                 const PagedKVCache& kv, const TensorView& out, const TensorView& lse,
                 const DecodeStepOptions& step, Stream stream = nullptr);
@@ -188,7 +188,7 @@ class BatchDecode {
   // Statistics of the last plan (for benchmarks and tests).
   struct PlanInfo {
     int num_ctas = 0;
-    int num_work_items = 0;  // items the CTAs run (per KV head; stored once per block)
+    int num_work_items = 0;      // items the CTAs run (per KV head; stored once per block)
     int num_split_tiles = 0;     // (request, kv head) tiles split across CTAs
     int num_partial_states = 0;  // their chunks: partial-state slots the plan uses
     int slot_capacity = 0;       // slots the workspace holds at this plan's GQA group

@@ -15,7 +15,8 @@ namespace flashkv {
 
 struct PrecompileOptions {
   std::string arch = "sm_90a";
-  std::vector<std::string> ops = {"merge", "decode", "prefill", "kv", "cascade"};  // kv: RoPE + KV append
+  std::vector<std::string> ops = {"merge", "decode", "prefill", "kv",
+                                  "cascade"};  // kv: RoPE + KV append
   std::vector<DType> dtypes = {DType::f16, DType::bf16};
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int> group_sizes = {1, 4, 8};  // query heads per KV head

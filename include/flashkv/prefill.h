@@ -42,10 +42,10 @@
 namespace flashkv {
 
 struct BatchPrefillConfig {
-  int max_batch = 64;            // requests per plan(), at most
-  int64_t max_qo_tokens = 32768; // query tokens per plan() (nnz_qo), at most
-  int num_qo_heads = 32;         // at most
-  int head_dim = 128;            // at most
+  int max_batch = 64;             // requests per plan(), at most
+  int64_t max_qo_tokens = 32768;  // query tokens per plan() (nnz_qo), at most
+  int num_qo_heads = 32;          // at most
+  int head_dim = 128;             // at most
   int device = 0;
   int num_sms_to_use = 0;  // 0: all SMs
   int ctas_per_sm = 2;     // persistent CTAs per SM (the paper's k; fewer where shared memory
@@ -99,7 +99,7 @@ struct PrefillPlanInfo {
   bool kv_tma = false;      // the last run() loaded KV tiles by TMA (the wgmma kernel, on ragged KV
                             // or pages of >= 16 tokens, a power of two, with every work item on a
                             // KV tile: not with a fixed_split_size off the tile), else by cp.async
-  double plan_us = 0.0;  // CPU time of the last plan()
+  double plan_us = 0.0;     // CPU time of the last plan()
 };
 
 // The batch a prefill plan() schedules, as host arrays (paged_kv.h conventions).
@@ -112,7 +112,8 @@ struct PrefillBatch {
 };
 
 namespace detail {
-struct PrefillCore;  // the shared plan/run machinery of both wrappers (src/ops/prefill/batch_prefill.cpp)
+struct PrefillCore;  // the shared plan/run machinery of both wrappers
+                     // (src/ops/prefill/batch_prefill.cpp)
 }
 
 // Ragged queries over a paged KV cache.

@@ -53,7 +53,6 @@
 // check_device_errors() (at once with FLASHKV_CHECK_DEVICE_ERRORS=1).
 #pragma once
 
-
 #include "flashkv/device_errors.h"
 #include "flashkv/rope_frequencies.h"
 #include "flashkv/runtime.h"

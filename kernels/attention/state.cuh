@@ -87,8 +87,9 @@ __device__ __forceinline__ float softmax_merge_scale(float m, float m_all) {
 // The same for a normalized state (o / d, lse2), as split-KV partial states are stored: weight
 // 2^(lse2 − m_all), which is 0 for an empty state (lse2 = −inf).
 template <int N>
-__device__ __forceinline__ void softmax_merge_add_normalized(float m_all, float lse2, const float* o,
-                                                             float& d_all, float (&o_all)[N]) {
+__device__ __forceinline__ void softmax_merge_add_normalized(float m_all, float lse2,
+                                                             const float* o, float& d_all,
+                                                             float (&o_all)[N]) {
   const float w = fast_exp2(lse2 - m_all);
   d_all += w;
 #pragma unroll
@@ -96,8 +97,9 @@ __device__ __forceinline__ void softmax_merge_add_normalized(float m_all, float 
 }
 
 // The same for the 4 columns of a float4.
-__device__ __forceinline__ void softmax_merge_add_normalized(float m_all, float lse2, const float4& o,
-                                                             float& d_all, float (&o_all)[4]) {
+__device__ __forceinline__ void softmax_merge_add_normalized(float m_all, float lse2,
+                                                             const float4& o, float& d_all,
+                                                             float (&o_all)[4]) {
   const float w = fast_exp2(lse2 - m_all);
   d_all += w;
   o_all[0] += w * o.x;
@@ -126,7 +128,7 @@ struct SoftmaxState {
   __device__ __forceinline__ void rescale_for(const float* s, int n) {
     float m_new = m;
     for (int i = 0; i < n; ++i) m_new = fmaxf(m_new, s[i]);
-    if (m_new == neg_inf()) return;  // still nothing seen
+    if (m_new == neg_inf()) return;            // still nothing seen
     const float scale = fast_exp2(m - m_new);  // 2^-inf = 0 on the first keys
     d *= scale;
 #pragma unroll

@@ -13,7 +13,8 @@ __global__ void read_sum_kernel(const uint4* __restrict__ data, u64 num_vecs, u3
   for (; i + 3 * stride < num_vecs; i += 4 * stride) {
     const uint4 a = __ldcs(data + i), b = __ldcs(data + i + stride);
     const uint4 c = __ldcs(data + i + 2 * stride), d = __ldcs(data + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
   }
   for (; i < num_vecs; i += stride) {
     const uint4 a = __ldcs(data + i);

@@ -99,7 +99,8 @@ __device__ __forceinline__ long long rope_token_position(const RopeKernelParams&
 // Grid: ceil(nnz / tokens_per_cta) CTAs of tokens_per_cta * threads_per_token threads; dynamic
 // shared memory: tokens_per_cta * rotary_dim / 2 float2 (the cos/sin of each token's pairs).
 template <class T, int V, bool kInterleave>
-__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const __grid_constant__ RopeKernelParams p) {
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_kernel(const __grid_constant__ RopeKernelParams p) {
   extern __shared__ float2 rope_cs[];  // [tokens_per_cta][rotary_dim / 2] (cos, sin)
   const int tpt = p.threads_per_token;
   const int slot = threadIdx.x / tpt, local = threadIdx.x % tpt;

@@ -1,7 +1,7 @@
 // RoPE math shared by the RoPE kernels (kv/rope.cuh) and the fused decode step
-// (attention/decode/decode_step.cuh): both rotate through these functions, so a key rotated by the fused
-// step is bitwise the key apply_rope writes. Shared with the host (the RopeSpec layout); includes
-// nothing.
+// (attention/decode/decode_step.cuh): both rotate through these functions, so a key rotated by the
+// fused step is bitwise the key apply_rope writes. Shared with the host (the RopeSpec layout);
+// includes nothing.
 //
 // Precision: the angle p * freq[i] is formed and reduced modulo 2π in double (positions reach
 // 10^5-10^6 and a float product would be off by ~0.01 rad there), then sin/cos of the reduced

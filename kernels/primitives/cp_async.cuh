@@ -21,7 +21,8 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
 
 // As above, to a shared-memory address (as smem_addr returns): no address conversion per copy.
 __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 
 // Copies 8 bytes (8-byte aligned at both ends) from global to shared memory through L1 (.ca).
@@ -38,7 +39,9 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Waits for every cp.async this thread issued, committed to a group or not.
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 
 // An arrival on the shared-memory mbarrier `bar` once all of this thread's earlier cp.async have
 // landed (.noinc: it counts as one of the barrier's expected arrivals).

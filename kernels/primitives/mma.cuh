@@ -28,7 +28,8 @@ template <class T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]);
 
 template <>
-__device__ __forceinline__ void mma_m16n8k16<half_t>(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+__device__ __forceinline__ void mma_m16n8k16<half_t>(float (&d)[4], const u32 (&a)[4],
+                                                     const u32 (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -37,7 +38,8 @@ __device__ __forceinline__ void mma_m16n8k16<half_t>(float (&d)[4], const u32 (&
 }
 
 template <>
-__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const u32 (&a)[4],
+                                                     const u32 (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"

@@ -21,7 +21,8 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 
 // One arrival that also expects `bytes` more bytes (from complete_tx) in the current phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
 }
 
 // Waits until the phase with parity `parity` of the barrier has completed.
@@ -40,10 +41,11 @@ __device__ __forceinline__ void mbarrier_wait_parity(u32 bar, u32 parity) {
 // Loads the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map into shared memory at `dst`
 // (1024-byte aligned for the 128-byte swizzle), counting its bytes on barrier `bar`. Boxes
 // outside the tensor are filled with zeros.
-__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, int c2,
-                                            int c3) {
+__device__ __forceinline__ void tma_load_4d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1,
+                                            int c2, int c3) {
   asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4, "
       "%5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");

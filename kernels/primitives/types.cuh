@@ -9,8 +9,12 @@ typedef unsigned short u16;
 typedef unsigned long long u64;
 typedef long long i64;
 
-struct half_t { u16 bits; };   // IEEE binary16
-struct bf16_t { u16 bits; };   // bfloat16
+struct half_t {
+  u16 bits;
+};  // IEEE binary16
+struct bf16_t {
+  u16 bits;
+};  // bfloat16
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(half_t h) {
@@ -20,47 +24,60 @@ __device__ __forceinline__ float to_float(half_t h) {
 }
 __device__ __forceinline__ float to_float(bf16_t h) { return __uint_as_float(((u32)h.bits) << 16); }
 
-template <class T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ half_t from_float<half_t>(float x) {
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ half_t from_float<half_t>(float x) {
   half_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
   return h;
 }
-template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+template <>
+__device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
   bf16_t h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
   return h;
 }
 
 // Two 16-bit values packed in one 32-bit word (low half = element 0) to two floats.
-template <class T> __device__ __forceinline__ void unpack2(u32 w, float& a, float& b);
-template <> __device__ __forceinline__ void unpack2<half_t>(u32 w, float& a, float& b) {
+template <class T>
+__device__ __forceinline__ void unpack2(u32 w, float& a, float& b);
+template <>
+__device__ __forceinline__ void unpack2<half_t>(u32 w, float& a, float& b) {
   u16 lo, hi;
   asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(w));
   asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
   asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi));
 }
-template <> __device__ __forceinline__ void unpack2<bf16_t>(u32 w, float& a, float& b) {
+template <>
+__device__ __forceinline__ void unpack2<bf16_t>(u32 w, float& a, float& b) {
   a = __uint_as_float(w << 16);
   b = __uint_as_float(w & 0xffff0000u);
 }
 
 // Two floats to one packed word (element 0 in the low half), round to nearest even.
-template <class T> __device__ __forceinline__ u32 pack2(float a, float b);
-template <> __device__ __forceinline__ u32 pack2<half_t>(float a, float b) {
+template <class T>
+__device__ __forceinline__ u32 pack2(float a, float b);
+template <>
+__device__ __forceinline__ u32 pack2<half_t>(float a, float b) {
   u32 w;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));
   return w;
 }
-template <> __device__ __forceinline__ u32 pack2<bf16_t>(float a, float b) {
+template <>
+__device__ __forceinline__ u32 pack2<bf16_t>(float a, float b) {
   u32 w;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(b), "f"(a));
   return w;
 }
 
 // 16 bytes (a uint4) as N = 16 / sizeof(T) elements, converted to/from floats.
-template <class T> struct Vec16 {
+template <class T>
+struct Vec16 {
   static constexpr int N = 16 / sizeof(T);
   __device__ __forceinline__ static void to_floats(const uint4& v, float* f) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -72,7 +89,8 @@ template <class T> struct Vec16 {
                       pack2<T>(f[6], f[7]));
   }
 };
-template <> struct Vec16<float> {
+template <>
+struct Vec16<float> {
   static constexpr int N = 4;
   __device__ __forceinline__ static void to_floats(const uint4& v, float* f) {
     f[0] = __uint_as_float(v.x);

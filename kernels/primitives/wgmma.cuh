@@ -34,9 +34,13 @@ __device__ __forceinline__ u64 sw128_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes
 
 // Orders this warpgroup's register accesses before the wgmma that follow (needed before the first
 // wgmma and whenever the accumulators were touched by ordinary code in between).
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 
 // Waits until at most N committed wgmma groups of this warpgroup are in flight.
 template <int N>

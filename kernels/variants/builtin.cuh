@@ -34,8 +34,8 @@ struct BuiltinVariantArgs {
   float soft_cap;
   float inv_soft_cap;
   float sigmoid_bias;
-  int rope_pairs;                    // head_dim / 2
-  double rope_freq[kRopeMaxPairs];   // radians per position of pair i (rope_frequencies)
+  int rope_pairs;                   // head_dim / 2
+  double rope_freq[kRopeMaxPairs];  // radians per position of pair i (rope_frequencies)
 };
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
@@ -70,7 +70,8 @@ template <int FLAGS>
 struct LogitsPart<FLAGS, true> {
   __device__ __forceinline__ static float logits_transform(const BuiltinVariantArgs& a,
                                                            const VariantPosition& pos, float s) {
-    if constexpr (on(FLAGS, kVariantAlibi)) s += a.alibi_slopes[pos.qo_head] * (float)(pos.kv_idx - pos.q_pos());
+    if constexpr (on(FLAGS, kVariantAlibi))
+      s += a.alibi_slopes[pos.qo_head] * (float)(pos.kv_idx - pos.q_pos());
     // tanh(x) = 1 - 2 / (e^2x + 1): ~1e-7 absolute error (what the softmax sees of a logit), a
     // few instructions where tanhf costs ~20; saturates correctly (e^2x -> inf or 0).
     if constexpr (on(FLAGS, kVariantSoftCap))
@@ -84,7 +85,8 @@ template <int FLAGS, bool kAny = on(FLAGS, kVariantWindow | kVariantCustomMask)>
 struct MaskPart {};
 template <int FLAGS>
 struct MaskPart<FLAGS, true> {
-  __device__ __forceinline__ static bool logits_mask(const BuiltinVariantArgs& a, const VariantPosition& pos) {
+  __device__ __forceinline__ static bool logits_mask(const BuiltinVariantArgs& a,
+                                                     const VariantPosition& pos) {
     bool keep = true;
     if constexpr (on(FLAGS, kVariantWindow)) {
       const int q = pos.q_pos();
@@ -99,8 +101,10 @@ struct MaskPart<FLAGS, true> {
     return keep;
   }
   // The window's left edge: the prefill kernel skips KV slices left of every row's.
-  __device__ __forceinline__ static int first_visible_key(const BuiltinVariantArgs& a, const VariantRow& row) {
-    if constexpr (on(FLAGS, kVariantWindow)) return a.window_left >= 0 ? row.q_pos() - a.window_left : 0;
+  __device__ __forceinline__ static int first_visible_key(const BuiltinVariantArgs& a,
+                                                          const VariantRow& row) {
+    if constexpr (on(FLAGS, kVariantWindow))
+      return a.window_left >= 0 ? row.q_pos() - a.window_left : 0;
     return 0;
   }
 };
@@ -109,14 +113,18 @@ template <int FLAGS, bool kOn = on(FLAGS, kVariantRope)>
 struct RopePart {};
 template <int FLAGS>
 struct RopePart<FLAGS, true> {
-  __device__ __forceinline__ static void query_transform(const BuiltinVariantArgs& a, const VariantRow& row,
-                                                         int i, float& x1, float& x2) {
+  __device__ __forceinline__ static void query_transform(const BuiltinVariantArgs& a,
+                                                         const VariantRow& row, int i, float& x1,
+                                                         float& x2) {
     const long long pos = a.q_rope_offset ? a.q_rope_offset[row.q_row] : row.q_pos();
     rotate(a.rope_freq[i], pos, x1, x2);
   }
   // Keys: the kernels' fast RoPE form (variant.cuh), positions k_rope_offset[b] + kv_idx.
-  __device__ __forceinline__ static double rope_freq(const BuiltinVariantArgs& a, int i) { return a.rope_freq[i]; }
-  __device__ __forceinline__ static long long key_rope_pos(const BuiltinVariantArgs& a, const VariantKey& key) {
+  __device__ __forceinline__ static double rope_freq(const BuiltinVariantArgs& a, int i) {
+    return a.rope_freq[i];
+  }
+  __device__ __forceinline__ static long long key_rope_pos(const BuiltinVariantArgs& a,
+                                                           const VariantKey& key) {
     return (a.k_rope_offset ? a.k_rope_offset[key.batch] : 0) + key.kv_idx;
   }
 };
@@ -132,8 +140,10 @@ struct SinkPart<FLAGS, true> {
 }  // namespace builtin_detail
 
 template <int FLAGS>
-struct BuiltinVariant : builtin_detail::LogitsPart<FLAGS>, builtin_detail::MaskPart<FLAGS>,
-                        builtin_detail::RopePart<FLAGS>, builtin_detail::SinkPart<FLAGS> {
+struct BuiltinVariant : builtin_detail::LogitsPart<FLAGS>,
+                        builtin_detail::MaskPart<FLAGS>,
+                        builtin_detail::RopePart<FLAGS>,
+                        builtin_detail::SinkPart<FLAGS> {
   using Args = BuiltinVariantArgs;
   static constexpr bool kUseSoftmax = (FLAGS & kVariantSigmoid) == 0;
 };

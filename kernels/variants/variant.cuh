@@ -19,7 +19,8 @@
 //       layout of RoPE (an element-wise transform is the special case that ignores the partner).
 //       The result is rounded to the input dtype (the kernels keep q and k in 16 bits).
 //   float value_transform(const Args&, const VariantKey&, int dim, float v)    (rounded as k)
-//   double rope_freq(const Args&, int i)  and  long long key_rope_pos(const Args&, const VariantKey&)
+//   double rope_freq(const Args&, int i)  and  long long key_rope_pos(const Args&, const
+//   VariantKey&)
 //       RoPE on the keys, the form kernels run fast: pair i of a key at position p turns by
 //       p * rope_freq(i) radians (rotate-half pairs). key_rope_pos must be kv_idx plus a
 //       per-request offset: the kernels rotate consecutive keys by a step rotation instead of a
@@ -43,9 +44,9 @@
 namespace flashkv {
 
 struct VariantRow {
-  int batch;    // request index
-  int q_row;    // the query's row in the call's q tensor (decode: batch; prefill: qo_indptr + i)
-  int qo_idx;   // query row within the request (decode: 0)
+  int batch;   // request index
+  int q_row;   // the query's row in the call's q tensor (decode: batch; prefill: qo_indptr + i)
+  int qo_idx;  // query row within the request (decode: 0)
   int qo_len;
   int kv_len;
   int qo_head;
@@ -55,7 +56,7 @@ struct VariantRow {
 
 struct VariantKey {
   int batch;
-  int kv_idx;   // position of the key within the request
+  int kv_idx;  // position of the key within the request
   int kv_len;
   int kv_head;
 };
@@ -84,42 +85,57 @@ template <class T>
 __device__ T&& fake();  // never defined: only in unevaluated contexts
 
 template <class V, class = void>
-struct has_logits_transform { static constexpr bool value = false; };
+struct has_logits_transform {
+  static constexpr bool value = false;
+};
 template <class V>
-struct has_logits_transform<V, void_t<decltype(V::logits_transform(
-    fake<const typename V::Args&>(), fake<const VariantPosition&>(), 0.f))>> {
+struct has_logits_transform<
+    V, void_t<decltype(V::logits_transform(fake<const typename V::Args&>(),
+                                           fake<const VariantPosition&>(), 0.f))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_logits_mask { static constexpr bool value = false; };
+struct has_logits_mask {
+  static constexpr bool value = false;
+};
 template <class V>
 struct has_logits_mask<V, void_t<decltype(V::logits_mask(fake<const typename V::Args&>(),
                                                          fake<const VariantPosition&>()))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_first_visible_key { static constexpr bool value = false; };
+struct has_first_visible_key {
+  static constexpr bool value = false;
+};
 template <class V>
-struct has_first_visible_key<V, void_t<decltype(V::first_visible_key(fake<const typename V::Args&>(),
-                                                                     fake<const VariantRow&>()))>> {
+struct has_first_visible_key<V, void_t<decltype(V::first_visible_key(
+                                    fake<const typename V::Args&>(), fake<const VariantRow&>()))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_query_transform { static constexpr bool value = false; };
+struct has_query_transform {
+  static constexpr bool value = false;
+};
 template <class V>
 struct has_query_transform<V, void_t<decltype(V::query_transform(
-    fake<const typename V::Args&>(), fake<const VariantRow&>(), 0, fake<float&>(), fake<float&>()))>> {
+                                  fake<const typename V::Args&>(), fake<const VariantRow&>(), 0,
+                                  fake<float&>(), fake<float&>()))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_key_transform { static constexpr bool value = false; };
+struct has_key_transform {
+  static constexpr bool value = false;
+};
 template <class V>
-struct has_key_transform<V, void_t<decltype(V::key_transform(
-    fake<const typename V::Args&>(), fake<const VariantKey&>(), 0, fake<float&>(), fake<float&>()))>> {
+struct has_key_transform<
+    V, void_t<decltype(V::key_transform(fake<const typename V::Args&>(), fake<const VariantKey&>(),
+                                        0, fake<float&>(), fake<float&>()))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_key_rope { static constexpr bool value = false; };
+struct has_key_rope {
+  static constexpr bool value = false;
+};
 template <class V>
 struct has_key_rope<V, void_t<decltype(V::rope_freq(fake<const typename V::Args&>(), 0)),
                               decltype(V::key_rope_pos(fake<const typename V::Args&>(),
@@ -127,27 +143,37 @@ struct has_key_rope<V, void_t<decltype(V::rope_freq(fake<const typename V::Args&
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_value_transform { static constexpr bool value = false; };
+struct has_value_transform {
+  static constexpr bool value = false;
+};
 template <class V>
-struct has_value_transform<V, void_t<decltype(V::value_transform(
-    fake<const typename V::Args&>(), fake<const VariantKey&>(), 0, 0.f))>> {
+struct has_value_transform<
+    V, void_t<decltype(V::value_transform(fake<const typename V::Args&>(),
+                                          fake<const VariantKey&>(), 0, 0.f))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_sink { static constexpr bool value = false; };
+struct has_sink {
+  static constexpr bool value = false;
+};
 template <class V>
 struct has_sink<V, void_t<decltype(V::sink(fake<const typename V::Args&>(), 0))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct has_output_transform { static constexpr bool value = false; };
+struct has_output_transform {
+  static constexpr bool value = false;
+};
 template <class V>
-struct has_output_transform<V, void_t<decltype(V::output_transform(
-    fake<const typename V::Args&>(), fake<const VariantRow&>(), 0, 0.f))>> {
+struct has_output_transform<
+    V, void_t<decltype(V::output_transform(fake<const typename V::Args&>(),
+                                           fake<const VariantRow&>(), 0, 0.f))>> {
   static constexpr bool value = true;
 };
 template <class V, class = void>
-struct use_softmax { static constexpr bool value = true; };
+struct use_softmax {
+  static constexpr bool value = true;
+};
 template <class V>
 struct use_softmax<V, void_t<decltype(V::kUseSoftmax)>> {
   static constexpr bool value = V::kUseSoftmax;
@@ -174,7 +200,8 @@ struct VariantTraits {
   static_assert(kUseSoftmax || kLogitsTransform,
                 "a variant without softmax (kUseSoftmax = false) must define logits_transform: "
                 "it returns each key's weight");
-  static_assert(kUseSoftmax || !kSink, "sinks join a softmax denominator: kUseSoftmax must be true");
+  static_assert(kUseSoftmax || !kSink,
+                "sinks join a softmax denominator: kUseSoftmax must be true");
 
   // What the kernel multiplies q·k by before variant_score(): with no logits transform the
   // base-2 conversion folds into the scale (one multiply per logit, as without variants).

@@ -16,7 +16,8 @@ struct VariantArgsBlock {
 // parameter memory in place (no local copy).
 template <class V>
 __device__ __forceinline__ const typename V::Args& variant_args(const VariantArgsBlock& b) {
-  static_assert(sizeof(typename V::Args) <= kVariantArgsBytes, "a variant's Args exceed 2048 bytes");
+  static_assert(sizeof(typename V::Args) <= kVariantArgsBytes,
+                "a variant's Args exceed 2048 bytes");
   return *reinterpret_cast<const typename V::Args*>(b.bytes);
 }
 #endif

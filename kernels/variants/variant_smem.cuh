@@ -12,14 +12,16 @@
 namespace flashkv {
 
 template <class T, class Offset>
-__device__ __forceinline__ T* variant_elem(unsigned char* base, const Offset& offset, int row, int e) {
+__device__ __forceinline__ T* variant_elem(unsigned char* base, const Offset& offset, int row,
+                                           int e) {
   return reinterpret_cast<T*>(base + offset(row, e / 8)) + e % 8;
 }
 
 // query_transform on rows [0, rows): row r's context comes from row_ctx(r).
 template <class V, class T, int HEAD_DIM, int THREADS, class Offset, class RowCtx>
-__device__ __forceinline__ void variant_transform_q_rows(const typename V::Args& a, unsigned char* base,
-                                                         const Offset& offset, int rows, const RowCtx& row_ctx) {
+__device__ __forceinline__ void variant_transform_q_rows(const typename V::Args& a,
+                                                         unsigned char* base, const Offset& offset,
+                                                         int rows, const RowCtx& row_ctx) {
   constexpr int kHalf = HEAD_DIM / 2;
   for (int idx = threadIdx.x; idx < rows * kHalf; idx += THREADS) {
     const int r = idx / kHalf, i = idx % kHalf;
@@ -38,8 +40,9 @@ __device__ __forceinline__ void variant_transform_q_rows(const typename V::Args&
 // per element; the step recurrence adds ~1e-7 relative per row (<= 64 rows), far below the
 // 16-bit rounding of the result.
 template <class V, class T, int HEAD_DIM, int THREADS, class Offset>
-__device__ __forceinline__ void variant_rope_k_rows(const typename V::Args& a, VariantKey key, int first_kv_idx,
-                                                    int rows, unsigned char* k_base, const Offset& offset) {
+__device__ __forceinline__ void variant_rope_k_rows(const typename V::Args& a, VariantKey key,
+                                                    int first_kv_idx, int rows,
+                                                    unsigned char* k_base, const Offset& offset) {
   constexpr int kHalf = HEAD_DIM / 2;
   static_assert(THREADS % kHalf == 0, "whole rows of pairs per thread group");
   constexpr int kStep = THREADS / kHalf;
@@ -67,10 +70,13 @@ __device__ __forceinline__ void variant_rope_k_rows(const typename V::Args& a, V
 // is key `first_kv_idx` of the request (`key` carries batch, kv_len, kv_head).
 template <class V, class T, int HEAD_DIM, int THREADS, class Offset>
 __device__ __forceinline__ void variant_transform_kv_rows(const typename V::Args& a, VariantKey key,
-                                                          int first_kv_idx, int rows, unsigned char* k_base,
-                                                          unsigned char* v_base, const Offset& offset) {
+                                                          int first_kv_idx, int rows,
+                                                          unsigned char* k_base,
+                                                          unsigned char* v_base,
+                                                          const Offset& offset) {
   typedef VariantTraits<V> Tr;
-  if constexpr (Tr::kKeyRope) variant_rope_k_rows<V, T, HEAD_DIM, THREADS>(a, key, first_kv_idx, rows, k_base, offset);
+  if constexpr (Tr::kKeyRope)
+    variant_rope_k_rows<V, T, HEAD_DIM, THREADS>(a, key, first_kv_idx, rows, k_base, offset);
   if constexpr (Tr::kKeyTransform) {
     constexpr int kHalf = HEAD_DIM / 2;
     for (int idx = threadIdx.x; idx < rows * kHalf; idx += THREADS) {

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <optional>
-
 #include <string>
 
 #include "flashkv/paged_kv.h"

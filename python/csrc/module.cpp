@@ -137,15 +137,15 @@ class PyBatchDecode {
   PyBatchDecode(OutArray workspace, int max_batch, int num_qo_heads, int head_dim, int device,
                 int64_t max_kv_tokens, int min_fixed_split_size)
       : ws_(std::move(workspace), device) {
-    op_ = std::make_unique<BatchDecode>(
-        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size),
-        ws_.data, ws_.bytes);
+    op_ = std::make_unique<BatchDecode>(decode_config(max_batch, num_qo_heads, head_dim, device,
+                                                      max_kv_tokens, min_fixed_split_size),
+                                        ws_.data, ws_.bytes);
   }
 
   static size_t workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
                                 int64_t max_kv_tokens, int min_fixed_split_size) {
-    return BatchDecode::workspace_bytes(
-        decode_config(max_batch, num_qo_heads, head_dim, device, max_kv_tokens, min_fixed_split_size));
+    return BatchDecode::workspace_bytes(decode_config(max_batch, num_qo_heads, head_dim, device,
+                                                      max_kv_tokens, min_fixed_split_size));
   }
   static size_t min_workspace_bytes(int max_batch, int num_qo_heads, int head_dim, int device,
                                     int64_t max_kv_tokens, int min_fixed_split_size) {
@@ -329,9 +329,9 @@ class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "paged_kv_indptr", batch + 1);
     const int32_t* lp = host_i32(last_page_len, "paged_kv_last_page_len", batch);
-    const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
-                                                 fixed_split_size, disable_split_kv, tile_rows,
-                                                 variant, backend);
+    const PrefillPlanOptions o =
+        prefill_options(causal, sm_scale, enable_cuda_graph, fixed_split_size, disable_split_kv,
+                        tile_rows, variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan({.qo_indptr = qp,
@@ -371,9 +371,9 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
     const int batch = batch_of(qo_indptr, "qo_indptr");
     const int32_t* qp = host_i32(qo_indptr, "qo_indptr", batch + 1);
     const int32_t* kp = host_i32(kv_indptr, "kv_indptr", batch + 1);
-    const PrefillPlanOptions o = prefill_options(causal, sm_scale, enable_cuda_graph,
-                                                 fixed_split_size, disable_split_kv, tile_rows,
-                                                 variant, backend);
+    const PrefillPlanOptions o =
+        prefill_options(causal, sm_scale, enable_cuda_graph, fixed_split_size, disable_split_kv,
+                        tile_rows, variant, backend);
     const DType qt = parse_dtype(q_dtype), kt = parse_dtype(kv_dtype), ot = parse_dtype(o_dtype);
     without_gil([&] {
       op_->plan({.qo_indptr = qp,

@@ -177,9 +177,9 @@ void bind_variants(nb::module_& m) {
       arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
       arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
   // Single decode and single prefill share one signature: one binding body for both.
-  using SingleVariantFn = void (*)(const TensorView&, const TensorView&, const TensorView&,
-                                   const TensorView&, const TensorView&, KVLayout,
-                                   const AttentionVariant&, const reference::KVChunk&);
+  using SingleVariantFn =
+      void (*)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+               const TensorView&, KVLayout, const AttentionVariant&, const reference::KVChunk&);
   const auto single_reference = [](SingleVariantFn fn) {
     return [fn](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
                 const LseArg& lse, const std::string& layout, const PyVariant& variant) {
@@ -191,11 +191,9 @@ void bind_variants(nb::module_& m) {
     };
   };
   m.def("reference_single_decode_variant", single_reference(&reference::single_decode_variant),
-        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
-        arg("variant"));
+        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
   m.def("reference_single_prefill_variant", single_reference(&reference::single_prefill_variant),
-        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"),
-        arg("variant"));
+        arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("variant"));
   m.def(
       "reference_batch_prefill_paged_variant",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
@@ -208,8 +206,8 @@ void bind_variants(nb::module_& m) {
         const AttentionVariant& av = builtin_of(variant);
         without_gil([&] { reference::batch_prefill_paged_variant(qv, qi, kv, ov, lv, av); });
       },
-      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
-      arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
+      arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
   m.def(
       "reference_batch_prefill_ragged_variant",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,

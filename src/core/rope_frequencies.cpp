@@ -1,13 +1,14 @@
 // RoPE frequencies (rope.h): Llama's base[i] = theta^(-2i/rotary_dim) / rope_scale and Llama
 // 3.1's wavelength-dependent scaling, in double. The CPU reference rotates by these; the GPU
 // kernels will compute the same formulas in f32.
+#include "flashkv/rope_frequencies.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
 
 #include "flashkv/error.h"
-#include "flashkv/rope_frequencies.h"
 
 namespace flashkv {
 namespace {

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <utility>
 
+#include "core/parallel.h"
 #include "flashkv/error.h"
 #include "flashkv/plan_checks.h"
 #include "flashkv/reference.h"
 #include "reference/attend.h"
-#include "core/parallel.h"
 
 namespace flashkv::reference {
 namespace detail {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "flashkv/error.h"
 #include "core/parallel.h"
+#include "flashkv/error.h"
 
 namespace flashkv::reference {
 namespace detail {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "core/kv_ops_checks.h"
+#include "core/parallel.h"
 #include "flashkv/error.h"
 #include "flashkv/reference_kv_ops.h"
 #include "reference/attend.h"
-#include "core/parallel.h"
 
 namespace flashkv::reference {
 namespace {

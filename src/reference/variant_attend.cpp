@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "flashkv/error.h"
 #include "core/parallel.h"
+#include "flashkv/error.h"
 #include "reference/variant.h"
 
 namespace flashkv::reference::detail {

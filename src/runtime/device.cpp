@@ -202,8 +202,9 @@ void raise_smem_limit(CUfunction f, unsigned bytes, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu);
   unsigned& limit = raised[f];
   if (limit >= bytes) return;
-  check_cu(driver().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
-           "cuFuncSetAttribute(" + what + ", " + std::to_string(bytes) + " bytes of shared memory)");
+  check_cu(
+      driver().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes),
+      "cuFuncSetAttribute(" + what + ", " + std::to_string(bytes) + " bytes of shared memory)");
   limit = bytes;
 }
 }  // namespace
@@ -221,9 +222,9 @@ int max_active_ctas_per_sm(CUfunction f, unsigned block_x, unsigned smem_bytes,
   const Driver& d = driver();
   if (smem_bytes > kDefaultDynamicSmem) raise_smem_limit(f, smem_bytes, what);
   int n = 0;
-  check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(block_x),
-                                                         smem_bytes),
-           "cuOccupancyMaxActiveBlocksPerMultiprocessor(" + what + ")");
+  check_cu(
+      d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(block_x), smem_bytes),
+      "cuOccupancyMaxActiveBlocksPerMultiprocessor(" + what + ")");
   return n;
 }
 

@@ -1,12 +1,12 @@
 #include "runtime/nvrtc_compiler.h"
 
-#include <cstdlib>
-#include <cstdio>
 #include <nvrtc.h>
 
 #include <chrono>
-#include <mutex>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 
 #include "flashkv/error.h"
 #include "runtime/embedded_kernels.h"
@@ -91,7 +91,8 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
     fail("NVRTC failed to compile kernel ", req.key_name, " for ", req.arch, ": ",
          nvrtcGetErrorString(r), "\n", log);
   }
-  if (std::getenv("FLASHKV_NVRTC_LOG") != nullptr) {  // compiler warnings (ptxas: wgmma serialization, spills)
+  if (std::getenv("FLASHKV_NVRTC_LOG") !=
+      nullptr) {  // compiler warnings (ptxas: wgmma serialization, spills)
     size_t log_size = 0;
     nvrtcGetProgramLogSize(*prog, &log_size);
     std::string log(log_size, '\0');

@@ -84,8 +84,8 @@ struct CascadeCostModel {
   // The decode kernel's grid (2 per SM); the mma.sync prefill kernel's CTAs per SM (wgmma: 1).
   int decode_ctas = int{tuning::sm90::kH200Sms} * tuning::sm90::kDecodeDefaultCtasPerSm;
   int prefix_ctas_per_sm = tuning::sm90::kPrefillCtasPerSm;
-  int wgmma_tile_rows = 128;         // the tile the wgmma kernel runs ...
-  int wgmma_max_head_dim = 128;      // ... at these head dims (D 256 measured as mma.sync)
+  int wgmma_tile_rows = 128;     // the tile the wgmma kernel runs ...
+  int wgmma_max_head_dim = 128;  // ... at these head dims (D 256 measured as mma.sync)
   // A margin makes more wrong choices on the grid (fit: 0 % and 2-10 % compared).
   double min_relative_gain = 0.0;
 };
@@ -100,12 +100,12 @@ struct CascadeProblemShape {
 };
 
 struct CascadeEstimate {
-  int64_t plain_kv_bytes = 0;    // Σ requests kv_len × kv_token_bytes
+  int64_t plain_kv_bytes = 0;      // Σ requests kv_len × kv_token_bytes
   int64_t plain_reread_bytes = 0;  // plain_kv_bytes − cascade_kv_bytes: shared pages re-read
   int64_t misaligned_bytes = 0;    // the part of them plain fetches from DRAM again (the miss)
-  int64_t cascade_kv_bytes = 0;  // Σ groups (all levels) kv_len × kv_token_bytes
-  int64_t bytes_saved = 0;       // plain_kv_bytes − cascade_kv_bytes
-  int64_t state_bytes = 0;       // extra partial-state traffic of the cascade
+  int64_t cascade_kv_bytes = 0;    // Σ groups (all levels) kv_len × kv_token_bytes
+  int64_t bytes_saved = 0;         // plain_kv_bytes − cascade_kv_bytes
+  int64_t state_bytes = 0;         // extra partial-state traffic of the cascade
   double plain_us = 0, cascade_us = 0;
   // The cascade's parts: shared levels (stream + math + chunk merges) and the suffix pass.
   double prefix_us = 0, suffix_us = 0;

@@ -241,8 +241,8 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   const int batch = static_cast<int>(kv_lens.size());
   const int heads = opts.num_kv_heads;
   check(opts.page_base.empty() || opts.page_base.size() == kv_lens.size(),
-        "plan_decode: page_base has ", opts.page_base.size(), " entries; expected ",
-        kv_lens.size(), " (one per request) or none");
+        "plan_decode: page_base has ", opts.page_base.size(), " entries; expected ", kv_lens.size(),
+        " (one per request) or none");
   check(opts.full_kv_lens.empty() || opts.full_kv_lens.size() == kv_lens.size(),
         "plan_decode: full_kv_lens has ", opts.full_kv_lens.size(), " entries; expected ",
         kv_lens.size(), " (one per request) or none");
@@ -332,7 +332,7 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   // schedule (every load is unchanged by them); so would a positive cost below a load's rounding
   // step, ~1e-16 of it.
   const int units = by_block ? ctas / heads : ctas;  // what the greedy assigns to
-  const int per_chunk = by_block ? 1 : heads;         // greedy chunks per request chunk
+  const int per_chunk = by_block ? 1 : heads;        // greedy chunks per request chunk
   std::vector<CostRun>& costs = scratch.costs;
   costs.clear();
   int last_len = -1;
@@ -362,12 +362,11 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   const std::vector<double>& loads = scratch.lpt.loads();
   // Tail balancing, where a greedy chunk is a whole request chunk (so the heads of a request keep
   // one chunk count): block mode, or one KV head.
-  const int64_t tail_head =
-      opts.balance_tail && opts.fixed_split_size == 0 && !opts.disable_split_kv &&
-              per_chunk == 1 && units > 1
-          ? balance_tail(opts, runs, scratch.order, unit_of.data(), loads, units, batch, num_items,
-                         num_slots, scratch)
-          : -1;
+  const int64_t tail_head = opts.balance_tail && opts.fixed_split_size == 0 &&
+                                    !opts.disable_split_kv && per_chunk == 1 && units > 1
+                                ? balance_tail(opts, runs, scratch.order, unit_of.data(), loads,
+                                               units, batch, num_items, num_slots, scratch)
+                                : -1;
   std::vector<PlanScratch::TailPiece>& pieces = scratch.best_pieces;
   if (tail_head >= 0) {
     // Chunks per tile after the cuts (a tail piece's index + 1 at most), then the slot bases and
@@ -504,8 +503,8 @@ void plan_decode_into(std::span<const int64_t> kv_lens, const DecodeScheduleOpti
   s.merge.reserve(static_cast<size_t>(num_merges));
   for (const ChunkRun& run : runs) {
     if (run.slot_base < 0 || run.first_chunk != 0) continue;
-    const int kv_len = static_cast<int>(fill_lens ? opts.full_kv_lens[run.request]
-                                                  : kv_lens[run.request]);
+    const int kv_len =
+        static_cast<int>(fill_lens ? opts.full_kv_lens[run.request] : kv_lens[run.request]);
     for (int h = 0; h < heads; ++h) {
       s.merge.push_back({run.request, h, run.slot_base + h, run.tile_chunks, heads, kv_len});
     }

@@ -73,7 +73,7 @@ struct DecodeScheduleOptions {
   // split_options.h; DecodeSchedule::slot_limited says so), down to no splitting at 0 slots.
   // fixed_split_size cannot give way (its chunks are the contract): it throws instead.
   int max_slots = 0;
-  int max_work_items = 0;         // capacity of the work-item array (items stored); > 0 required
+  int max_work_items = 0;  // capacity of the work-item array (items stored); > 0 required
   CostModel cost{};
   // The op's fields of each work item, filled in the same pass that writes the items (a second
   // pass over thousands of items is a good part of plan()'s time). Empty spans: page_base 0,

@@ -123,8 +123,7 @@ int64_t balance_tail(const DecodeScheduleOptions& o, const std::vector<ChunkRun>
     if (j + 1 == units || level0 <= sc.head_load[sc.unit_order[j + 1]]) break;
   }
   // Room for cuts within min(capacity, workspace bound) (comment above).
-  const int64_t item_room =
-      std::min<int64_t>(o.max_work_items, int64_t{batch} + units) - num_items;
+  const int64_t item_room = std::min<int64_t>(o.max_work_items, int64_t{batch} + units) - num_items;
   const int64_t slot_room = std::min<int64_t>(o.max_slots, 2 * int64_t{o.num_ctas}) - num_slots;
   sc.added.assign(static_cast<size_t>(batch), 0);
   sc.touched.clear();
@@ -160,7 +159,8 @@ int64_t balance_tail(const DecodeScheduleOptions& o, const std::vector<ChunkRun>
           sc.tail_load[u] += c;
           break;
         }
-        const double fit = std::floor((gap - alpha) * inv_beta);  // tokens of a piece filling the gap
+        const double fit =
+            std::floor((gap - alpha) * inv_beta);  // tokens of a piece filling the gap
         if (fit >= static_cast<double>(min_chunk)) {
           const int64_t piece = std::min<int64_t>(static_cast<int64_t>(fit), rest - min_chunk);
           const int64_t more_slots =

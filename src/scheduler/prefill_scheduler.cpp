@@ -245,7 +245,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // takes slots first_slot + h * n + [0, n) (consecutive, in KV order) and merge first_merge + h.
   std::vector<Piece> pieces;
   pieces.reserve(static_cast<size_t>(num_items / heads));
-  std::vector<size_t> request_pieces(static_cast<size_t>(batch) + 1, 0);  // request r's: [r], [r+1])
+  std::vector<size_t> request_pieces(static_cast<size_t>(batch) + 1,
+                                     0);  // request r's: [r], [r+1])
   int next_slot = 0, next_merge = 0;
   for (int r = 0; r < batch; ++r) {
     request_pieces[r] = pieces.size();
@@ -339,8 +340,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     if (piece.first_slot < 0 || piece.chunk != 0) continue;
     for (int h = 0; h < heads; ++h) {
       const int begin = piece.first_slot + h * piece.tile_chunks;
-      s.merge.push_back(
-          {piece.request, h, piece.q_start, piece.q_end, begin, begin + piece.tile_chunks, 0, 0, 0});
+      s.merge.push_back({piece.request, h, piece.q_start, piece.q_end, begin,
+                         begin + piece.tile_chunks, 0, 0, 0});
     }
   }
   s.num_ctas = ctas;

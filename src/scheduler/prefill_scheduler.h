@@ -66,13 +66,13 @@ struct PrefillScheduleOptions {
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   // Dynamic splitting never makes chunks shorter than this.
   int min_chunk_tokens = tuning::sm90::kPrefillMinChunkTokens;
-  int split_align = 1;            // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
-                                  // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
+  int split_align = 1;  // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
+                        // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
   // Capacity of the partial-state buffer (>= 0), in slots of tile_rows rows. Dynamic splitting fits
   // it (a longer chunk bound where space is short; PrefillSchedule::slot_limited says so; 0: no
   // splitting); fixed_split_size throws instead.
   int max_slots = 0;
-  int max_work_items = 0;         // capacity of the work-item array; > 0 required
+  int max_work_items = 0;  // capacity of the work-item array; > 0 required
   PrefillCostModel cost{};
 };
 

@@ -13,8 +13,8 @@ namespace flashkv::scheduler {
 
 inline int max_split_slots(int num_ctas) {
   check(num_ctas > 0, "max_split_slots: num_ctas must be > 0 (got ", num_ctas, ")");
-  check(num_ctas <= INT_MAX / 2, "max_split_slots: 2 * num_ctas overflows int (num_ctas = ",
-        num_ctas, ")");
+  check(num_ctas <= INT_MAX / 2,
+        "max_split_slots: 2 * num_ctas overflows int (num_ctas = ", num_ctas, ")");
   return 2 * num_ctas;
 }
 

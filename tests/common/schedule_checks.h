@@ -44,7 +44,8 @@ template <class Schedule, class CostFn>
 void expect_balanced_cta_loads(const Schedule& s, int ctas, const CostFn& cost,
                                bool costliest_first = true) {
   using Item = typename decltype(s.work)::value_type;
-  expect_balanced_cta_loads<Item>(s.cta_work_indptr, s.work, s.cta_cost, ctas, cost, costliest_first);
+  expect_balanced_cta_loads<Item>(s.cta_work_indptr, s.work, s.cta_cost, ctas, cost,
+                                  costliest_first);
 }
 
 }  // namespace flashkv::test

@@ -35,7 +35,8 @@ HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const std::vecto
 
 PagedCacheHost make_paged_cache(const std::vector<int64_t>& kv_lens, int page_size,
                                 int num_kv_heads, int head_dim, KVLayout layout, DType dtype,
-                                uint64_t seed, bool shuffle_pages, bool interleaved, bool nan_padding) {
+                                uint64_t seed, bool shuffle_pages, bool interleaved,
+                                bool nan_padding) {
   const int64_t batch = static_cast<int64_t>(kv_lens.size());
   PagedCacheHost c;
   c.kv_lens = kv_lens;

@@ -43,7 +43,8 @@ inline DecodeScheduleOptions bounded_options(int num_ctas, int num_kv_heads, siz
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What dynamic splitting must use as L_kv: max(min_chunk_tokens, ceil(T / C)).
-inline int64_t expected_dynamic_bound(std::span<const int64_t> lens, const DecodeScheduleOptions& o) {
+inline int64_t expected_dynamic_bound(std::span<const int64_t> lens,
+                                      const DecodeScheduleOptions& o) {
   int64_t total = 0;
   for (int64_t l : lens) total += l * o.num_kv_heads;
   return std::max<int64_t>(o.min_chunk_tokens,
@@ -61,7 +62,7 @@ inline bool block_mode(const DecodeScheduleOptions& o) {
 // Checks every promise of decode_scheduler.h for `s` = plan_decode(lens, o). The per-CTA checks
 // run on the items the CTAs run: expand_to_ctas (expand_work_item, what the kernel derives).
 inline void expect_valid(std::span<const int64_t> lens, const DecodeScheduleOptions& o,
-                  const DecodeSchedule& s) {
+                         const DecodeSchedule& s) {
   const int ctas = o.num_ctas;
   const int heads = o.num_kv_heads;
   const int batch = static_cast<int>(lens.size());
@@ -291,7 +292,7 @@ inline void expect_same(const DecodeSchedule& a, const DecodeSchedule& b) {
 // to one block together, head h on its CTA h, and load it once. The chunks are the items the
 // CTAs of `s` run (expect_valid checks them).
 inline void expect_matches_reference_greedy(const DecodeScheduleOptions& o, const DecodeSchedule& s,
-                                     int unit_size) {
+                                            int unit_size) {
   SCOPED_TRACE("reference greedy over units of " + std::to_string(unit_size) + " CTAs");
   const DecodeSchedule e = expand_to_ctas(s);
   std::vector<DecodeWorkItem> chunks = e.work;
@@ -339,7 +340,8 @@ inline void expect_matches_reference_greedy(const DecodeScheduleOptions& o, cons
 // greedy over CTAs (decode_scheduler.cpp). Zero-cost chunks (alpha 0, empty requests) are where
 // the two differ: the CTA greedy piles them on the least-loaded CTA, the block greedy on the
 // least-loaded block (every CTA of it, one head each).
-inline void expect_matches_reference_greedy(const DecodeScheduleOptions& o, const DecodeSchedule& s) {
+inline void expect_matches_reference_greedy(const DecodeScheduleOptions& o,
+                                            const DecodeSchedule& s) {
   if (s.ctas_per_unit > 1) expect_matches_reference_greedy(o, s, s.ctas_per_unit);
   bool free_chunk = false;
   for (const DecodeWorkItem& w : s.stored_work()) free_chunk |= !(item_cost(o, w) > 0);

@@ -53,8 +53,8 @@ TEST(DecodeScheduler, SplitsOneLongRequestAcrossCtas) {
 }
 
 // Benchmark D1 (16 x 1024 tokens, 8 KV heads, 264 CTAs): L_kv = 497 cuts each tile into three
-// chunks of 341-342, 384 chunks, so 120 CTAs run two while the rest run one; the balanced bound cuts
-// in two (512 tokens): 256 chunks, at most one per CTA, a 1.4x smaller makespan.
+// chunks of 341-342, 384 chunks, so 120 CTAs run two while the rest run one; the balanced bound
+// cuts in two (512 tokens): 256 chunks, at most one per CTA, a 1.4x smaller makespan.
 TEST(DecodeScheduler, BalancedBoundAvoidsCtasWithTwoChunks) {
   const std::vector<int64_t> lens(16, 1024);
   DecodeScheduleOptions o = bounded_options(264, 8, lens.size());
@@ -116,7 +116,7 @@ TEST(DecodeScheduler, FillsTheOpsFieldsOfEachItem) {
 // A batch where the greedy puts three chunks on some CTAs (found by a review fuzzing the
 // balanced bound): the bound it picks must not make the makespan worse than L_kv's.
 TEST(DecodeScheduler, BalancedBoundNeverWorsensTheMakespan) {
-  const std::vector<int64_t> lens = {1857, 30023, 1862, 1441, 1696, 794,   383,  1536,
+  const std::vector<int64_t> lens = {1857, 30023, 1862, 1441,  1696,  794, 383,  1536,
                                      2009, 1422,  1609, 25408, 11423, 417, 1006, 1301};
   const DecodeScheduleOptions o = bounded_options(132, 8, lens.size());
   expect_valid(lens, o, plan_decode(lens, o));  // asserts makespan <= L_kv's
@@ -166,7 +166,7 @@ TEST(DecodeScheduler, MatchesPlainPriorityQueueGreedy) {
     int ctas = 132 + static_cast<int>(rng() % 400);
     if (t % 2 == 0) ctas -= ctas % heads;  // block mode
     DecodeScheduleOptions o = bounded_options(ctas, heads, lens.size());
-    o.balance_tail = false;  // compared with the plain greedy
+    o.balance_tail = false;            // compared with the plain greedy
     if (t % 4 == 1) o.cost.alpha = 0;  // empty requests cost 0: greedy piles them on one unit
     if (t % 4 == 2) o.cost = {2.5, 0.75};
     for (bool blocks : {true, false}) {
@@ -380,7 +380,7 @@ TEST(DecodeScheduler, BoundsAreNearlyTight) {
     std::vector<int64_t> lens(ctas - 1 + 300, 0);
     std::fill(lens.begin(), lens.begin() + ctas - 1, 10000);
     DecodeScheduleOptions o = bounded_options(ctas, 1, lens.size());
-    o.balance_tail = false;  // the plain schedule's bounds
+    o.balance_tail = false;         // the plain schedule's bounds
     o.balance_chunk_bound = false;  // the bounds are L_kv's (balancing only cuts fewer chunks)
     const DecodeSchedule s = plan_decode(lens, o);
     expect_valid(lens, o, s);
@@ -390,7 +390,6 @@ TEST(DecodeScheduler, BoundsAreNearlyTight) {
     EXPECT_LE(s.work.size(), static_cast<size_t>(o.max_work_items));
   }
 }
-
 
 }  // namespace
 }  // namespace flashkv::scheduler

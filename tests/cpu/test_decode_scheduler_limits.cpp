@@ -280,41 +280,40 @@ TEST(DecodeScheduler, PlanTimeMicroBenchmark) {
        {Lengths{"1024 + rng() % 2048", 1024, 2048}, Lengths{"512 + rng() % 32257", 512, 32257}}) {
     // The grids of 2 and 4 CTAs per SM on 132 SMs (BatchDecode's auto shapes).
     for (int kCtas : {264, 528}) {
-    std::mt19937_64 rng(1);
-    for (size_t batch : {1, 64, 256, 1024}) {
-      std::vector<int64_t> lens(batch);
-      for (int64_t& l : lens) l = dist.min + static_cast<int64_t>(rng() % dist.span);
-      DecodeScheduleOptions o = bounded_options(kCtas, kHeads, batch);
-      o.balance_tail = false;  // as BatchDecode plans (DecodePlanOptions::balance_tail)
-      DecodeSchedule kept;
-      size_t items = 0;
-      for (int w = 0; w < 5; ++w) {  // warm up
-        items = plan_decode(lens, o).work.size();
-        plan_decode(lens, o, &kept);
+      std::mt19937_64 rng(1);
+      for (size_t batch : {1, 64, 256, 1024}) {
+        std::vector<int64_t> lens(batch);
+        for (int64_t& l : lens) l = dist.min + static_cast<int64_t>(rng() % dist.span);
+        DecodeScheduleOptions o = bounded_options(kCtas, kHeads, batch);
+        o.balance_tail = false;  // as BatchDecode plans (DecodePlanOptions::balance_tail)
+        DecodeSchedule kept;
+        size_t items = 0;
+        for (int w = 0; w < 5; ++w) {  // warm up
+          items = plan_decode(lens, o).work.size();
+          plan_decode(lens, o, &kept);
+        }
+        std::vector<double> us(kRuns), us_kept(kRuns);
+        for (int r = 0; r < kRuns; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          const DecodeSchedule s = plan_decode(lens, o);
+          const auto t1 = std::chrono::steady_clock::now();
+          plan_decode(lens, o, &kept);
+          const auto t2 = std::chrono::steady_clock::now();
+          us[r] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+          us_kept[r] = std::chrono::duration<double, std::micro>(t2 - t1).count();
+          ASSERT_EQ(s.work.size(), items);
+          ASSERT_EQ(kept.work.size(), items);
+        }
+        const double median = median_us(us);
+        std::printf(
+            "plan_decode lengths %s, batch %4zu x %d kv heads, %d CTAs: %5zu work items stored, "
+            "median %6.1f us (reused schedule: %6.1f us)\n",
+            dist.name, batch, kHeads, kCtas, items, median, median_us(us_kept));
+        EXPECT_LT(median, 1e6);
       }
-      std::vector<double> us(kRuns), us_kept(kRuns);
-      for (int r = 0; r < kRuns; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const DecodeSchedule s = plan_decode(lens, o);
-        const auto t1 = std::chrono::steady_clock::now();
-        plan_decode(lens, o, &kept);
-        const auto t2 = std::chrono::steady_clock::now();
-        us[r] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-        us_kept[r] = std::chrono::duration<double, std::micro>(t2 - t1).count();
-        ASSERT_EQ(s.work.size(), items);
-        ASSERT_EQ(kept.work.size(), items);
-      }
-      const double median = median_us(us);
-      std::printf(
-          "plan_decode lengths %s, batch %4zu x %d kv heads, %d CTAs: %5zu work items stored, "
-          "median %6.1f us (reused schedule: %6.1f us)\n",
-          dist.name, batch, kHeads, kCtas, items, median, median_us(us_kept));
-      EXPECT_LT(median, 1e6);
-    }
     }
   }
 }
-
 
 }  // namespace
 }  // namespace flashkv::scheduler

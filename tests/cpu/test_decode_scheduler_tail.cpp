@@ -44,9 +44,9 @@ TEST(DecodeSchedulerTail, BalancesTheLastRoundOfEqualTiles) {
     size_t batch;
     int heads;
   };
-  for (const Case& c : {Case{"D6", 2048, 256, 8}, Case{"D5", 4096, 64, 8},
-                        Case{"2048 x 2048, 1 head", 2048, 2048, 1},
-                        Case{"128 x 4096, 4 heads", 4096, 128, 4}}) {
+  for (const Case& c :
+       {Case{"D6", 2048, 256, 8}, Case{"D5", 4096, 64, 8},
+        Case{"2048 x 2048, 1 head", 2048, 2048, 1}, Case{"128 x 4096, 4 heads", 4096, 128, 4}}) {
     SCOPED_TRACE(c.name);
     const std::vector<int64_t> lens(c.batch, c.len);
     DecodeScheduleOptions o = bounded_options(264, c.heads, lens.size());
@@ -132,15 +132,15 @@ TEST(DecodeSchedulerTail, WorkspaceBoundsHoldForAdversarialBatches) {
     for (int heads : {1, 2, 8, 32}) {
       for (int ctas : {132, 264, 528}) {
         const int c = ctas - ctas % heads;  // block mode
-        SCOPED_TRACE("batch " + std::to_string(b) + ", heads " + std::to_string(heads) +
-                     ", ctas " + std::to_string(c));
+        SCOPED_TRACE("batch " + std::to_string(b) + ", heads " + std::to_string(heads) + ", ctas " +
+                     std::to_string(c));
         const DecodeScheduleOptions o = bounded_options(c, heads, batches[b].size());
         DecodeSchedule s;
         ASSERT_NO_THROW(s = plan_decode(batches[b], o));
         expect_valid(batches[b], o, s);
         EXPECT_LE(s.num_slots, max_split_slots(c));
-        EXPECT_LE(s.num_cta_work_items(), int64_t{max_decode_work_items(
-                                              static_cast<int>(batches[b].size()), heads, c)});
+        EXPECT_LE(s.num_cta_work_items(),
+                  int64_t{max_decode_work_items(static_cast<int>(batches[b].size()), heads, c)});
       }
     }
   }
@@ -222,7 +222,8 @@ TEST(DecodeSchedulerTail, PrintsTheBenchmarkSchedules) {
         const auto t0 = std::chrono::steady_clock::now();
         plan_decode(lens, which ? off : on, &kept);
         const auto t1 = std::chrono::steady_clock::now();
-        (which ? t_off : t_on).push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        (which ? t_off : t_on)
+            .push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       }
     }
     std::nth_element(t_on.begin(), t_on.begin() + 100, t_on.end());
@@ -231,7 +232,6 @@ TEST(DecodeSchedulerTail, PrintsTheBenchmarkSchedules) {
                 t_on[100], t_off[100]);
   }
 }
-
 
 }  // namespace
 }  // namespace flashkv::scheduler

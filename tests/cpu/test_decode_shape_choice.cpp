@@ -1,5 +1,5 @@
-// BatchDecode's auto kernel shape (ops/decode/decode_shape_choice.cpp): which CTAs per SM and warps a
-// batch gets, and what keeps the default.
+// BatchDecode's auto kernel shape (ops/decode/decode_shape_choice.cpp): which CTAs per SM and warps
+// a batch gets, and what keeps the default.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -69,7 +69,8 @@ TEST(DecodeShapeChoice, AShapeTheGpuCannotFitKeepsTheDefault) {
 TEST(DecodeShapeChoice, GraphsFixedSplitsWideHeadsAndExplicitSettingsKeepTheirShape) {
   const std::vector<int64_t> d1(16, 1024), d6(256, 2048);
   for (const auto& lens : {d1, d6}) {
-    expect_shape(choose(lens, 8, [](DecodeShapeInputs& in) { in.enable_cuda_graph = true; }), 2, {});
+    expect_shape(choose(lens, 8, [](DecodeShapeInputs& in) { in.enable_cuda_graph = true; }), 2,
+                 {});
     expect_shape(choose(lens, 8, [](DecodeShapeInputs& in) { in.fixed_split_size = 256; }), 2, {});
     expect_shape(choose(lens, 8, [](DecodeShapeInputs& in) { in.head_dim = 256; }), 2, {});
     // tc_warps set: auto leaves the grid at 2 CTAs per SM and runs the asked-for warps.

@@ -162,9 +162,12 @@ TEST(Jit, EveryDecodeShapeCompiles) {
     for (int g : {1, 3, 16, 32}) {
       for (bool tc : {false, true}) {
         if (tc && !decode_tc_supported(d, g)) continue;
-        const ops::KernelSpec spec = ops::kernel_spec(
-            DecodeKernelKey{.q = DType::bf16, .kv = DType::bf16, .head_dim = d, .group = g,
-                            .page_size = g == 3 ? 5 : 1, .tensor_cores = tc});
+        const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.q = DType::bf16,
+                                                                      .kv = DType::bf16,
+                                                                      .head_dim = d,
+                                                                      .group = g,
+                                                                      .page_size = g == 3 ? 5 : 1,
+                                                                      .tensor_cores = tc});
         runtime::CompileRequest req = spec.make();
         req.arch = "sm_90a";
         EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
@@ -176,7 +179,8 @@ TEST(Jit, EveryDecodeShapeCompiles) {
 TEST(Jit, DecodeKernelShapesCompile) {
   // The tensor-core kernel's stages / warps / CTAs-per-SM shapes (DecodePlanOptions.tc_stages,
   // tc_warps; BatchDecodeConfig.ctas_per_sm), at the head dims and groups they change most.
-  const ops::DecodeTCTuning tunings[] = {ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta, {3, 4, 3}, {8, 2, 0}};
+  const ops::DecodeTCTuning tunings[] = {
+      ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta, {3, 4, 3}, {8, 2, 0}};
   for (int d : {64, 128}) {
     for (int g : {1, 16}) {
       for (const auto& t : tunings) {

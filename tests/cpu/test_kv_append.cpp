@@ -270,8 +270,7 @@ TEST(AppendErrors, CudaTensorsWithoutAGpuRaiseNamingTheOp) {
   kv.last_page_len = gpu(a.last);
   if (!cuda_available()) {
     const std::string msg = error_of([&] {
-      append_paged_kv_cache(gpu(a.new_k), gpu(a.new_v), gpu(a.batch_indices), gpu(a.positions),
-                            kv);
+      append_paged_kv_cache(gpu(a.new_k), gpu(a.new_v), gpu(a.batch_indices), gpu(a.positions), kv);
     });
     EXPECT_NE(msg.find("append_paged_kv_cache: tensors on cuda:0 but no usable GPU"),
               std::string::npos)

@@ -8,12 +8,12 @@
 #include <cstdio>
 #include <string>
 
+#include "cpu/variant_jit_util.h"
 #include "flashkv/variant_spec.h"
 #include "ops/jit/kernel_specs.h"
-#include "ops/prefill/prefill_kernel.h"
 #include "ops/jit/variant_jit.h"
+#include "ops/prefill/prefill_kernel.h"
 #include "runtime/nvrtc_compiler.h"
-#include "cpu/variant_jit_util.h"
 
 namespace flashkv {
 namespace {

@@ -54,7 +54,8 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
     const ops::VariantJit j = ops::variant_jit(Variant::builtin(v));
     ASSERT_FALSE(j.id.empty());
     for (bool tc : {false, true}) {
-      const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
+      const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{
+          .head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
       const double ms = test::compile_for_hopper_ms(spec);
       std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     }
@@ -64,7 +65,13 @@ TEST(VariantJit, BuiltinsCompileIntoBothDecodeKernels) {
   rope.rope.mode = RopeMode::llama;
   rope.sinks = all.sinks;
   const ops::VariantJit j = ops::variant_jit(Variant::builtin(rope));
-  EXPECT_NO_THROW(test::compile_for_hopper_ms(ops::kernel_spec(DecodeKernelKey{.q = DType::bf16, .kv = DType::bf16, .head_dim = 256, .group = 8, .page_size = 1, .variant = j.kernel()})));
+  EXPECT_NO_THROW(
+      test::compile_for_hopper_ms(ops::kernel_spec(DecodeKernelKey{.q = DType::bf16,
+                                                                   .kv = DType::bf16,
+                                                                   .head_dim = 256,
+                                                                   .group = 8,
+                                                                   .page_size = 1,
+                                                                   .variant = j.kernel()})));
 }
 
 TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
@@ -76,7 +83,8 @@ TEST(VariantJit, UserVariantCompilesAndItsIdHashesTheSource) {
   changed.source += "\n// edited\n";
   EXPECT_NE(ops::variant_jit(Variant::user(changed, {})).id, j.id);
   for (bool tc : {false, true}) {
-    const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
+    const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{
+        .head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = tc, .variant = j.kernel()});
     const double ms = test::compile_for_hopper_ms(spec);
     std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
     // The goal (a cold compile within 5 s) is measured by `flashkv bench variants` on the GPU
@@ -91,7 +99,8 @@ TEST(VariantJit, CompileErrorNamesTheUsersLine) {
   s.name = "Broken";
   s.source = "struct Broken {\n  using Args = Params;\n  this is not C++;\n};\n";
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
-  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
+  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{
+      .head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
   try {
     test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";
@@ -137,7 +146,8 @@ TEST(VariantJit, UseSoftmaxMismatchIsACompileError) {
   VariantSpec s = t5_bias_spec();
   s.use_softmax = false;  // the struct keeps the default (softmax)
   const ops::VariantJit j = ops::variant_jit(Variant::user(s, {}));
-  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{.head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
+  const ops::KernelSpec spec = ops::kernel_spec(DecodeKernelKey{
+      .head_dim = 128, .group = 4, .page_size = 16, .tensor_cores = true, .variant = j.kernel()});
   try {
     test::compile_for_hopper_ms(spec);
     FAIL() << "expected a compile error";
@@ -171,11 +181,13 @@ TEST(VariantJit, BadSpecsAndArgumentsAreNamed) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error(VariantArgs().set("num_buckets", 8).set("out_scale", 1.f), "'bias' is declared but not given");
+  expect_error(VariantArgs().set("num_buckets", 8).set("out_scale", 1.f),
+               "'bias' is declared but not given");
   expect_error(VariantArgs().set("num_buckets", 8.f).set("out_scale", 1.f).set("bias", host_bias),
                "expected an int32");
-  expect_error(VariantArgs().set("num_buckets", 8).set("out_scale", 1.f).set("bias", host_bias).set("x", 1),
-               "'x' is not one of the declared");
+  expect_error(
+      VariantArgs().set("num_buckets", 8).set("out_scale", 1.f).set("bias", host_bias).set("x", 1),
+      "'x' is not one of the declared");
   expect_error(VariantArgs().set("num_buckets", 8).set("out_scale", 1.f).set("bias", host_bias),
                "expected device cuda:0");
   // Built-ins: wrong slope count, sigmoid with sinks.
@@ -195,7 +207,8 @@ TEST(VariantJit, BuiltinArgumentsAreCheckedAgainstTheCall) {
   AttentionVariant m;
   m.custom_mask.bits = bits;
   m.custom_mask.num_bytes = 16;  // 128 bits < 200
-  const std::string msg = test::error_of([&] { ops::pack_variant_args(Variant::builtin(m), call); });
+  const std::string msg =
+      test::error_of([&] { ops::pack_variant_args(Variant::builtin(m), call); });
   EXPECT_NE(msg.find("needs 25 bytes, got 16"), std::string::npos) << msg;
   m.custom_mask.num_bytes = 25;
   EXPECT_NO_THROW(ops::pack_variant_args(Variant::builtin(m), call));

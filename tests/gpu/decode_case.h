@@ -16,9 +16,9 @@ struct DecodeCase {
   DType dtype = DType::f16;
   bool interleaved = false;
   DecodePlanOptions opts{};
-  int ctas_per_sm = 0;     // BatchDecodeConfig.ctas_per_sm (0: auto)
-  int num_sms_to_use = 0;  // BatchDecodeConfig.num_sms_to_use (0: all SMs)
-  int64_t max_kv_tokens = 0;     // BatchDecodeConfig: sizing for fixed_split_size (0 and 0: none)
+  int ctas_per_sm = 0;        // BatchDecodeConfig.ctas_per_sm (0: auto)
+  int num_sms_to_use = 0;     // BatchDecodeConfig.num_sms_to_use (0: all SMs)
+  int64_t max_kv_tokens = 0;  // BatchDecodeConfig: sizing for fixed_split_size (0 and 0: none)
   int min_fixed_split_size = 0;
   size_t workspace_bytes = 0;  // 0: BatchDecode::workspace_bytes (never limits splitting)
   uint64_t seed = 1;

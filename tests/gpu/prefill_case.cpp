@@ -19,8 +19,9 @@ void PrefillCase::set_requests(const PrefillRequests& reqs) {
   }
 }
 
-void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads, std::span<const int> kv_heads,
-                          uint64_t seed0, const std::function<void(const PrefillCase&)>& fn) {
+void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads,
+                          std::span<const int> kv_heads, uint64_t seed0,
+                          const std::function<void(const PrefillCase&)>& fn) {
   const int pages[] = {1, 5, 16, 64};
   int i = 0;
   uint64_t seed = seed0;

@@ -27,11 +27,11 @@ struct PrefillCase {
   std::vector<int64_t> qo_lens, kv_lens;  // per request, same size; 0 allowed in both
   int num_qo_heads = 8, num_kv_heads = 2, head_dim = 128, page_size = 16;
   KVLayout layout = KVLayout::NHD;
-  DType dtype = DType::f16;   // q, k, v and out
-  bool interleaved = false;   // one kv[num_pages, 2, ...] tensor instead of k and v
-  bool with_lse = true;       // false: run() gets an undefined lse view
-  bool nan_padding = false;   // page slots past each request's KV hold NaN (make_paged_cache)
-  PrefillPlanOptions opts{};  // opts.causal and opts.sm_scale also drive the reference
+  DType dtype = DType::f16;    // q, k, v and out
+  bool interleaved = false;    // one kv[num_pages, 2, ...] tensor instead of k and v
+  bool with_lse = true;        // false: run() gets an undefined lse view
+  bool nan_padding = false;    // page slots past each request's KV hold NaN (make_paged_cache)
+  PrefillPlanOptions opts{};   // opts.causal and opts.sm_scale also drive the reference
   size_t workspace_bytes = 0;  // 0: workspace_bytes(cfg) (never limits splitting)
   uint64_t seed = 1;
 
@@ -59,8 +59,9 @@ struct PrefillInputs {
 // matrix, in that order: `reqs`, num_qo_heads query heads, seeds seed0, seed0 + 1, ...; the
 // storage (page size 1/5/16/64, NHD/HND, interleaved) rotates with the case index, independently
 // of causal.
-void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads, std::span<const int> kv_heads,
-                          uint64_t seed0, const std::function<void(const PrefillCase&)>& fn);
+void for_each_matrix_case(const PrefillRequests& reqs, int num_qo_heads,
+                          std::span<const int> kv_heads, uint64_t seed0,
+                          const std::function<void(const PrefillCase&)>& fn);
 
 // Builds everything from c.seed. With `same_data`, whose case must have the same lengths, heads,
 // head_dim, dtype, causal, sm_scale and seed (only the storage: page size, layout, interleaving may

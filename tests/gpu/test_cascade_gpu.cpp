@@ -27,7 +27,7 @@ struct SharedBatchSpec {
   int groups = 2, group_size = 4;
   int64_t prefix = 256, nested = 0, suffix_min = 1, suffix_max = 64;
   int page_size = 16, num_qo_heads = 32, num_kv_heads = 8, head_dim = 128;
-  int qo_len = 1;  // > 1: append (causal) rows per request
+  int qo_len = 1;        // > 1: append (causal) rows per request
   bool shuffle = false;  // scatter the groups' members through the batch
   DType dtype = DType::f16;
   uint64_t seed = 1;
@@ -101,13 +101,13 @@ SharedBatch make_shared_batch(const SharedBatchSpec& s) {
 }
 
 PagedKVCache host_cache(SharedBatch& b) {
-  return PagedKVCache{b.k.view(),
-                      b.v.view(),
-                      KVLayout::NHD,
-                      TensorView(b.kv_indptr.data(), DType::i32, {b.batch + 1}),
-                      TensorView(b.kv_indices.data(), DType::i32,
-                                 {static_cast<int64_t>(b.kv_indices.size())}),
-                      TensorView(b.last.data(), DType::i32, {b.batch})};
+  return PagedKVCache{
+      b.k.view(),
+      b.v.view(),
+      KVLayout::NHD,
+      TensorView(b.kv_indptr.data(), DType::i32, {b.batch + 1}),
+      TensorView(b.kv_indices.data(), DType::i32, {static_cast<int64_t>(b.kv_indices.size())}),
+      TensorView(b.last.data(), DType::i32, {b.batch})};
 }
 
 struct CascadeRun {
@@ -130,8 +130,12 @@ CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOpti
                   : ws_bytes == SIZE_MAX ? MultiLevelCascade::min_workspace_bytes(cfg)
                                          : ws_bytes);
   MultiLevelCascade casc(cfg, ws.data(), ws.size());
-  CascadeBatch cb{decode ? nullptr : b.qo_indptr.data(), b.kv_indptr.data(), b.kv_indices.data(),
-                  b.last.data(), b.batch, s.page_size};
+  CascadeBatch cb{decode ? nullptr : b.qo_indptr.data(),
+                  b.kv_indptr.data(),
+                  b.kv_indices.data(),
+                  b.last.data(),
+                  b.batch,
+                  s.page_size};
   Stream st = create_stream();
   casc.plan(cb, {s.num_qo_heads, s.num_kv_heads, s.head_dim, s.dtype}, opts, st);
   DeviceTensor dk = to_device(b.k), dv = to_device(b.v), dq = to_device(b.q);
@@ -158,9 +162,9 @@ void expect_matches_plain(SharedBatch& b, const SharedBatchSpec& s, const HostTe
   } else {
     AttentionOptions ao;
     ao.causal = true;
-    reference::batch_prefill_paged(
-        b.q.view(), TensorView(b.qo_indptr.data(), DType::i32, {b.batch + 1}), c, ref.view(),
-        ref_lse.view(), ao);
+    reference::batch_prefill_paged(b.q.view(),
+                                   TensorView(b.qo_indptr.data(), DType::i32, {b.batch + 1}), c,
+                                   ref.view(), ref_lse.view(), ao);
   }
   for (int64_t i = 0; i < ref.numel(); ++i) lowp.set(i, ref.get(i));
   EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), lowp.to_doubles(), s.dtype))
@@ -185,16 +189,34 @@ TEST_F(CascadeGpu, TwoAndThreeLevelsMatchPlainAttention) {
   CascadePlanOptions always;
   always.use = CascadePlanOptions::Use::kAlways;
   std::vector<SharedBatchSpec> specs;
-  specs.push_back({});                                           // 2 levels, GQA
+  specs.push_back({});                                             // 2 levels, GQA
   specs.push_back({.groups = 3, .group_size = 5, .nested = 128});  // 3 levels
-  specs.push_back({.groups = 1, .group_size = 64, .prefix = 8192, .suffix_min = 128, .suffix_max = 1024});
-  specs.push_back({.groups = 4, .group_size = 4, .prefix = 48, .nested = 32, .page_size = 1,
-                   .num_qo_heads = 8, .num_kv_heads = 8, .shuffle = true});  // MHA, page 1
+  specs.push_back(
+      {.groups = 1, .group_size = 64, .prefix = 8192, .suffix_min = 128, .suffix_max = 1024});
+  specs.push_back({.groups = 4,
+                   .group_size = 4,
+                   .prefix = 48,
+                   .nested = 32,
+                   .page_size = 1,
+                   .num_qo_heads = 8,
+                   .num_kv_heads = 8,
+                   .shuffle = true});  // MHA, page 1
   specs.push_back({.groups = 2, .group_size = 3, .prefix = 16, .suffix_min = 0, .suffix_max = 0});
-  specs.push_back({.groups = 2, .group_size = 2, .prefix = 32768, .suffix_min = 0,
-                   .suffix_max = 4096, .shuffle = true, .dtype = DType::bf16});
-  specs.push_back({.groups = 3, .group_size = 4, .prefix = 512, .nested = 64, .suffix_min = 5,
-                   .suffix_max = 300, .qo_len = 7, .shuffle = true});  // causal append
+  specs.push_back({.groups = 2,
+                   .group_size = 2,
+                   .prefix = 32768,
+                   .suffix_min = 0,
+                   .suffix_max = 4096,
+                   .shuffle = true,
+                   .dtype = DType::bf16});
+  specs.push_back({.groups = 3,
+                   .group_size = 4,
+                   .prefix = 512,
+                   .nested = 64,
+                   .suffix_min = 5,
+                   .suffix_max = 300,
+                   .qo_len = 7,
+                   .shuffle = true});  // causal append
   for (auto& s : specs) {
     SharedBatch b = make_shared_batch(s);
     const CascadeRun r = run_cascade(b, s, always);
@@ -251,7 +273,8 @@ TEST_F(CascadeGpu, AutomaticUseFollowsTheCostModel) {
   EXPECT_EQ(r.info.num_levels, 1);
   expect_matches_plain(b, none, r.out, &r.lse);
   // 64 requests sharing 8k tokens: hundreds of microseconds of KV reads saved.
-  SharedBatchSpec big{.groups = 1, .group_size = 64, .prefix = 8192, .suffix_min = 128, .suffix_max = 256};
+  SharedBatchSpec big{
+      .groups = 1, .group_size = 64, .prefix = 8192, .suffix_min = 128, .suffix_max = 256};
   SharedBatch b2 = make_shared_batch(big);
   r = run_cascade(b2, big, {});
   EXPECT_TRUE(r.info.cascade);
@@ -296,9 +319,15 @@ TEST_F(CascadeGpu, CapturedRunReplaysAcrossDifferentSharing) {
     SharedBatch b = make_shared_batch(s);
     ASSERT_LE(b.num_pages, pool);
     ASSERT_EQ(b.batch, 8);
-    check_cu(d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dk.view.data()), b.k.data(), b.k.nbytes()), "k");
-    check_cu(d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dv.view.data()), b.v.data(), b.v.nbytes()), "v");
-    check_cu(d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dq.view.data()), b.q.data(), b.q.nbytes()), "q");
+    check_cu(
+        d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dk.view.data()), b.k.data(), b.k.nbytes()),
+        "k");
+    check_cu(
+        d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dv.view.data()), b.v.data(), b.v.nbytes()),
+        "v");
+    check_cu(
+        d.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dq.view.data()), b.q.data(), b.q.nbytes()),
+        "q");
     casc.plan({nullptr, b.kv_indptr.data(), b.kv_indices.data(), b.last.data(), b.batch, 16},
               {32, 8, 128, DType::f16}, opts, st);
     EXPECT_EQ(casc.plan_info().cascade, s.group_size > 1) << s.str();
@@ -328,8 +357,9 @@ TEST_F(CascadeGpu, BadInputsRaiseNamedErrors) {
   HostTensor qh(DType::f16, {4, 32, 128});
   DeviceTensor dq = to_device(qh.fill_random(1)), dout = poisoned_like(qh);
   PagedKVCache kv;
-  EXPECT_NE(error_of([&] { casc.run(dq.view, kv, dout.view, {}); }).find("before a successful plan"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { casc.run(dq.view, kv, dout.view, {}); }).find("before a successful plan"),
+      std::string::npos);
   std::vector<int32_t> indptr{0, 1, 2, 3, 4, 5}, idx{0, 1, 2, 3, 4}, last{1, 1, 1, 1, 1};
   EXPECT_NE(error_of([&] {
               casc.plan({nullptr, indptr.data(), idx.data(), last.data(), 5, 16}, {});

@@ -37,8 +37,8 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
           c.interleaved = (seed % 3) == 0;
           c.seed = seed++;
           // Auto (tensor cores where supported; 2 CTAs of 4 warps per SM for this small batch),
-          // the other shapes auto picks (4 CTAs of 2 warps, 1 of 8; ops/decode/decode_shape_choice.cpp),
-          // then the CUDA-core kernel on the same case.
+          // the other shapes auto picks (4 CTAs of 2 warps, 1 of 8;
+          // ops/decode/decode_shape_choice.cpp), then the CUDA-core kernel on the same case.
           const DecodeOutcome o = run_decode_case(c);
           expect_decode_ok(c, o);
           EXPECT_EQ(o.plan.ctas_per_sm, 2) << c.str();
@@ -47,7 +47,8 @@ TEST_F(DecodeGpu, HeadDimsGroupsPagesLayoutsDtypes) {
             const DecodeOutcome shaped = run_decode_case(c);
             expect_decode_ok(c, shaped);
             EXPECT_EQ(shaped.plan.ctas_per_sm, ctas) << c.str();
-            if (shaped.plan.tensor_cores && d <= 128) EXPECT_EQ(shaped.plan.warps, warps) << c.str();
+            if (shaped.plan.tensor_cores && d <= 128)
+              EXPECT_EQ(shaped.plan.warps, warps) << c.str();
           }
           c.ctas_per_sm = 0;
           c.opts.backend = DecodeBackend::kCudaCores;
@@ -108,9 +109,9 @@ TEST_F(DecodeGpu, VeryLongRequestSplitsAcrossTheGpu) {
   }
 }
 
-// Auto's kernel shape (ops/decode/decode_shape_choice.cpp): 4 CTAs of 2 warps per SM where every CTA has
-// work enough (>= 896 KV tokens each), 1 of 8 warps for few equal pairs, else 2 of 4; always the
-// default under CUDA graphs or fixed_split_size.
+// Auto's kernel shape (ops/decode/decode_shape_choice.cpp): 4 CTAs of 2 warps per SM where every
+// CTA has work enough (>= 896 KV tokens each), 1 of 8 warps for few equal pairs, else 2 of 4;
+// always the default under CUDA graphs or fixed_split_size.
 TEST_F(DecodeGpu, AutoShapeFollowsTheWork) {
   struct Expect {
     std::vector<int64_t> lens;

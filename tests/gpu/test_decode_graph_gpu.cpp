@@ -79,9 +79,8 @@ PagedKVCache host_cache(const Pool& pool, const Batch& b) {
   c.k = pool.k.view();
   c.v = pool.v.view();
   c.indptr = b.indptr.view();
-  c.indices =
-      TensorView(const_cast<void*>(b.indices.data()), DType::i32,
-                 {static_cast<int64_t>(b.indptr.get(b.lens.size()))});
+  c.indices = TensorView(const_cast<void*>(b.indices.data()), DType::i32,
+                         {static_cast<int64_t>(b.indptr.get(b.lens.size()))});
   c.last_page_len = b.last.view();
   return c;
 }

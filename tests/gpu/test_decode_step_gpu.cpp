@@ -71,8 +71,8 @@ struct StepInputs {
 StepInputs make_inputs(const StepCase& c) {
   const int64_t B = static_cast<int64_t>(c.kv_lens.size());
   StepInputs in;
-  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout,
-                              c.dtype, c.seed, true, c.interleaved);
+  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout, c.dtype,
+                              c.seed, true, c.interleaved);
   in.q = HostTensor(c.dtype, {B, c.num_qo_heads, c.head_dim});
   in.new_k = HostTensor(c.dtype, {B, c.num_kv_heads, c.head_dim});
   in.new_v = HostTensor(c.dtype, {B, c.num_kv_heads, c.head_dim});
@@ -155,7 +155,8 @@ std::vector<double> appended_keys(const StepCase& c, const PagedKVCache& kv) {
     for (int h = 0; h < c.num_kv_heads; ++h)
       for (int d = 0; d < c.head_dim; ++d)
         out.push_back(load_as_double(kv.k.data(), c.dtype,
-                                     page * kv.page_stride() + (t % c.page_size) * kv.token_stride() +
+                                     page * kv.page_stride() +
+                                         (t % c.page_size) * kv.token_stride() +
                                          h * kv.head_stride() + d));
   }
   return out;
@@ -211,13 +212,14 @@ void run_step_case(const StepCase& c) {
             .kv_dtype = c.dtype,
             .o_dtype = c.dtype},
            c.opts, st);
-  if (c.opts.fixed_split_size > 0 && *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) >
-                                         c.opts.fixed_split_size) {
+  if (c.opts.fixed_split_size > 0 &&
+      *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) > c.opts.fixed_split_size) {
     EXPECT_GT(dec.plan_info().num_split_tiles, 0) << "the case was meant to split";
   }
   const TensorView q_in = c.rope == Rope::kNone ? dq.view : dq_rope.view;
   const TensorView k_in = c.rope == Rope::kNone ? dk.view : dk_rope.view;
-  if (c.rope != Rope::kNone) unfused_rope(c, s, dq.view, dk.view, dq_rope.view, dk_rope.view, dpos.view, st);
+  if (c.rope != Rope::kNone)
+    unfused_rope(c, s, dq.view, dk.view, dq_rope.view, dk_rope.view, dpos.view, st);
   append_paged_kv_cache(k_in, dv.view, dbi.view, dat.view, a.cache, st);
   dec.run(q_in, a.cache, out_a.view, lse_a.view, st);
   dec.run_step(dq.view, dk.view, dv.view, b.cache, out_b.view, lse_b.view, s, st);
@@ -234,7 +236,8 @@ void run_step_case(const StepCase& c) {
   EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.nbytes())) << "fused lse != unfused lse";
   EXPECT_TRUE(cache_bytes(in.cache, a) == cache_bytes(in.cache, b))
       << "the fused step's cache differs from the unfused append's";
-  EXPECT_TRUE(matches_reference(ob.to_doubles(), out_ref.to_doubles(), out_lowp.to_doubles(), c.dtype));
+  EXPECT_TRUE(
+      matches_reference(ob.to_doubles(), out_ref.to_doubles(), out_lowp.to_doubles(), c.dtype));
   EXPECT_LE(rel_err(lb.to_doubles(), lse_ref.to_doubles()), 1e-4);
 
   // The cache after the fused step: the appended keys within one unit roundoff of the reference's
@@ -261,7 +264,7 @@ class DecodeStepGpu : public GpuTest {};
 TEST_F(DecodeStepGpu, Llama31GqaMatchesUnfusedAndReference) {
   StepCase c;
   c.kv_lens = {1, 17, 300, 4097, 16, 33, 2, 1000};  // 1: empty before the step; 16: page fills;
-  run_step_case(c);                                   // 17, 33: the append starts a page
+  run_step_case(c);                                 // 17, 33: the append starts a page
   c.opts.fixed_split_size = 64;  // every long request split: the last chunk's CTA appends
   c.seed = 2;
   run_step_case(c);
@@ -298,8 +301,8 @@ TEST_F(DecodeStepGpu, HeadDimsGroupsAndBothKernels) {
   StepCase c;
   c.kv_lens = {1, 31, 513, 2000};
   c.opts.fixed_split_size = 128;
-  for (auto [hq, hk, d] : {std::tuple{8, 8, 64}, {32, 8, 64}, {16, 1, 128}, {32, 2, 128},
-                            {8, 8, 256}, {32, 4, 256}}) {
+  for (auto [hq, hk, d] :
+       {std::tuple{8, 8, 64}, {32, 8, 64}, {16, 1, 128}, {32, 2, 128}, {8, 8, 256}, {32, 4, 256}}) {
     c.num_qo_heads = hq;
     c.num_kv_heads = hk;
     c.head_dim = d;
@@ -338,7 +341,8 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
   // Page ids handed out in a scrambled order from the pool.
   auto alloc = [&] { return (next_page++ * 37) % kPool; };
   for (int b = 0; b < kBatch; ++b)
-    while (static_cast<int64_t>(pages[b].size()) * kPage < lens[b] + kSteps) pages[b].push_back(alloc());
+    while (static_cast<int64_t>(pages[b].size()) * kPage < lens[b] + kSteps)
+      pages[b].push_back(alloc());
   HostTensor pool_k(DType::f16, {kPool, kPage, kHkv, kD}), pool_v = pool_k;
   pool_k.fill_random(5);
   pool_v.fill_random(6);
@@ -384,22 +388,26 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
     nv.fill_random(300 + step);
     for (auto [h, dt] : {std::pair{&q, &dq}, {&nk, &dk}, {&nv, &dv}}) {
       check_cu(d.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(dt->view.data()), h->data(),
-                                   h->nbytes(), st), "upload");
+                                   h->nbytes(), st),
+               "upload");
     }
     HostTensor at_t = make_i32(at), bi_t = make_i32([&] {
-      std::vector<int64_t> v;
-      for (int b = 0; b < batch; ++b) v.push_back(b);
-      return v;
-    }());
+                                      std::vector<int64_t> v;
+                                      for (int b = 0; b < batch; ++b) v.push_back(b);
+                                      return v;
+                                    }());
     HostTensor ip_t = make_i32(std::vector<int64_t>(indptr.begin(), indptr.end()));
     HostTensor last_t = make_i32(std::vector<int64_t>(last.begin(), last.end()));
     HostTensor flat_t = make_i32(std::vector<int64_t>(flat.begin(), flat.end()));
     check_cu(d.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(indices.view.data()), flat_t.data(),
-                                 flat_t.nbytes(), st), "indices");
+                                 flat_t.nbytes(), st),
+             "indices");
     check_cu(d.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(pos.view.data()), at_t.data(),
-                                 at_t.nbytes(), st), "positions");
+                                 at_t.nbytes(), st),
+             "positions");
     check_cu(d.cuMemcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(bi.view.data()), bi_t.data(),
-                                 bi_t.nbytes(), st), "batch indices");
+                                 bi_t.nbytes(), st),
+             "batch indices");
     DeviceTensor ip_d = to_device(ip_t), last_d = to_device(last_t);
     PagedKVCache ca{ka.view, va.view, KVLayout::NHD, ip_d.view, indices.view, last_d.view};
     PagedKVCache cb{kb.view, vb.view, KVLayout::NHD, ip_d.view, indices.view, last_d.view};
@@ -413,7 +421,8 @@ TEST_F(DecodeStepGpu, CapturedStepReplaysAcrossReplans) {
     apply_llama31_rope_pos_ids(dq.view.slice0(0, batch), dk.view.slice0(0, batch),
                                dq_rope.view.slice0(0, batch), dk_rope.view.slice0(0, batch), posv,
                                s.llama31, st);
-    append_paged_kv_cache(dk_rope.view.slice0(0, batch), dv.view.slice0(0, batch), biv, posv, ca, st);
+    append_paged_kv_cache(dk_rope.view.slice0(0, batch), dv.view.slice0(0, batch), biv, posv, ca,
+                          st);
     dec.run(dq_rope.view, ca, out_a.view, {}, st);
     // Fused: captured at the first step, replayed after.
     if (exec == nullptr) {
@@ -454,8 +463,9 @@ TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
   BatchDecode dec(cfg, ws.data(), ws.size());
   DecodeStepOptions s;
   s.rope = Rope::kLlama31;
-  EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
-                .find("before a successful plan()"),
+  EXPECT_NE(error_of([&] {
+              dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s);
+            }).find("before a successful plan()"),
             std::string::npos);
   const AttentionShape shape{.num_qo_heads = 32,
                              .num_kv_heads = 8,
@@ -470,27 +480,31 @@ TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
             .batch_size = 3,
             .page_size = 16},
            shape);
-  EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
-                .find("kv_len >= 1"),
+  EXPECT_NE(error_of([&] {
+              dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s);
+            }).find("kv_len >= 1"),
             std::string::npos);
   dec.plan({.kv_indptr = in.cache.indptr.view().data_as<int32_t>(),
             .kv_last_page_len = in.cache.last_page_len.view().data_as<int32_t>(),
             .batch_size = 3,
             .page_size = 16},
            shape);
-  EXPECT_NE(error_of([&] { dec.run_step(dq.view, dq.view, dv.view, dc.cache, out.view, {}, s); })
-                .find("new_k"),
+  EXPECT_NE(error_of([&] {
+              dec.run_step(dq.view, dq.view, dv.view, dc.cache, out.view, {}, s);
+            }).find("new_k"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dk.view.slice0(0, 2), dc.cache, out.view, {}, s); })
-                .find("new_v"),
+  EXPECT_NE(error_of([&] {
+              dec.run_step(dq.view, dk.view, dk.view.slice0(0, 2), dc.cache, out.view, {}, s);
+            }).find("new_v"),
             std::string::npos);
   HostTensor short_cache(DType::f32, {8, 128});
   short_cache.fill_random(3);
   DeviceTensor dshort = to_device(short_cache);
   s.rope = Rope::kCosSinCache;
   s.cos_sin_cache = dshort.view;
-  EXPECT_NE(error_of([&] { dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s); })
-                .find("cos_sin_cache"),
+  EXPECT_NE(error_of([&] {
+              dec.run_step(dq.view, dk.view, dv.view, dc.cache, out.view, {}, s);
+            }).find("cos_sin_cache"),
             std::string::npos);
   // A device-side bad position: reported by check_device_errors; that request's new token is not
   // written (its slot keeps its old bytes), the other requests' tokens are.
@@ -506,13 +520,15 @@ TEST_F(DecodeStepGpu, BadInputsRaiseNamedErrors) {
   to_host(dc.k, after);
   const PagedKVCache& hc = in.cache.cache;
   auto slot_bytes = [&](const HostTensor& t, int r, int64_t pos) {
-    const int64_t page = hc.indices.data_as<const int32_t>()[hc.indptr.data_as<const int32_t>()[r] + pos / 16];
+    const int64_t page =
+        hc.indices.data_as<const int32_t>()[hc.indptr.data_as<const int32_t>()[r] + pos / 16];
     const auto* base = static_cast<const unsigned char*>(t.data()) +
                        (page * hc.page_stride() + (pos % 16) * hc.token_stride()) * 2;
     return std::vector<unsigned char>(base, base + 8 * 128 * 2);  // NHD: the token's 8 heads
   };
   EXPECT_TRUE(slot_bytes(before, 1, 0) == slot_bytes(after, 1, 0)) << "a bad position was appended";
-  EXPECT_FALSE(slot_bytes(before, 0, 3) == slot_bytes(after, 0, 3)) << "a good token was not appended";
+  EXPECT_FALSE(slot_bytes(before, 0, 3) == slot_bytes(after, 0, 3))
+      << "a good token was not appended";
 }
 
 // A CUDA graph that captured run_step holds its new_k / new_v / pos_ids pointers: a later plan

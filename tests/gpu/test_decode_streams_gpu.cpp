@@ -28,7 +28,8 @@ StreamBatch make_batch(const std::vector<int64_t>& lens, int hq, int hkv, int d,
   b.q.fill_random(seed * 7 + 1);
   b.ref = HostTensor(DType::f32, {B, hq, d});
   b.ref_lowp = HostTensor(DType::f16, {B, hq, d});
-  reference::batch_decode(b.q.view(), b.cache.cache, b.ref.view(), TensorView(), AttentionOptions{});
+  reference::batch_decode(b.q.view(), b.cache.cache, b.ref.view(), TensorView(),
+                          AttentionOptions{});
   for (int64_t i = 0; i < b.ref.numel(); ++i) b.ref_lowp.set(i, b.ref.get(i));
   b.dc = to_device(b.cache);
   b.dq = to_device(b.q);

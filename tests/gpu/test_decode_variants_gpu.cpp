@@ -73,7 +73,8 @@ void make_inputs(const VariantCase& vc, VariantInputs& in) {
     in.d_mask_indptr = to_device(in.mask_indptr);
     in.d_mask = DeviceBuffer(in.mask_bits.size());
     in.d_mask.copy_from_host(in.mask_bits.data(), in.mask_bits.size());
-    v.custom_mask = {in.mask_bits.data(), static_cast<int64_t>(in.mask_bits.size()), in.mask_indptr.view()};
+    v.custom_mask = {in.mask_bits.data(), static_cast<int64_t>(in.mask_bits.size()),
+                     in.mask_indptr.view()};
     dv.custom_mask = {static_cast<const uint8_t*>(in.d_mask.data()),
                       static_cast<int64_t>(in.mask_bits.size()), in.d_mask_indptr.view};
   }
@@ -159,9 +160,11 @@ void run_and_check(const VariantCase& vc) {
       in.host.rope.mode != RopeMode::none ? std::max(1e-3, 2 * tolerance_floor(c.dtype)) : 1e-3;
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const bool ok = std::isinf(want[i]) ? got[i] == want[i]
-                                        : std::abs(got[i] - want[i]) <= lse_tol * std::max(1.0, std::abs(want[i]));
-    if (!ok && bad++ < 3) ADD_FAILURE() << "lse[" << i << "] = " << got[i] << ", expected " << want[i];
+    const bool ok = std::isinf(want[i])
+                        ? got[i] == want[i]
+                        : std::abs(got[i] - want[i]) <= lse_tol * std::max(1.0, std::abs(want[i]));
+    if (!ok && bad++ < 3)
+      ADD_FAILURE() << "lse[" << i << "] = " << got[i] << ", expected " << want[i];
   }
 }
 
@@ -189,16 +192,22 @@ std::vector<VariantCase> builtin_cases(const DecodeCase& base) {
   add("custom-mask", nullptr, false, false, true);
   add("custom-mask+sinks", nullptr, false, true, true);
   add("rope-llama", [](AttentionVariant& a) { a.rope.mode = RopeMode::llama; });
-  add("rope-llama31+offsets", [](AttentionVariant& a) {
-    a.rope.mode = RopeMode::llama31;
-    a.rope.rope_theta = 5e5f;
-    a.rope.rope_scale = 8.f;
-  }, false, false, false, true);
-  add("window+soft-cap+sinks", [](AttentionVariant& a) {
-    a.window_left = 64;
-    a.logits_soft_cap = 2.0f;
-    a.sm_scale = 0.4f;
-  }, false, true);
+  add(
+      "rope-llama31+offsets",
+      [](AttentionVariant& a) {
+        a.rope.mode = RopeMode::llama31;
+        a.rope.rope_theta = 5e5f;
+        a.rope.rope_scale = 8.f;
+      },
+      false, false, false, true);
+  add(
+      "window+soft-cap+sinks",
+      [](AttentionVariant& a) {
+        a.window_left = 64;
+        a.logits_soft_cap = 2.0f;
+        a.sm_scale = 0.4f;
+      },
+      false, true);
   return v;
 }
 
@@ -261,8 +270,10 @@ TEST_F(DecodeVariantsGpu, VeryLongRequestSplitOverAllSMs) {
 VariantSpec every_hook_spec() {
   VariantSpec s;
   s.name = "EveryHook";
-  s.params = {{"qs", VariantParam::Kind::kF32}, {"ks", VariantParam::Kind::kF32},
-              {"vs", VariantParam::Kind::kF32}, {"os", VariantParam::Kind::kF32},
+  s.params = {{"qs", VariantParam::Kind::kF32},
+              {"ks", VariantParam::Kind::kF32},
+              {"vs", VariantParam::Kind::kF32},
+              {"os", VariantParam::Kind::kF32},
               {"bias", VariantParam::Kind::kTensor, DType::f32}};
   s.source = R"(
 struct EveryHook {
@@ -292,7 +303,8 @@ TEST_F(DecodeVariantsGpu, UserVariantWithEveryHookOnBothKernels) {
     c.opts.fixed_split_size = 64;
     c.opts.sm_scale = 0.125f;
     c.seed = 11;
-    HostTensor bias = make_tensor(DType::f32, {c.num_qo_heads}, std::vector<double>(c.num_qo_heads, 0.0));
+    HostTensor bias =
+        make_tensor(DType::f32, {c.num_qo_heads}, std::vector<double>(c.num_qo_heads, 0.0));
     DeviceTensor d_bias = to_device(bias);
     c.opts.variant = Variant::user(every_hook_spec(), VariantArgs()
                                                           .set("qs", 2.f)
@@ -310,7 +322,8 @@ TEST_F(DecodeVariantsGpu, UserVariantWithEveryHookOnBothKernels) {
     // with the plain case's reference-checked output instead (same tolerance floor).
     expect_decode_ok(plain, want);
     const auto a = got.out_host.to_doubles(), e = want.out_host.to_doubles();
-    EXPECT_LE(rel_err(a, e), 2 * tolerance_floor(c.dtype)) << (b == DecodeBackend::kCudaCores ? "cuda cores" : "tensor cores");
+    EXPECT_LE(rel_err(a, e), 2 * tolerance_floor(c.dtype))
+        << (b == DecodeBackend::kCudaCores ? "cuda cores" : "tensor cores");
     EXPECT_FALSE(any_nan(a));
   }
 }
@@ -332,8 +345,8 @@ TEST_F(DecodeVariantsGpu, BadVariantInputIsNamed) {
 }
 
 // A captured graph keeps the variant's arguments by value: a later plan with the same kernel but
-// other arguments is refused (it would replay the old ones); a window change is not (decode's window
-// lives in the schedule, which every plan rewrites).
+// other arguments is refused (it would replay the old ones); a window change is not (decode's
+// window lives in the schedule, which every plan rewrites).
 TEST_F(DecodeVariantsGpu, PlanRefusesOtherVariantArgumentsUnderACapturedGraph) {
   const DType dt = DType::f16;
   constexpr int kHqo = 32, kHkv = 8, kD = 128, kPage = 16;

@@ -189,7 +189,9 @@ void captured_paged_run_replays_across_replans(int tile_rows) {
   EXPECT_GT(split_steps, 0) << "the trace never carried the long-context request";
 }
 
-TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) { captured_paged_run_replays_across_replans(kTileRows); }
+TEST_F(PrefillGraphGpu, CapturedPagedRunReplaysAcrossReplans) {
+  captured_paged_run_replays_across_replans(kTileRows);
+}
 
 TEST_F(PrefillGraphGpu, CapturedPagedWgmmaRunReplaysAcrossReplans) {
   captured_paged_run_replays_across_replans(128);

@@ -1,10 +1,11 @@
-// The Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh: KV by TMA where the storage
-// allows, else by the producer's cp.async) vs the CPU reference, forced with
+// The Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh: KV by TMA where the
+// storage allows, else by the producer's cp.async) vs the CPU reference, forced with
 // PrefillPlanOptions.backend = kWgmma on 128-row query tiles: head_dim 64/128/256, GQA groups
 // 1/4/8/16 and MQA, page sizes 1/5/16/64, NHD/HND/interleaved, f16/bf16, causal and not, paged
 // and ragged KV, split-KV with its merge, empty and length-1 requests and long KV. Also which
 // kernel kAuto picks, and the errors of kWgmma where the kernel cannot run. Skipped (with the
-// reason) on GPUs other than sm_90a. Tolerance: tests/common/test_util.h, as for every prefill test.
+// reason) on GPUs other than sm_90a. Tolerance: tests/common/test_util.h, as for every prefill
+// test.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -39,7 +40,8 @@ PrefillPlanOptions wgmma_opts(const PrefillCase& c) {
 
 // Prompts, appends, a decode row, empty requests both ways, qo > kv (causal: rows see nothing),
 // lengths off every tile and page boundary, and one request whose KV spans many 128-token tiles.
-const Requests kMixed = {{17, 17}, {1, 300}, {113, 500}, {0, 9}, {7, 0}, {250, 250}, {40, 13}, {1, 1}, {300, 1400}};
+const Requests kMixed = {{17, 17},   {1, 300}, {113, 500}, {0, 9},     {7, 0},
+                         {250, 250}, {40, 13}, {1, 1},     {300, 1400}};
 
 TEST_F(PrefillWgmmaGpu, HeadDimsGroupsPagesLayoutsDtypes) {
   // 16 query heads over 16, 4, 2, 1 KV heads: groups 1, 4, 8 and 16 (MQA).
@@ -89,7 +91,15 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
   uint64_t seed = 9200;
   for (int d : {64, 128, 256}) {
     PrefillCase c;
-    c.set_requests({{1, 1}, {17, 17}, {113, 600}, {5, 0}, {64, 10}, {150, 1500}, {1, 3000}, {40, 9000}, {50, 20}});
+    c.set_requests({{1, 1},
+                    {17, 17},
+                    {113, 600},
+                    {5, 0},
+                    {64, 10},
+                    {150, 1500},
+                    {1, 3000},
+                    {40, 9000},
+                    {50, 20}});
     c.head_dim = d;
     c.opts.causal = true;
     c.seed = seed++;
@@ -117,7 +127,8 @@ TEST_F(PrefillWgmmaGpu, SplitOptionsAndLongKv) {
 // Batches with no query token (nothing to launch: run() needs no tensor map and must not fail),
 // and tiny ones, on the wgmma kernel; kMmaSync beside it as the control.
 TEST_F(PrefillWgmmaGpu, EmptyAndTinyBatches) {
-  const Requests batches[] = {{{0, 5}, {0, 0}}, {{1, 0}}, {{1, 1}, {1, 1}}, {{0, 5}, {1, 1}, {0, 0}}};
+  const Requests batches[] = {
+      {{0, 5}, {0, 0}}, {{1, 0}}, {{1, 1}, {1, 1}}, {{0, 5}, {1, 1}, {0, 0}}};
   uint64_t seed = 9700;
   for (const Requests& reqs : batches) {
     PrefillCase c;
@@ -129,7 +140,8 @@ TEST_F(PrefillWgmmaGpu, EmptyAndTinyBatches) {
       for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
         PrefillPlanOptions opts = c.opts;
         opts.backend = b;
-        const std::string what = std::string(prefill_kv_name(kv)) + (b == PrefillBackend::kWgmma ? " wgmma" : " mma.sync");
+        const std::string what = std::string(prefill_kv_name(kv)) +
+                                 (b == PrefillBackend::kWgmma ? " wgmma" : " mma.sync");
         expect_prefill_ok(in, run_prefill(in, kv, opts), what);
       }
     }
@@ -186,7 +198,8 @@ TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
     run_prefill(in, PrefillKV::kPaged, opts);
     ADD_FAILURE() << "tile_rows 64 with backend kWgmma: expected flashkv::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("PrefillPlanOptions.backend"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("PrefillPlanOptions.backend"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("128-row"), std::string::npos) << e.what();
   }
   opts = wgmma_opts(c);

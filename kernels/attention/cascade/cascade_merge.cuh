@@ -1,5 +1,5 @@
-// The two small kernels of a multi-level cascade (src/ops/cascade/multi_level_cascade.cpp) around its
-// per-level attention passes: the gather of q into cascade row order (requests of a group made
+// The two small kernels of a multi-level cascade (src/ops/cascade/multi_level_cascade.cpp) around
+// its per-level attention passes: the gather of q into cascade row order (requests of a group made
 // consecutive), and the ⊕ of the levels' states, written straight to the caller's row order.
 // One launch each; counts are read from device memory so a captured graph replays any later plan.
 #pragma once
@@ -21,8 +21,9 @@ __global__ void cascade_gather_kernel(const CascadeRowsParams p, const T* __rest
        i += (long long)gridDim.x * blockDim.x) {
     const long long j = i / vecs;
     const int e = (int)(i % vecs) * N, h = e / p.head_dim, d = e % p.head_dim;
-    *reinterpret_cast<uint4*>(dst + j * p.num_heads * p.head_dim + e) = *reinterpret_cast<const uint4*>(
-        src + (long long)p.rows[j] * src_stride_n + (long long)h * src_stride_h + d);
+    *reinterpret_cast<uint4*>(dst + j * p.num_heads * p.head_dim + e) =
+        *reinterpret_cast<const uint4*>(src + (long long)p.rows[j] * src_stride_n +
+                                        (long long)h * src_stride_h + d);
   }
 }
 
@@ -48,7 +49,8 @@ __global__ void cascade_merge_kernel(const CascadeMergeParams p) {
         const float w = exp2f(p.lse[l][jh] * kLog2e - m);  // 0 for an empty level (-inf)
         float x[N];
         Vec16<T>::to_floats(*reinterpret_cast<const uint4*>(static_cast<const T*>(p.o[l]) +
-                                                            jh * p.r.head_dim + col), x);
+                                                            jh * p.r.head_dim + col),
+                            x);
 #pragma unroll
         for (int e = 0; e < N; ++e) acc[e] += w * x[e];
         sum += w;
@@ -60,8 +62,8 @@ __global__ void cascade_merge_kernel(const CascadeMergeParams p) {
     const long long j = jh / p.r.num_heads;
     const int h = (int)(jh % p.r.num_heads);
     const long long row = p.r.rows[j];
-    *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row * p.o_stride_n + h * p.o_stride_h + col) =
-        Vec16<T>::from_floats(acc);
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + row * p.o_stride_n + h * p.o_stride_h +
+                              col) = Vec16<T>::from_floats(acc);
     if (p.out_lse != nullptr && col == 0) {
       p.out_lse[row * p.lse_stride_n + h] = sum > 0.f ? (m + log2f(sum)) * kLn2 : neg_inf();
     }

@@ -7,8 +7,8 @@ namespace flashkv {
 constexpr int kCascadeMaxLevels = 4;
 
 struct CascadeRowsParams {
-  const int* num_rows;       // device: cascade rows of the plan in force
-  const int* rows;           // [num_rows] original row of each cascade row
+  const int* num_rows;  // device: cascade rows of the plan in force
+  const int* rows;      // [num_rows] original row of each cascade row
   int num_heads, head_dim;
 };
 

@@ -45,32 +45,38 @@ struct DecodeConfig {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
-  static constexpr int kVec = 16 / sizeof(KVT);          // elements per 16-byte load
-  static constexpr int kBdx = HEAD_DIM / kVec;           // lanes across the head dimension
+  // (The shape's fields are read one by one: a constexpr struct member would be emitted as a device
+  // variable under NVRTC's -default-device and change the kernel's constant bank.)
+  static constexpr int kVec = 16 / sizeof(KVT);  // elements per 16-byte load
+  static constexpr int kBdx = HEAD_DIM / kVec;   // lanes across the head dimension
   static constexpr int kThreads = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).threads;
   static constexpr int kRows = kThreads / kBdx;
   // Up to 4 heads per thread: registers for q and o grow with it (8 floats each per head), and 4
   // already amortizes the shared-memory load and conversion of K/V over the GQA-4 group. (One
   // head per thread ran GQA-4 decode at 46-50% of the read ceiling on the H200: issue-bound.)
   static constexpr int kMaxHeadsPerThread = 4;
-  static constexpr int kBdy = cmin(pow2_ceil((GROUP + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread), kRows);
+  static constexpr int kBdy =
+      cmin(pow2_ceil((GROUP + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread), kRows);
   static constexpr int kHeadsPerThread = (GROUP + kBdy - 1) / kBdy;
   static constexpr int kBdz = kRows / kBdy;
   static constexpr int kTile = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).tile;
   static constexpr int kTokensPerLane = kTile / kBdz;
   static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
-  static constexpr int kLoads = kTile * kBdx / kThreads;    // 16-byte loads per thread per stage
-  static constexpr int kChunks = kBdx;                      // 16-byte chunks per K/V row
+  static constexpr int kLoads = kTile * kBdx / kThreads;  // 16-byte loads per thread per stage
+  static constexpr int kChunks = kBdx;                    // 16-byte chunks per K/V row
   // Stage layout: plain rows (threads of one token row read consecutive 16-byte chunks).
-  __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) { return (u32)((row * kChunks + chunk) * 16); }
+  __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) {
+    return (u32)((row * kChunks + chunk) * 16);
+  }
   static constexpr int kStages = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).stages;
-  static constexpr int kStageElems = kTile * HEAD_DIM;     // of K (and of V)
+  static constexpr int kStageElems = kTile * HEAD_DIM;  // of K (and of V)
   static constexpr int kSmemBytes = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).smem_bytes;
 
   static_assert(HEAD_DIM % kVec == 0 && kBdx <= 32 && 32 % kBdx == 0,
                 "head_dim must be 64, 128 or 256 for 16-bit KV");
   static_assert(GROUP >= 1 && GROUP <= 64, "GQA group size must be in [1, 64]");
-  static_assert(kTile % kBdz == 0 && kTokensPerLane % kInner == 0, "tile must split over token lanes");
+  static_assert(kTile % kBdz == 0 && kTokensPerLane % kInner == 0,
+                "tile must split over token lanes");
   static_assert((kTile * kBdx) % kThreads == 0, "a stage must split evenly over the threads");
   static_assert(kBdz == 1 || kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
                 "the final cross-lane merge must fit in the pipeline's shared memory");
@@ -100,7 +106,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 
   // Fused step with RoPE: cos/sin of this thread's columns, once for all its heads.
   StepRot8 rot{};
-  if (step_pos >= 0 && tx * V < p.step.spec.rotary_dim) rot = decode_step_rot8(p.step.spec, tx * V, step_pos);
+  if (step_pos >= 0 && tx * V < p.step.spec.rotary_dim)
+    rot = decode_step_rot8(p.step.spec, tx * V, step_pos);
   // Query heads of this thread, pre-scaled so logits come out in base 2.
   float q[H][V];
   bool head_ok[H];
@@ -109,7 +116,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     const int g = ty + h * C::kBdy;
     head_ok[h] = g < C::kGroup;
     const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
-    Vec16<typename C::q_t>::to_floats(decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos, rot), q[h]);
+    Vec16<typename C::q_t>::to_floats(
+        decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos, rot), q[h]);
     if constexpr (Tr::kQueryTransform) {
       // Pair i = (i, i + D/2): the partner elements sit kBdx/2 lanes away, same slot.
       const VariantRow vr = decode_variant_row<C>(w, head_ok[h] ? g : 0);
@@ -142,14 +150,15 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   };
   DecodeTilePages<C> pages;  // of the next tile to issue
   unsigned bad_pages = 0;    // a page id outside the cache was seen (decode_check_pages)
-  decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
-                     [&](int s, bool is_v) { return stage_bytes(is_v ? v_smem : k_smem, s); }, pages,
-                     bad_pages);
+  decode_prologue<C>(
+      p, w, num_tiles, append_tile, step_pos,
+      [&](int s, bool is_v) { return stage_bytes(is_v ? v_smem : k_smem, s); }, pages, bad_pages);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
     if (next < num_tiles) {
       const int ns = next % C::kStages;
-      decode_issue_tile<C>(p, w, next, pages, stage_bytes(k_smem, ns), stage_bytes(v_smem, ns), bad_pages);
+      decode_issue_tile<C>(p, w, next, pages, stage_bytes(k_smem, ns), stage_bytes(v_smem, ns),
+                           bad_pages);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
@@ -173,7 +182,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 #pragma unroll
       for (int i = 0; i < C::kInner; ++i) {
         const int t_local = (i0 + i) * C::kBdz + tz;
-        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(ks + t_local * C::kHeadDim + tx * V), kf[i]);
+        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(ks + t_local * C::kHeadDim + tx * V),
+                               kf[i]);
       }
 #pragma unroll
       for (int h = 0; h < H; ++h) {
@@ -183,10 +193,12 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 #pragma unroll
           for (int e = 0; e < V; ++e) acc = fmaf(q[h][e], kf[i][e], acc);
 #pragma unroll
-          for (int off = C::kBdx / 2; off >= 1; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+          for (int off = C::kBdx / 2; off >= 1; off /= 2)
+            acc += __shfl_xor_sync(0xffffffffu, acc, off);
           const int t = tile * C::kTile + (i0 + i) * C::kBdz + tz;
           const int g = head_ok[h] ? ty + h * C::kBdy : 0;
-          const VariantPosition pos{w.request, 0, w.kv_start + t, 1, w.kv_len, w.kv_head * C::kGroup + g, w.kv_head};
+          const VariantPosition pos{
+              w.request, 0, w.kv_start + t, 1, w.kv_len, w.kv_head * C::kGroup + g, w.kv_head};
           s[h][i] = Tr::score(va, pos, acc, t < len);
         }
       }
@@ -194,7 +206,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       for (int i = 0; i < C::kInner; ++i) {
         const int t_local = (i0 + i) * C::kBdz + tz;
         float vf[V];
-        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(vs + t_local * C::kHeadDim + tx * V), vf);
+        Vec16<kv_t>::to_floats(*reinterpret_cast<const uint4*>(vs + t_local * C::kHeadDim + tx * V),
+                               vf);
         if constexpr (Tr::kUseSoftmax) {
           if (i == 0) {
 #pragma unroll
@@ -222,7 +235,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       const int g = ty + h * C::kBdy;
       if (!head_ok[h]) continue;
 #pragma unroll
-      for (int e = 0; e < V; ++e) o_sm[(tz * C::kGroup + g) * C::kHeadDim + tx * V + e] = st[h].o[e];
+      for (int e = 0; e < V; ++e)
+        o_sm[(tz * C::kGroup + g) * C::kHeadDim + tx * V + e] = st[h].o[e];
       if (tx == 0) {
         md_sm[(tz * C::kGroup + g) * 2] = st[h].m;
         md_sm[(tz * C::kGroup + g) * 2 + 1] = st[h].d;
@@ -239,7 +253,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
           other.m = md_sm[(z * C::kGroup + g) * 2];
           other.d = md_sm[(z * C::kGroup + g) * 2 + 1];
 #pragma unroll
-          for (int e = 0; e < V; ++e) other.o[e] = o_sm[(z * C::kGroup + g) * C::kHeadDim + tx * V + e];
+          for (int e = 0; e < V; ++e)
+            other.o[e] = o_sm[(z * C::kGroup + g) * C::kHeadDim + tx * V + e];
           st[h].merge(other);
         }
       }
@@ -269,7 +284,8 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
 }
 
 template <class Config, class Var = DefaultVariant>
-__global__ void __launch_bounds__(Config::kThreads) batch_decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(Config::kThreads)
+    batch_decode_kernel(const __grid_constant__ DecodeParams p) {
   typedef DecodeWithVariant<Config, Var> C;
   extern __shared__ __align__(16) unsigned char smem[];
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);

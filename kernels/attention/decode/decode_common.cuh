@@ -56,8 +56,8 @@ __device__ __forceinline__ int decode_load_row(int j) {
 // (The page table is read with the L2 evict_last hint, as the plan: each run's first page ids are
 // a dependent round trip before its first KV load.)
 template <class C>
-__device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                                  DecodeTilePages<C>& a) {
+__device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const DecodeWorkItem& w,
+                                                  int tile, DecodeTilePages<C>& a) {
   const int len = w.kv_end - w.kv_start;
   const u64 policy = l2_evict_last_policy();
   const int* ids = p.kv_indices + w.page_base;
@@ -69,8 +69,9 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
     const int t = t0 + j * kRowStep;
     // Whole pages between a thread's rows: its j-th page id is j * kRowStep / page_size after its
     // first (an immediate offset); else each row's page is its own division.
-    const int* id = kRowStep % C::kPageSize == 0 ? ids + pos0 / C::kPageSize + j * (kRowStep / C::kPageSize)
-                                                 : ids + (pos0 + j * kRowStep) / C::kPageSize;
+    const int* id = kRowStep % C::kPageSize == 0
+                        ? ids + pos0 / C::kPageSize + j * (kRowStep / C::kPageSize)
+                        : ids + (pos0 + j * kRowStep) / C::kPageSize;
     a.page[j] = t < len ? ld_evict_last(id, policy) : kDecodeNoPage;
   }
 }
@@ -78,18 +79,21 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
 // The work items [begin, end) of CTA `cta`'s unit, and item wi of them (decode_plan.cuh), read with
 // the L2 evict_last hint: they are the first dependent round trips of every CTA, and the KV stream
 // of the previous run would otherwise have evicted them.
-__device__ __forceinline__ void decode_unit_items(const DecodePlanPtrs& plan, int cta, int& begin, int& end) {
+__device__ __forceinline__ void decode_unit_items(const DecodePlanPtrs& plan, int cta, int& begin,
+                                                  int& end) {
   const u64 policy = l2_evict_last_policy();
   const int unit = cta / plan.ctas_per_unit;
   begin = ld_evict_last(plan.unit_work_indptr + unit, policy);
   end = ld_evict_last(plan.unit_work_indptr + unit + 1, policy);
 }
-__device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlanPtrs& plan, int wi, int cta) {
+__device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlanPtrs& plan, int wi,
+                                                                int cta) {
   static_assert(sizeof(DecodeWorkItem) == 32, "two 16-byte loads (items are 16-byte aligned)");
   const u64 policy = l2_evict_last_policy();
   const int4* src = reinterpret_cast<const int4*>(plan.work + wi);
   const int4 a = ld_evict_last(src, policy), b = ld_evict_last(src + 1, policy);
-  return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta, plan.ctas_per_unit);
+  return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta,
+                              plan.ctas_per_unit);
 }
 
 // Page ids outside [0, num_pages) are always read as zeros (never outside the cache). Reporting
@@ -106,22 +110,24 @@ __device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlan
 constexpr bool kDecodeCheckPages = FLASHKV_DECODE_CHECK_PAGES != 0;
 
 template <class C>
-__device__ __noinline__ void decode_report_bad_pages(const DecodeParams& p, const DecodeWorkItem& w) {
+__device__ __noinline__ void decode_report_bad_pages(const DecodeParams& p,
+                                                     const DecodeWorkItem& w) {
   const int op = p.step.new_k != nullptr ? kDeviceOpBatchDecodeStep : kDeviceOpBatchDecode;
   const int first = w.kv_start / C::kPageSize, last = (w.kv_end - 1) / C::kPageSize;
   for (int i = first; i <= last; ++i) {
     const int page = p.kv_indices[w.page_base + i];
     if ((unsigned long long)page >= (unsigned long long)p.num_pages) {
       const int pos = max(w.kv_start, i * C::kPageSize);
-      report_device_error(p.error, kDeviceErrorPageIndex, op, pos, page, p.num_pages, w.page_base + i,
-                          w.request);
+      report_device_error(p.error, kDeviceErrorPageIndex, op, pos, page, p.num_pages,
+                          w.page_base + i, w.request);
       return;
     }
   }
 }
 // Every thread of the CTA calls it (a barrier where page ids are checked).
 template <class C>
-__device__ __forceinline__ void decode_check_pages(const DecodeParams& p, const DecodeWorkItem& w, unsigned bad_pages) {
+__device__ __forceinline__ void decode_check_pages(const DecodeParams& p, const DecodeWorkItem& w,
+                                                   unsigned bad_pages) {
   if constexpr (kDecodeCheckPages) {
     if (__syncthreads_or(bad_pages != 0) && threadIdx.x == 0) decode_report_bad_pages<C>(p, w);
   }
@@ -135,9 +141,10 @@ __device__ __forceinline__ void decode_check_pages(const DecodeParams& p, const 
 // out-of-range id sets bad_pages where page ids are checked (kDecodeCheckPages; reported after the
 // item: decode_check_pages).
 template <class C>
-__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w, int tile,
-                                                  const DecodeTilePages<C>& a, unsigned char* k_stage,
-                                                  unsigned char* v_stage, unsigned& bad_pages) {
+__device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const DecodeWorkItem& w,
+                                                  int tile, const DecodeTilePages<C>& a,
+                                                  unsigned char* k_stage, unsigned char* v_stage,
+                                                  unsigned& bad_pages) {
   constexpr u32 kElem = sizeof(typename C::kv_t);
   const char* kg = static_cast<const char*>(p.k);
   const char* vg = static_cast<const char*>(p.v);
@@ -167,18 +174,21 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
 }
 
 template <class C>
-__device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w, int g,
-                                                 int col, const float (&o)[8], float lse2, bool write_lse) {
+__device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w,
+                                                 int g, int col, const float (&o)[8], float lse2,
+                                                 bool write_lse) {
   if (w.slot < 0) {
     const int qo_head = w.kv_head * C::kGroup + g;
-    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)w.request * p.o_stride_n +
-                          (long long)qo_head * p.o_stride_h + col;
+    typename C::o_t* op = static_cast<typename C::o_t*>(p.out) +
+                          (long long)w.request * p.o_stride_n + (long long)qo_head * p.o_stride_h +
+                          col;
     if constexpr (C::Traits::kOutputTransform) {
       float t[8];
       const VariantRow row = decode_variant_row<C>(w, g);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        t[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, o[e]);
+        t[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row,
+                                            col + e, o[e]);
       *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(t);
     } else {
       *reinterpret_cast<uint4*>(op) = Vec16<typename C::o_t>::from_floats(o);
@@ -195,11 +205,13 @@ __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const De
 
 // Writes 4 merged columns [col, col + 4) of query head g of a split tile (base-2 LSE lse2).
 template <class C>
-__device__ __forceinline__ void decode_merge_write(const DecodeParams& p, const DecodeMergeItem& item, int g,
-                                                   int col, float (&acc)[4], float lse2) {
+__device__ __forceinline__ void decode_merge_write(const DecodeParams& p,
+                                                   const DecodeMergeItem& item, int g, int col,
+                                                   float (&acc)[4], float lse2) {
   const int qo_head = item.kv_head * C::kGroup + g;
-  typename C::o_t* op = static_cast<typename C::o_t*>(p.out) + (long long)item.request * p.o_stride_n +
-                        (long long)qo_head * p.o_stride_h + col;
+  typename C::o_t* op = static_cast<typename C::o_t*>(p.out) +
+                        (long long)item.request * p.o_stride_n + (long long)qo_head * p.o_stride_h +
+                        col;
   // Without softmax every partial state has lse 0, so ⊕ averaged them: the sum is that times
   // the number of states, 2^lse2.
   if constexpr (!C::Traits::kUseSoftmax) {
@@ -211,7 +223,8 @@ __device__ __forceinline__ void decode_merge_write(const DecodeParams& p, const 
     const VariantRow row{item.request, item.request, 0, 1, item.kv_len, qo_head, item.kv_head};
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      acc[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row, col + e, acc[e]);
+      acc[e] = C::Variant::output_transform(variant_args<typename C::Variant>(p.variant), row,
+                                            col + e, acc[e]);
   }
 #pragma unroll
   for (int e = 0; e < 4; ++e) op[e] = from_float<typename C::o_t>(acc[e]);
@@ -226,8 +239,8 @@ __device__ __forceinline__ void decode_merge_write(const DecodeParams& p, const 
 // of the slots, and the shares' states meet (⊕) in `scratch` (kThreads * 5 floats of shared
 // memory): one round of L2 reads instead of two for a tile split 17 ways on 8 warps (GQA D4).
 template <class C>
-__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const DecodeMergeItem& item,
-                                                  float* scratch) {
+__device__ __forceinline__ void decode_merge_tile(const DecodeParams& p,
+                                                  const DecodeMergeItem& item, float* scratch) {
   constexpr int kVecs = C::kGroup * C::kHeadDim / 4;  // float4s per tile
   constexpr int kParts = kVecs >= C::kThreads ? 1 : C::kThreads / kVecs;
   const long long o_stride = (long long)item.slot_stride * C::kGroup * C::kHeadDim;
@@ -240,8 +253,9 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
       // 16 slots in flight per thread: one long request split over every CTA is merged in few
       // dependent rounds of L2 reads.
       const long long first = (long long)item.slot_begin * C::kGroup + g;
-      const float lse2 = merge_split_slots4<16>(p.plan.partial_o + first * C::kHeadDim + col, o_stride,
-                                                p.plan.partial_lse + first, lse_stride, 0, item.num_slots, acc);
+      const float lse2 =
+          merge_split_slots4<16>(p.plan.partial_o + first * C::kHeadDim + col, o_stride,
+                                 p.plan.partial_lse + first, lse_stride, 0, item.num_slots, acc);
       decode_merge_write<C>(p, item, g, col, acc, lse2);
     }
   } else {
@@ -252,8 +266,8 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
       float acc[4];
       const long long first = (long long)item.slot_begin * C::kGroup + g;
       const float lse2 = merge_split_slots4<16>(
-          p.plan.partial_o + first * C::kHeadDim + col, o_stride, p.plan.partial_lse + first, lse_stride,
-          part * item.num_slots / kParts, (part + 1) * item.num_slots / kParts, acc);
+          p.plan.partial_o + first * C::kHeadDim + col, o_stride, p.plan.partial_lse + first,
+          lse_stride, part * item.num_slots / kParts, (part + 1) * item.num_slots / kParts, acc);
       float* mine = scratch + (part * kVecs + v) * 5;
 #pragma unroll
       for (int e = 0; e < 4; ++e) mine[e] = acc[e];
@@ -288,7 +302,10 @@ __device__ __forceinline__ void decode_merge_tile(const DecodeParams& p, const D
 // its CTA). One round trip where a fence and then an atomic took two.
 __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* address, int value) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(address), "r"(value) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(address), "r"(value)
+               : "memory");
   return old;
 }
 
@@ -304,7 +321,8 @@ __device__ __forceinline__ DecodeMergeItem& decode_merge_item_smem() {
 
 // Thread 0 copies work item w's merge item into decode_merge_item_smem with cp.async (into the
 // caller's current commit group); decode_arrive waits for it. Nothing for an unsplit item.
-__device__ __forceinline__ void decode_prefetch_merge_item(const DecodeParams& p, const DecodeWorkItem& w) {
+__device__ __forceinline__ void decode_prefetch_merge_item(const DecodeParams& p,
+                                                           const DecodeWorkItem& w) {
   static_assert(sizeof(DecodeMergeItem) == 24, "three 8-byte copies");
   if (w.slot < 0 || threadIdx.x != 0) return;
   // Merge items start 16-byte aligned and are 24 bytes: every item is 8-byte aligned.
@@ -319,11 +337,11 @@ __device__ __forceinline__ void decode_prefetch_merge_item(const DecodeParams& p
 // timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
 // smem: the kernel's dynamic shared memory (free between work items), the merge's scratch.
 template <class C>
-__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w, unsigned char* smem,
-                                              int timeline = -1) {
+__device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w,
+                                              unsigned char* smem, int timeline = -1) {
   __shared__ int is_last;
   cp_async_wait<0>();  // thread 0's copy of the merge item (decode_prefetch_merge_item)
-  __syncthreads();  // every thread's partial-state writes precede thread 0's release below
+  __syncthreads();     // every thread's partial-state writes precede thread 0's release below
   if (threadIdx.x == 0) {
     const int num_slots = decode_merge_item_smem().num_slots;
     const int arrived = atomic_add_acq_rel_gpu(p.plan.merge_arrivals + w.merge, 1) + 1;

@@ -1,9 +1,9 @@
 // The CUDA-core decode kernel's geometry (decode.cuh) as a function of (head_dim, KV element size):
 // read by its Config and by the host launch (decode_key.h, through decode_shape.cuh). Its own file
 // because decode_shape.cuh defines a namespace-scope constexpr variable, which NVRTC's
-// -default-device makes a device global of every module that includes it: the CUDA-core kernel never
-// had it, and its machine code stays as it was (scripts/compare_kernels.py). Includes only the
-// policy, whose enumerators emit nothing.
+// -default-device makes a device global of every module that includes it: the CUDA-core kernel
+// never had it, and its machine code stays as it was (scripts/compare_kernels.py). Includes only
+// the policy, whose enumerators emit nothing.
 #pragma once
 
 #include "tuning/sm90.cuh"
@@ -15,7 +15,7 @@ namespace flashkv {
 // not measured).
 struct DecodeCudaCoreShape {
   int threads;
-  int tile;        // KV tokens per pipeline stage
+  int tile;  // KV tokens per pipeline stage
   int stages;
   int smem_bytes;  // `stages` K tiles and `stages` V tiles
 };

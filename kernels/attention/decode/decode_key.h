@@ -45,12 +45,13 @@ struct DecodeKernelKey {
     const std::string kvt = device_type_name(kv, "kv");
     const std::string dims =
         std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
-    if (!tensor_cores) return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
+    if (!tensor_cores)
+      return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
     const DecodeTCTuning t = tc_tuning();
     const std::string shape = t == DecodeTCTuning{}
                                   ? ""
-                                  : ", " + std::to_string(t.stages) + ", " + std::to_string(t.warps) +
-                                        ", " + std::to_string(t.ctas);
+                                  : ", " + std::to_string(t.stages) + ", " +
+                                        std::to_string(t.warps) + ", " + std::to_string(t.ctas);
     return "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + shape + ">";
   }
 
@@ -65,10 +66,10 @@ struct DecodeKernelKey {
   // "decode<bf16,bf16,d64,g1,p1,b3,checked>".
   std::string cache_id() const {
     const DecodeTCTuning t = tc_tuning();
-    const std::string tuned = t == DecodeTCTuning{} ? ""
-                                                    : ",s" + std::to_string(t.stages) + ",w" +
-                                                          std::to_string(t.warps) + ",c" +
-                                                          std::to_string(t.ctas);
+    const std::string tuned = t == DecodeTCTuning{}
+                                  ? ""
+                                  : ",s" + std::to_string(t.stages) + ",w" +
+                                        std::to_string(t.warps) + ",c" + std::to_string(t.ctas);
     return std::string(tensor_cores ? "decode_tc<" : "decode<") + dtype_name(q) + "," +
            dtype_name(kv) + ",d" + std::to_string(head_dim) + ",g" + std::to_string(group) + ",p" +
            std::to_string(page_size) + tuned + (variant.id.empty() ? "" : "," + variant.id) +
@@ -79,7 +80,9 @@ struct DecodeKernelKey {
     return tensor_cores ? "attention/decode/decode_tc.cuh" : "attention/decode/decode.cuh";
   }
   // Compiled before the header: the one switch the decode headers read first (decode_common.cuh).
-  std::string preamble() const { return check_pages ? "#define FLASHKV_DECODE_CHECK_PAGES 1\n" : ""; }
+  std::string preamble() const {
+    return check_pages ? "#define FLASHKV_DECODE_CHECK_PAGES 1\n" : "";
+  }
 
   // The launch geometry, from the constexpr shape function the Config reads.
   LaunchGeometry geometry() const {
@@ -88,7 +91,8 @@ struct DecodeKernelKey {
       const DecodeTCShape s = decode_tc_shape(head_dim, group, t.stages, t.warps, t.ctas);
       return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
     }
-    const DecodeCudaCoreShape s = decode_cuda_core_shape(head_dim, static_cast<int>(dtype_size(kv)));
+    const DecodeCudaCoreShape s =
+        decode_cuda_core_shape(head_dim, static_cast<int>(dtype_size(kv)));
     return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
   }
 };

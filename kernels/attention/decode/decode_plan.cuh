@@ -62,15 +62,15 @@ struct DecodePlanHeader {
 // reason: the grids never change. ctas_per_unit is set by the host at each launch from the plan
 // in force; a captured CUDA graph freezes it, so plan() refuses a plan with another value then.
 struct DecodePlanPtrs {
-  const DecodePlanHeader* header;      // at the start of the plan region
-  const int* unit_work_indptr;         // [num_units + 1] used of [num_ctas + 1]: the work of
-                                       // unit u is [indptr[u], indptr[u + 1]) (file comment)
-  const DecodeWorkItem* work;          // [num_work_items]
-  float* partial_o;                    // [max_slots, group, head_dim], normalized outputs
-  float* partial_lse;                  // [max_slots, group], base-2 LSE
-  int* merge_arrivals;                 // [max_merge_items] zero between runs: partial states of
-                                       // each split tile written so far (the last one merges)
-  int ctas_per_unit;                   // >= 1; num_units = num_ctas / ctas_per_unit
+  const DecodePlanHeader* header;  // at the start of the plan region
+  const int* unit_work_indptr;     // [num_units + 1] used of [num_ctas + 1]: the work of
+                                   // unit u is [indptr[u], indptr[u + 1]) (file comment)
+  const DecodeWorkItem* work;      // [num_work_items]
+  float* partial_o;                // [max_slots, group, head_dim], normalized outputs
+  float* partial_lse;              // [max_slots, group], base-2 LSE
+  int* merge_arrivals;             // [max_merge_items] zero between runs: partial states of
+                                   // each split tile written so far (the last one merges)
+  int ctas_per_unit;               // >= 1; num_units = num_ctas / ctas_per_unit
 };
 
 // The item CTA `cta` runs for the item `w` of its unit's list. A plain inline function: NVRTC
@@ -89,7 +89,7 @@ inline DecodeWorkItem decode_cta_work_item(DecodeWorkItem w, int cta, int ctas_p
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)  // device code only; the host writes the bytes
 __device__ __forceinline__ const DecodeMergeItem* decode_merge_items(const DecodePlanPtrs& p) {
   return reinterpret_cast<const DecodeMergeItem*>(reinterpret_cast<const char*>(p.header) +
-                                                 p.header->merge_offset);
+                                                  p.header->merge_offset);
 }
 #endif
 

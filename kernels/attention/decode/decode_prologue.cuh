@@ -34,7 +34,8 @@ __device__ __forceinline__ void decode_prologue(const DecodeParams& p, const Dec
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s == append_at) decode_step_append<C>(p, w, step_pos);
-    if (s < num_tiles) decode_issue_tile<C>(p, w, s, pages[s], stage(s, false), stage(s, true), bad_pages);
+    if (s < num_tiles)
+      decode_issue_tile<C>(p, w, s, pages[s], stage(s, false), stage(s, true), bad_pages);
     if (s == C::kStages - 2) decode_prefetch_merge_item(p, w);  // after the tiles: off their path
     cp_async_commit();
   }

@@ -18,13 +18,13 @@
 namespace flashkv {
 
 struct DecodeTCShape {
-  int warps;        // a warp takes 16 tokens of every KV tile
+  int warps;  // a warp takes 16 tokens of every KV tile
   int threads;
-  int tile;         // KV tokens per pipeline stage (16 * warps)
-  int stages;       // pipeline depth: stages - 1 tiles in flight while one is computed
-  int row_tiles;    // 16-row MMA tiles of query rows (the GQA group, padded)
-  int smem_bytes;   // Q, then `stages` K tiles and `stages` V tiles (16-bit elements)
-  int min_ctas;     // __launch_bounds__'s minimum CTAs per SM (caps registers per thread)
+  int tile;        // KV tokens per pipeline stage (16 * warps)
+  int stages;      // pipeline depth: stages - 1 tiles in flight while one is computed
+  int row_tiles;   // 16-row MMA tiles of query rows (the GQA group, padded)
+  int smem_bytes;  // Q, then `stages` K tiles and `stages` V tiles (16-bit elements)
+  int min_ctas;    // __launch_bounds__'s minimum CTAs per SM (caps registers per thread)
 };
 
 // Bytes of K + V each SM keeps in flight by default: the policy's knob (tuning/sm90.cuh says what

@@ -38,7 +38,8 @@ __device__ __forceinline__ long long decode_step_position(const DecodeParams& p,
                                                           const DecodeWorkItem& w) {
   if (!decode_step_active(p) || !p.step.rope) return -1;
   const long long pos = p.step.pos_ids != nullptr ? p.step.pos_ids[w.request] : w.kv_len - 1;
-  const bool bad = pos < 0 || (p.step.spec.cos_sin_cache != nullptr && pos >= p.step.spec.max_position);
+  const bool bad =
+      pos < 0 || (p.step.spec.cos_sin_cache != nullptr && pos >= p.step.spec.max_position);
   if (bad) {
     if (threadIdx.x == 0 && w.kv_head == 0) {
       report_device_error(p.error, kDeviceErrorRopePosition, kDeviceOpDecodeStep, w.request, pos,
@@ -74,8 +75,8 @@ __device__ __forceinline__ StepRot8 decode_step_rot8(const RopeSpec& r, int col,
 // partner from the same row. Returns the value rounded to T and back, as the unfused RoPE
 // writes it.
 template <class T>
-__device__ __forceinline__ float decode_step_rotated(const RopeSpec& r, const T* row, int e, float x,
-                                                     float c, float s) {
+__device__ __forceinline__ float decode_step_rotated(const RopeSpec& r, const T* row, int e,
+                                                     float x, float c, float s) {
   if (e >= r.rotary_dim) return x;
   const int i = rope_pair_of(r, e);
   const bool first = r.interleave ? (e % 2 == 0) : e < r.rotary_dim / 2;
@@ -102,7 +103,8 @@ __device__ __forceinline__ uint4 decode_step_load_q8(const DecodeParams& p, cons
   float x[8];
   Vec16<T>::to_floats(raw, x);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = decode_step_rotated<T>(p.step.spec, row, col + e, x[e], rot.c[e], rot.s[e]);
+  for (int e = 0; e < 8; ++e)
+    x[e] = decode_step_rotated<T>(p.step.spec, row, col + e, x[e], rot.c[e], rot.s[e]);
   return Vec16<T>::from_floats(x);
 }
 
@@ -110,7 +112,8 @@ __device__ __forceinline__ uint4 decode_step_load_q8(const DecodeParams& p, cons
 // when this item appends it (its chunk ends at kv_len and its RoPE position is valid); -1
 // otherwise. Uniform across the CTA.
 template <class C>
-__device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p, const DecodeWorkItem& w,
+__device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p,
+                                                       const DecodeWorkItem& w,
                                                        long long step_pos) {
   if (!decode_step_active(p) || step_pos == kStepBadPosition || w.kv_end != w.kv_len ||
       w.kv_end == w.kv_start)
@@ -129,13 +132,16 @@ __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const 
   const int t = w.kv_len - 1;
   const int page = p.kv_indices[w.page_base + t / C::kPageSize];
   if ((unsigned long long)page < (unsigned long long)p.num_pages) {
-    const long long off = (long long)page * p.page_stride + (long long)(t % C::kPageSize) * p.token_stride +
+    const long long off = (long long)page * p.page_stride +
+                          (long long)(t % C::kPageSize) * p.token_stride +
                           (long long)w.kv_head * p.head_stride;
     kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
     kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
-    const kv_t* ks = static_cast<const kv_t*>(p.step.new_k) + (long long)w.request * p.step.k_stride_n +
+    const kv_t* ks = static_cast<const kv_t*>(p.step.new_k) +
+                     (long long)w.request * p.step.k_stride_n +
                      (long long)w.kv_head * p.step.k_stride_h;
-    const kv_t* vs = static_cast<const kv_t*>(p.step.new_v) + (long long)w.request * p.step.v_stride_n +
+    const kv_t* vs = static_cast<const kv_t*>(p.step.new_v) +
+                     (long long)w.request * p.step.v_stride_n +
                      (long long)w.kv_head * p.step.v_stride_h;
     const bool rotate = pos >= 0;
     for (int c = threadIdx.x; c < C::kHeadDim / 8; c += C::kThreads) {

@@ -26,8 +26,8 @@ namespace flashkv {
 
 // STAGES, WARPS: the pipeline depth and warps per CTA; CTAS: the CTAs per SM the grid is sized
 // for (0: the defaults; decode_shape.cuh).
-template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE, int STAGES = 0, int WARPS = 0,
-          int CTAS = 0>
+template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE, int STAGES = 0,
+          int WARPS = 0, int CTAS = 0>
 struct DecodeTCConfig {
   using q_t = QT;
   using kv_t = KVT;
@@ -39,15 +39,15 @@ struct DecodeTCConfig {
   static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles of query rows
   static constexpr int kWarps = kShape.warps;
   static constexpr int kThreads = kShape.threads;
-  static constexpr int kTile = kShape.tile;            // KV tokens per stage
+  static constexpr int kTile = kShape.tile;  // KV tokens per stage
   static constexpr int kStages = kShape.stages;
   static constexpr int kMinCtas = kShape.min_ctas;
-  static constexpr int kChunks = HEAD_DIM / 8;             // 16-byte chunks per row
+  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks per row
   static constexpr int kStageElems = kTile * HEAD_DIM;
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
   static constexpr int kQElems = kRowTiles * 16 * HEAD_DIM;
   static constexpr int kSmemBytes = kShape.smem_bytes;  // Q, then kStages of K and of V
-  static constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of the output
+  static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of the output
   // Stage layout: rows XOR-swizzled by 16-byte chunk, so ldmatrix reads are bank-conflict free.
   __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) {
     return swizzled_offset<kChunks>(row, chunk);
@@ -94,7 +94,9 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   typedef typename C::Variant V;
   typedef typename C::Traits Tr;
   const typename V::Args& va = variant_args<V>(p.variant);
-  const auto stage_offset = [](int row, int chunk) { return swizzled_offset<C::kChunks>(row, chunk); };
+  const auto stage_offset = [](int row, int chunk) {
+    return swizzled_offset<C::kChunks>(row, chunk);
+  };
   constexpr int R = C::kRowTiles;
   constexpr int DT = C::kDTiles;
   const int lane = threadIdx.x % 32;
@@ -128,9 +130,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   const int num_tiles = (len + C::kTile - 1) / C::kTile;
   DecodeTilePages<C> pages;  // of the next tile to issue
   unsigned bad_pages = 0;    // a page id outside the cache was seen (decode_check_pages)
-  decode_prologue<C>(p, w, num_tiles, append_tile, step_pos,
-                     [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageElems * 2; },
-                     pages, bad_pages);
+  decode_prologue<C>(
+      p, w, num_tiles, append_tile, step_pos,
+      [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageElems * 2; }, pages,
+      bad_pages);
   // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
   // (not loaded before the main loop's first issue, which the barrier below precedes).
   // The main loop fills stage kStages - 1 first, after the barrier that ends the rotation below.
@@ -141,7 +144,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       rope_cos_sin(p.step.spec, step_pos, i, rope_table[i].x, rope_table[i].y);
     }
   }
-  // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >= kGroup are zero and never written out).
+  // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >=
+  // kGroup are zero and never written out).
   for (int ci = threadIdx.x; ci < R * 16 * C::kChunks; ci += C::kThreads) {
     const int row = ci / C::kChunks, chunk = ci % C::kChunks;
     uint4 val = make_uint4(0, 0, 0, 0);
@@ -172,8 +176,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     const int next = tile + C::kStages - 1;
     const int ns = next % C::kStages;
     if (next < num_tiles) {
-      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2, v_smem + ns * C::kStageElems * 2,
-                           bad_pages);
+      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2,
+                           v_smem + ns * C::kStageElems * 2, bad_pages);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
@@ -201,7 +205,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         for (int e = 0; e < 4; ++e) s[r][nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
-      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k hi)
+      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
+                  // hi)
       const int k_row = warp * 16 + (lane % 8) + 8 * (lane / 16);
       ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
       const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
@@ -221,7 +226,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+      for (int h = 0; h < 2; ++h) {         // h = 0: row lane/4, h = 1: row lane/4 + 8
         if (r * 16 + 8 * h >= C::kGroup) {  // 8 padding rows (compile time): P = 0, no softmax work
           pa[r][h] = 0u;
           pa[r][h + 2] = 0u;
@@ -235,7 +240,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int t = t0 + nt * 8 + e;
-            const VariantPosition pos{w.request, 0, w.kv_start + t, 1, w.kv_len, qo_head, w.kv_head};
+            const VariantPosition pos{w.request, 0,       w.kv_start + t, 1,
+                                      w.kv_len,  qo_head, w.kv_head};
             x[nt * 2 + e] = Tr::score(va, pos, s[r][nt][h * 2 + e] * dot_scale, t < len);
           }
         if constexpr (!Tr::kUseSoftmax) {  // x are the weights: no running max, no rescale
@@ -260,7 +266,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     // O += P·V: V rows are tokens, so ldmatrix.trans yields the B fragments.
 #pragma unroll
     for (int j = 0; j < C::kHeadDim / 16; ++j) {
-      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims hi)
+      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
+                  // hi)
       const int v_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
       ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * j + lane / 16));
       const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
@@ -281,7 +288,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   // Rows padded by 4 floats: the 8 rows a warp's float2 stores hit per column pair fall on
   // distinct banks (a row stride of kHeadDim floats put them all on one).
   constexpr int kOStride = C::kHeadDim + 4;
-  float* o_sm = reinterpret_cast<float*>(k_smem);  // [kWarps][R*16][kOStride]
+  float* o_sm = reinterpret_cast<float*>(k_smem);       // [kWarps][R*16][kOStride]
   float* md_sm = o_sm + C::kWarps * R * 16 * kOStride;  // [kWarps][R*16][2]
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -347,7 +354,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
 }
 
 template <class Config, class V = DefaultVariant>
-__global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas) batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas)
+    batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
   typedef DecodeWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
   decode_timeline_stamp(0);

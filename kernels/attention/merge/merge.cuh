@@ -68,7 +68,8 @@ __global__ void merge_states_kernel(const T* __restrict__ v, const float* __rest
   const int head = (int)(row % num_heads);
   const int col = (int)(idx % vecs_per_row) * N;
   float m = neg_inf();
-  for (int k = 0; k < num_states; ++k) m = fmaxf(m, s[(tok * num_states + k) * num_heads + head] * kLog2e);
+  for (int k = 0; k < num_states; ++k)
+    m = fmaxf(m, s[(tok * num_states + k) * num_heads + head] * kLog2e);
   float acc[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) acc[i] = 0.f;

@@ -28,7 +28,8 @@ __device__ __forceinline__ float merge_split_slots4(const float* o, long long o_
       const long long s = s0 + i;
       const bool ok = s < slot_end;
       l[i] = ok ? __ldcg(lse + s * lse_slot_stride) : neg_inf();
-      v[i] = ok ? __ldcg(reinterpret_cast<const float4*>(o + s * o_slot_stride)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[i] = ok ? __ldcg(reinterpret_cast<const float4*>(o + s * o_slot_stride))
+                : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float m_new = m;
 #pragma unroll

@@ -38,7 +38,8 @@ struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false> 
   }
 
   static_assert(ROWS == 16 || ROWS == 32 || ROWS == 64 || ROWS == 128, "query tile of 16-128 rows");
-  static_assert(Base::kWarpsKV == 1 || Base::kRowTiles == 1, "warps that split KV tiles own one row tile");
+  static_assert(Base::kWarpsKV == 1 || Base::kRowTiles == 1,
+                "warps that split KV tiles own one row tile");
 };
 
 // C: a PrefillWithVariant<PrefillConfig, V> (prefill_variant.cuh).
@@ -47,7 +48,9 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
                                                   unsigned char* smem) {
   typedef typename C::Variant Var;
   typedef typename C::Traits Tr;
-  const auto stage_offset = [](int row, int chunk) { return swizzled_offset<C::kChunks>(row, chunk); };
+  const auto stage_offset = [](int row, int chunk) {
+    return swizzled_offset<C::kChunks>(row, chunk);
+  };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wq = warp / C::kWarpsKV, wk = warp % C::kWarpsKV;
   const u32 q_smem = smem_addr(smem);
@@ -105,10 +108,12 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
       for (int h = 0; h < 2; ++h) {
         const int row = wq * C::kWarpRows + r * 16 + lane / 4 + 8 * h;
         if (row < valid_rows)
-          warp_lo = min(warp_lo, Var::first_visible_key(variant_args<Var>(p.variant), prefill_variant_row(p, w, row)));
+          warp_lo = min(warp_lo, Var::first_visible_key(variant_args<Var>(p.variant),
+                                                        prefill_variant_row(p, w, row)));
       }
 #pragma unroll
-    for (int off = 16; off >= 1; off /= 2) warp_lo = min(warp_lo, __shfl_xor_sync(0xffffffffu, warp_lo, off));
+    for (int off = 16; off >= 1; off /= 2)
+      warp_lo = min(warp_lo, __shfl_xor_sync(0xffffffffu, warp_lo, off));
   }
 
   PrefillWarpState<C> st;
@@ -128,7 +133,8 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) {
       prefill_tile_pages<C>(p, w, s, pages);
-      prefill_issue_kv_tile<C>(p, w, s, pages, k_smem + s * C::kStageBytes, v_smem + s * C::kStageBytes);
+      prefill_issue_kv_tile<C>(p, w, s, pages, k_smem + s * C::kStageBytes,
+                               v_smem + s * C::kStageBytes);
     }
     cp_async_commit();
   }
@@ -139,7 +145,8 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     const int next = tile + C::kStages - 1;
     if (next < num_tiles) {
       const int ns = next % C::kStages;
-      prefill_issue_kv_tile<C>(p, w, next, pages, k_smem + ns * C::kStageBytes, v_smem + ns * C::kStageBytes);
+      prefill_issue_kv_tile<C>(p, w, next, pages, k_smem + ns * C::kStageBytes,
+                               v_smem + ns * C::kStageBytes);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) prefill_tile_pages<C>(p, w, next + 1, pages);
@@ -188,7 +195,8 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
 }
 
 template <class Config, class V = DefaultVariant>
-__global__ void __launch_bounds__(Config::kThreads) batch_prefill_kernel(const __grid_constant__ PrefillParams p) {
+__global__ void __launch_bounds__(Config::kThreads)
+    batch_prefill_kernel(const __grid_constant__ PrefillParams p) {
   typedef PrefillWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];

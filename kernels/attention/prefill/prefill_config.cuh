@@ -17,7 +17,8 @@ struct PrefillConfigCommon {
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kRows = ROWS;
   static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
-  static constexpr PrefillShape kShape = HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS);
+  static constexpr PrefillShape kShape =
+      HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS);
   static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kShape.warp_rows;
   static constexpr int kWarpsQ = kShape.warps_q;
@@ -29,7 +30,8 @@ struct PrefillConfigCommon {
   static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
   static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per row
   static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of O
-  static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte KV loads per thread per stage
+  static constexpr int kLoads =
+      kTile * kChunks / kThreads;              // 16-byte KV loads per thread per stage
   static constexpr int kLoaderThreadBase = 0;  // the KV loaders' threads are threadIdx.x - this
   static constexpr int kQBytes = kShape.q_bytes;
   static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
@@ -37,7 +39,8 @@ struct PrefillConfigCommon {
   static constexpr int kSmemBytes = kShape.smem_bytes;
 
   static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
-  static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV, "KV source");
+  static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV,
+                "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
   static_assert(kWarpTokens % 16 == 0, "a warp's KV slice is whole 16-token MMA k-steps");
   static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");

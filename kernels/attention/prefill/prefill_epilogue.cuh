@@ -29,13 +29,14 @@ struct PrefillRowDst {
 };
 
 template <class C>
-__device__ __forceinline__ PrefillRowDst<C> prefill_row_dst(const PrefillParams& p, const PrefillWorkItem& w,
-                                                            int row) {
+__device__ __forceinline__ PrefillRowDst<C> prefill_row_dst(const PrefillParams& p,
+                                                            const PrefillWorkItem& w, int row) {
   PrefillRowDst<C> d;
   if (w.slot < 0) {
     const long long tok = w.q_base + w.q_start + row / p.group;
     const int head = w.kv_head * p.group + row % p.group;
-    d.out = static_cast<typename C::o_t*>(p.out) + tok * p.o_stride_n + (long long)head * p.o_stride_h;
+    d.out =
+        static_cast<typename C::o_t*>(p.out) + tok * p.o_stride_n + (long long)head * p.o_stride_h;
     d.partial = nullptr;
     d.lse = p.lse != nullptr ? p.lse + tok * p.lse_stride_n + head : nullptr;
   } else {
@@ -50,14 +51,15 @@ __device__ __forceinline__ PrefillRowDst<C> prefill_row_dst(const PrefillParams&
 // Writes N (2, 4 or 8) normalized elements [col, col + N) of a row, and (write_lse) its base-2
 // LSE, converted to natural log for the output.
 template <class C, int N>
-__device__ __forceinline__ void prefill_store(const PrefillRowDst<C>& d, int col, const float (&v)[N],
-                                              float lse2, bool write_lse) {
+__device__ __forceinline__ void prefill_store(const PrefillRowDst<C>& d, int col,
+                                              const float (&v)[N], float lse2, bool write_lse) {
   if (d.out != nullptr) {
     u32 packed[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) packed[i] = pack2<typename C::o_t>(v[2 * i], v[2 * i + 1]);
     if constexpr (N == 8) {
-      *reinterpret_cast<uint4*>(d.out + col) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      *reinterpret_cast<uint4*>(d.out + col) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
     } else if constexpr (N == 4) {
       *reinterpret_cast<uint2*>(d.out + col) = make_uint2(packed[0], packed[1]);
     } else {
@@ -75,7 +77,8 @@ __device__ __forceinline__ void prefill_store(const PrefillRowDst<C>& d, int col
 // One warp owns its rows' whole KV tile (kWarpsKV == 1): write straight from the fragments.
 template <class C>
 __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const PrefillWorkItem& w,
-                                                   const PrefillWarpState<C>& st, int wq, int valid_rows) {
+                                                   const PrefillWarpState<C>& st, int wq,
+                                                   int valid_rows) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < C::kRowTiles; ++r)
@@ -107,13 +110,14 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
 // The kWarpsKV warps of a row tile split each KV tile: ⊕ their states through shared memory
 // (`scratch`, the KV stages, free by now), then write rows < valid_rows with 16-byte stores.
 template <class C>
-__device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, const PrefillWorkItem& w,
+__device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
+                                                    const PrefillWorkItem& w,
                                                     const PrefillWarpState<C>& st, int valid_rows,
                                                     unsigned char* scratch) {
   static_assert(C::kRowTiles == 1, "warps that split KV tiles own one row tile");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* o_sm = reinterpret_cast<float*>(scratch);                // [kWarps][16][kHeadDim]
-  float* md_sm = o_sm + C::kWarps * 16 * C::kHeadDim;            // [kWarps][16][2]
+  float* o_sm = reinterpret_cast<float*>(scratch);     // [kWarps][16][kHeadDim]
+  float* md_sm = o_sm + C::kWarps * 16 * C::kHeadDim;  // [kWarps][16][2]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = lane / 4 + 8 * h;
@@ -135,7 +139,8 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
     const int wq = row / 16, r = row % 16;
     float mm = neg_inf();
 #pragma unroll
-    for (int wk = 0; wk < C::kWarpsKV; ++wk) mm = fmaxf(mm, md_sm[((wq * C::kWarpsKV + wk) * 16 + r) * 2]);
+    for (int wk = 0; wk < C::kWarpsKV; ++wk)
+      mm = fmaxf(mm, md_sm[((wq * C::kWarpsKV + wk) * 16 + r) * 2]);
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     float dd = 0.f;
     const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
@@ -172,7 +177,8 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p, cons
 
 // The merge stage of one split query tile: ⊕ of its partial states in KV order, to the output.
 template <class C>
-__device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const PrefillMergeItem& item) {
+__device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p,
+                                                   const PrefillMergeItem& item) {
   constexpr int kRowVecs = C::kHeadDim / 4;
   const int rows = (item.q_end - item.q_start) * p.group;
   // Written as an unsplit item of the same tile would be.
@@ -187,9 +193,9 @@ __device__ __forceinline__ void prefill_merge_tile(const PrefillParams& p, const
   for (int v = threadIdx.x; v < rows * kRowVecs; v += C::kThreads) {
     const int row = v / kRowVecs, col = (v % kRowVecs) * 4;
     float acc[4];
-    const float lse2 = merge_split_slots4(p.plan.partial_o + (long long)row * C::kHeadDim + col,
-                                          (long long)C::kRows * C::kHeadDim, p.plan.partial_lse + row,
-                                          C::kRows, item.slot_begin, item.slot_end, acc);
+    const float lse2 = merge_split_slots4(
+        p.plan.partial_o + (long long)row * C::kHeadDim + col, (long long)C::kRows * C::kHeadDim,
+        p.plan.partial_lse + row, C::kRows, item.slot_begin, item.slot_end, acc);
     if constexpr (!C::Traits::kUseSoftmax) {  // ⊕ averaged the sums (all lse 0): times 2^lse2 = n
       const float n = lse2 == neg_inf() ? 0.f : exp2f(lse2);
 #pragma unroll

@@ -45,16 +45,18 @@ struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, tr
 
   static_assert(Base::kWarps == 8 && Base::kRowTiles == 1 && Base::kWarpsKV == 1,
                 "two consumer warpgroups of 64 rows, a warp's 16 rows over the whole KV tile");
-  static_assert(Base::kQBytes % 1024 == 0 && Base::kStageBytes % 1024 == 0, "tiles on swizzle-atom boundaries");
-  // The host refuses the kernel where the GPU offers less (src/ops/prefill/prefill_core.cpp); on Hopper
-  // (227 KB per block) every head_dim fits, 1 KB of static shared memory included.
+  static_assert(Base::kQBytes % 1024 == 0 && Base::kStageBytes % 1024 == 0,
+                "tiles on swizzle-atom boundaries");
+  // The host refuses the kernel where the GPU offers less (src/ops/prefill/prefill_core.cpp); on
+  // Hopper (227 KB per block) every head_dim fits, 1 KB of static shared memory included.
   static_assert(Base::kSmemBytes + 1024 <= 227 * 1024, "fits Hopper's shared memory per block");
 };
 
 // Issues S[64 x kTile] of warpgroup `wg` = Q(its rows) · K(stage)ᵀ, over head_dim in k-steps of
 // 16, as one wgmma group (the caller waits).
 template <class C>
-__device__ __forceinline__ void prefill_hopper_qk(u32 q_smem, u32 k_stage, int wg, float (&s)[C::kTile / 2]) {
+__device__ __forceinline__ void prefill_hopper_qk(u32 q_smem, u32 k_stage, int wg,
+                                                  float (&s)[C::kTile / 2]) {
   // Each k-step's descriptors are the first ones plus a constant (addresses stay below 2^18, so
   // adding to the 14-bit address field never carries out of it).
   const u64 a0 = sw128_desc(q_smem + wg * 64 * 128, 16, 1024);
@@ -92,7 +94,8 @@ struct PrefillHopperRows {
 };
 
 template <class C>
-__device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillParams& p, const PrefillWorkItem& w) {
+__device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillParams& p,
+                                                                 const PrefillWorkItem& w) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   PrefillHopperRows r;
   r.valid_rows = (w.q_end - w.q_start) * p.group;
@@ -106,14 +109,15 @@ __device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillPa
     if (row < r.valid_rows) r.warp_min = min(r.warp_min, l);
   }
 #pragma unroll
-  for (int off = 16; off >= 1; off /= 2) r.warp_min = min(r.warp_min, __shfl_xor_sync(0xffffffffu, r.warp_min, off));
+  for (int off = 16; off >= 1; off /= 2)
+    r.warp_min = min(r.warp_min, __shfl_xor_sync(0xffffffffu, r.warp_min, off));
   return r;
 }
 
 // The Hopper kernels run plain attention; variants take the mma.sync kernel.
 template <class Tr>
-constexpr bool kPrefillHopperPlain = !Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform &&
-                                     !Tr::kFirstVisibleKey && !Tr::kSink && !Tr::kOutputTransform &&
-                                     Tr::kUseSoftmax;
+constexpr bool kPrefillHopperPlain =
+    !Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform && !Tr::kFirstVisibleKey &&
+    !Tr::kSink && !Tr::kOutputTransform && Tr::kUseSoftmax;
 
 }  // namespace flashkv

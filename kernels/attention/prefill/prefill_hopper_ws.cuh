@@ -10,7 +10,8 @@
 //   full[s]      KV tile t (t % kStages == s) landed (TMA: tx bytes; cp.async: 128 arrivals)
 //   k_empty[s]   every consumer warp's S = Q K(t)ᵀ is done: K stage t % kKStages may be refilled
 //   v_empty[s]   every consumer warp's P·V(t) is done: V stage t % kStages may be refilled
-//   q_full[b], q_empty[b]   the same for the query tile of the item with sequence number % kQBuffers
+//   q_full[b], q_empty[b]   the same for the query tile of the item with sequence number %
+//   kQBuffers
 // A barrier's n-th phase belongs to the n-th tile (or item) that uses its slot; the producer's
 // first wait on an empty barrier checks the phase before the first (complete at init). The
 // consumer warpgroups take turns issuing a step's wgmma (named barriers: FA3's ping-pong).
@@ -40,10 +41,12 @@ namespace flashkv {
 constexpr int kTma16 = 16;
 
 template <class C>
-__device__ __forceinline__ void prefill_tma_kv_tile(const PrefillParams& p, const PrefillWorkItem& w, int tile,
-                                                    int page, u32 k_stage, u32 v_stage, u32 bar) {
+__device__ __forceinline__ void prefill_tma_kv_tile(const PrefillParams& p,
+                                                    const PrefillWorkItem& w, int tile, int page,
+                                                    u32 k_stage, u32 v_stage, u32 bar) {
   constexpr int kColBlocks = C::kHeadDim / 64;
-  static_assert(C::kTile % kTma16 == 0 && C::kTile / kTma16 <= 32, "a tile is whole 16-token boxes, a lane each");
+  static_assert(C::kTile % kTma16 == 0 && C::kTile / kTma16 <= 32,
+                "a tile is whole 16-token boxes, a lane each");
   const int lane = threadIdx.x % 32;
   const int pos0 = w.kv_start + tile * C::kTile;
   const int valid = min(C::kTile, w.kv_end - pos0);
@@ -68,13 +71,16 @@ __device__ __forceinline__ void prefill_tma_kv_tile(const PrefillParams& p, cons
 
 // Lane b's page id for 16-token box b of KV tile `tile` of item w (paged KV by TMA; 0 past it).
 template <class C>
-__device__ __forceinline__ int prefill_tma_page(const PrefillParams& p, const PrefillWorkItem& w, int tile) {
+__device__ __forceinline__ int prefill_tma_page(const PrefillParams& p, const PrefillWorkItem& w,
+                                                int tile) {
   if constexpr (C::kKV == kRaggedKV) {
     return 0;
   } else {
     const int lane = threadIdx.x % 32;
     const int pos = w.kv_start + tile * C::kTile + lane * kTma16;
-    return lane * kTma16 < C::kTile && pos < w.kv_end ? p.kv_indices[w.page_base + (pos >> p.page_shift)] : 0;
+    return lane * kTma16 < C::kTile && pos < w.kv_end
+               ? p.kv_indices[w.page_base + (pos >> p.page_shift)]
+               : 0;
   }
 }
 
@@ -92,7 +98,8 @@ __device__ __forceinline__ u32 bar_at(const u64* b, int i) { return smem_addr(b 
 // The consumer warps' arrival on an empty barrier (count: 8, lane 0 of each warp), after the
 // warp's wgmma reading the stage completed.
 __device__ __forceinline__ void consumer_release(const u64* b, int i) {
-  if (threadIdx.x % 32 == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar_at(b, i)) : "memory");
+  if (threadIdx.x % 32 == 0)
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar_at(b, i)) : "memory");
 }
 
 // The producer's cp.async loads (KV not loadable by TMA: pages of 1-15 tokens, or work items not
@@ -103,7 +110,8 @@ struct PrefillProducerLoads : C {
   static constexpr int kThreads = 128;
   static constexpr int kLoaderThreadBase = C::kThreads;
   static constexpr int kLoads = C::kTile * C::kChunks / 128;
-  static_assert(C::kTile * C::kChunks % 128 == 0, "a KV tile splits evenly over the producer's threads");
+  static_assert(C::kTile * C::kChunks % 128 == 0,
+                "a KV tile splits evenly over the producer's threads");
 };
 
 // The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
@@ -111,8 +119,9 @@ struct PrefillProducerLoads : C {
 // (C::kKvTma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
 // arriving on full[s] (count 128) once its copies landed.
 template <class C>
-__device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end, u32 q_smem,
-                                                   u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars) {
+__device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end,
+                                                   u32 q_smem, u32 k_smem, u32 v_smem,
+                                                   PrefillHopperBarriers<C>& bars) {
   typedef PrefillProducerLoads<C> PL;
   constexpr int kColBlocks = C::kHeadDim / 64;
   const int ptid = threadIdx.x - C::kThreads;
@@ -126,11 +135,12 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
     if (ptid == 0) {
       mbarrier_wait_parity(bar_at(bars.q_empty, b), ((seq / C::kQBuffers) & 1) ^ 1);
       // Box: 64 columns x group heads x q_tma_tokens tokens = rows (token, head) in tile order.
-      mbarrier_arrive_expect_tx(bar_at(bars.q_full, b), (u32)(kColBlocks * 128 * p.group * p.q_tma_tokens));
+      mbarrier_arrive_expect_tx(bar_at(bars.q_full, b),
+                                (u32)(kColBlocks * 128 * p.group * p.q_tma_tokens));
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        tma_load_4d(q_buf + cb * (C::kRows * 128), &p.q_tma, bar_at(bars.q_full, b), cb * 64, w.kv_head * p.group,
-                    w.q_base + w.q_start, 0);
+        tma_load_4d(q_buf + cb * (C::kRows * 128), &p.q_tma, bar_at(bars.q_full, b), cb * 64,
+                    w.kv_head * p.group, w.q_base + w.q_start, 0);
     }
     for (int tile = 0; tile < tiles; ++tile, ++g) {
       const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
@@ -166,7 +176,8 @@ struct PrefillWsConfig : C0 {
   static constexpr bool kKvTma = KV_TMA;
   static constexpr int kProducerRegs = KV_TMA ? 24 : 40;
   static constexpr int kConsumerRegs = KV_TMA ? 240 : 232;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 == 168 * 384, "the register split fills the launch bound");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 == 168 * 384,
+                "the register split fills the launch bound");
 };
 
 // Named barriers 2 and 3: warpgroup w waits at 2 + w for its turn to issue (bar 1: prefill_arrive).
@@ -178,14 +189,14 @@ constexpr int kPingPongBarrier = 2;
 // the item's last S). `pa` then holds this tile's P. Two instantiations, no wgmma under a
 // condition: ptxas serializes every wgmma of a kernel that has one (C7518).
 template <class C, bool kPendingPV>
-__device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const PrefillWorkItem& w, int tile,
-                                                int g, bool last, u32 q_buf, int qb, u32 k_smem, u32 v_smem,
-                                                PrefillHopperBarriers<C>& bars, int wg,
-                                                const PrefillHopperRows& rows, PrefillWarpState<C>& st,
-                                                u32 (&pa)[1][C::kNT / 2][4]) {
+__device__ __forceinline__ void prefill_ws_step(
+    const PrefillParams& p, const PrefillWorkItem& w, int tile, int g, bool last, u32 q_buf, int qb,
+    u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars, int wg, const PrefillHopperRows& rows,
+    PrefillWarpState<C>& st, u32 (&pa)[1][C::kNT / 2][4]) {
   const int lane = threadIdx.x % 32;
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
-  mbarrier_wait_parity(bar_at(bars.full, g % C::kStages), (g / C::kStages) & 1);  // K(g), V(g) landed
+  mbarrier_wait_parity(bar_at(bars.full, g % C::kStages),
+                       (g / C::kStages) & 1);  // K(g), V(g) landed
   // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
   // proxy: the mbarrier makes the writes visible to this thread, the fence to its wgmma (TMA
   // writes are async-proxy already).
@@ -196,7 +207,8 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   // while the other's matrix products use the tensor cores.
   named_barrier(kPingPongBarrier + wg, 256);
   prefill_hopper_qk<C>(q_buf, k_smem + (g % C::kKStages) * C::kStageBytes, wg, sf);
-  if constexpr (kPendingPV) prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
+  if constexpr (kPendingPV)
+    prefill_hopper_pv<C>(pa, v_smem + ((g - 1) % C::kStages) * C::kStageBytes, o);
   named_barrier_arrive(kPingPongBarrier + (1 - wg), 256);
   if constexpr (kPendingPV) {
     wgmma_wait<1>();  // S (committed first) has landed; P·V may still run
@@ -225,7 +237,8 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
 #pragma unroll
   for (int j = 0; j < C::kNT / 2; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
+    for (int e = 0; e < 4; ++e)
+      asm volatile("mov.b32 %0, %1;\n" : "=r"(pa[0][j][e]) : "r"(pa_new[0][j][e]));
   if constexpr (kPendingPV) {
     if (__any_sync(0xffffffffu, rescale[0][0] != 1.f || rescale[0][1] != 1.f)) {
 #pragma unroll
@@ -238,8 +251,9 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
 // query tile in buffer seq % kQBuffers. Every warpgroup runs every tile of the item (rows that see
 // none of it get P = 0).
 template <class C>
-__device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, const PrefillWorkItem& w, int g0,
-                                                     int seq, u32 q_smem, u32 k_smem, u32 v_smem,
+__device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p,
+                                                     const PrefillWorkItem& w, int g0, int seq,
+                                                     u32 q_smem, u32 k_smem, u32 v_smem,
                                                      PrefillHopperBarriers<C>& bars, int wg) {
   const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
   const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
@@ -251,10 +265,11 @@ __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p, con
   u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
   if (tiles > 0) {
     mbarrier_wait_parity(bar_at(bars.q_full, qb), (seq / C::kQBuffers) & 1);
-    prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows, st, pa);
+    prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
+                              st, pa);
     for (int tile = 1; tile < tiles; ++tile)
-      prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
-                               st, pa);
+      prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem,
+                               bars, wg, rows, st, pa);
     const int g = g0 + tiles - 1;
     prefill_hopper_pv<C>(pa, v_smem + (g % C::kStages) * C::kStageBytes, o);
     wgmma_wait<0>();
@@ -271,7 +286,8 @@ template <class Config, class V = DefaultVariant, bool KV_TMA = true>
 __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     batch_prefill_hopper_ws_kernel(const __grid_constant__ PrefillParams p) {
   typedef PrefillWsConfig<PrefillWithVariant<Config, V>, KV_TMA> C;
-  static_assert(kPrefillHopperPlain<typename C::Traits>, "plain attention only: variants take the mma.sync kernel");
+  static_assert(kPrefillHopperPlain<typename C::Traits>,
+                "plain attention only: variants take the mma.sync kernel");
   static_assert(C::kThreads == 256, "two consumer warpgroups");
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ PrefillHopperBarriers<C> bars;
@@ -280,7 +296,8 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   const u32 v_smem = k_smem + C::kKStages * C::kStageBytes;
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
-      mbarrier_init(bar_at(bars.full, i), C::kKvTma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
+      mbarrier_init(bar_at(bars.full, i),
+                    C::kKvTma ? 1 : 128);  // TMA: one arrival + bytes; cp.async: 128
       mbarrier_init(bar_at(bars.v_empty, i), 8);
     }
     for (int i = 0; i < C::kKStages; ++i) mbarrier_init(bar_at(bars.k_empty, i), 8);
@@ -292,7 +309,8 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   }
   // V rows no box writes keep what the stage held: zeros at first (uninitialized shared memory
   // could hold NaN), then earlier tiles' KV, finite (prefill_tma_kv_tile reads no row past kv_end).
-  for (u32 a = v_smem + threadIdx.x * 16; a < v_smem + C::kStages * C::kStageBytes; a += (C::kThreads + 128) * 16)
+  for (u32 a = v_smem + threadIdx.x * 16; a < v_smem + C::kStages * C::kStageBytes;
+       a += (C::kThreads + 128) * 16)
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
   fence_proxy_async_shared();
   __syncthreads();

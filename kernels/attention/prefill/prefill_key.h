@@ -29,10 +29,10 @@ inline PrefillKV prefill_kv_source(bool paged, int page_size) {
 struct PrefillKernelKey {
   DType dtype = DType::f16;  // q, kv and out
   int head_dim = 128;
-  int rows = 128;            // query-tile rows (the wgmma kernel: always 128)
+  int rows = 128;  // query-tile rows (the wgmma kernel: always 128)
   PrefillKV kv = PrefillKV::kPagedPow2;
-  bool wgmma = false;        // the Hopper kernel (plain attention only)
-  KernelVariant variant;     // the mma.sync kernel's variant
+  bool wgmma = false;     // the Hopper kernel (plain attention only)
+  KernelVariant variant;  // the mma.sync kernel's variant
   bool operator==(const PrefillKernelKey&) const = default;
 
   // PrefillConfig<T, HEAD_DIM, ROWS, KV_SOURCE> or PrefillHopperConfig<T, HEAD_DIM, KV_SOURCE>.
@@ -50,8 +50,8 @@ struct PrefillKernelKey {
   // tensors allow.
   std::string kernel_name(bool kv_tma = true) const {
     if (!wgmma) return "flashkv::batch_prefill_kernel<" + config_type() + ", " + variant.type + ">";
-    return "flashkv::batch_prefill_hopper_ws_kernel<" + config_type() + ", flashkv::DefaultVariant, " +
-           (kv_tma ? "true" : "false") + ">";
+    return "flashkv::batch_prefill_hopper_ws_kernel<" + config_type() +
+           ", flashkv::DefaultVariant, " + (kv_tma ? "true" : "false") + ">";
   }
   std::vector<std::string> name_expressions() const {
     if (!wgmma) return {kernel_name()};
@@ -77,7 +77,8 @@ struct PrefillKernelKey {
   // adds its producer warpgroup to the shape's two consumer warpgroups.
   LaunchGeometry geometry() const {
     const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim) : prefill_shape(head_dim, rows);
-    return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)), static_cast<unsigned>(s.smem_bytes)};
+    return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)),
+            static_cast<unsigned>(s.smem_bytes)};
   }
 };
 

@@ -30,7 +30,8 @@ __device__ __forceinline__ void prefill_load_q(const PrefillParams& p, const Pre
     const q_t* src = valid ? q + (long long)(w.q_base + w.q_start + tok) * p.q_stride_n +
                                  (long long)(w.kv_head * p.group + head) * p.q_stride_h
                            : q;
-    cp_async_16(q_smem + C::template smem_offset<C::kRows>(row, threadIdx.x % C::kChunks), src, valid);
+    cp_async_16(q_smem + C::template smem_offset<C::kRows>(row, threadIdx.x % C::kChunks), src,
+                valid);
     tok += step_tok;
     head += step_head;
     if (head >= p.group) {
@@ -80,9 +81,10 @@ __device__ __forceinline__ void prefill_tile_pages(const PrefillParams& p, const
 // nothing outside the cache is read, and zeros keep P·V free of NaN from stale shared memory.
 // Offsets within a page are 32-bit (the host checks they fit); one wide multiply per page.
 template <class C>
-__device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p, const PrefillWorkItem& w,
-                                                      int tile, const PrefillTilePages<C>& a,
-                                                      u32 k_stage, u32 v_stage) {
+__device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p,
+                                                      const PrefillWorkItem& w, int tile,
+                                                      const PrefillTilePages<C>& a, u32 k_stage,
+                                                      u32 v_stage) {
   typedef typename C::kv_t kv_t;
   typedef PrefillKVLoads<C> L;
   const int col = w.kv_head * p.head_stride + L::chunk() * 8;  // element offset within a token

@@ -38,7 +38,8 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
     }
 #pragma unroll
     for (int j = 0; j < C::kNT / 2; ++j) {
-      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k hi)
+      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
+                  // hi)
       const int k_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * (lane / 16);
       ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
       const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
@@ -59,8 +60,8 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
 // (the Hopper kernel, whose O is still being written by the previous tile's wgmma).
 template <class C, bool kRescaleO = true>
 __device__ __forceinline__ float prefill_online_update(PrefillWarpState<C>& st,
-                                                       float (&s)[C::kRowTiles][C::kNT][4], int r, int h,
-                                                       float mx, float scale_log2) {
+                                                       float (&s)[C::kRowTiles][C::kNT][4], int r,
+                                                       int h, float mx, float scale_log2) {
   const SoftmaxStep step = st.step(r, h, softmax_quad_max(mx) * scale_log2);
   // Four partial sums: one running sum would be a chain of kNT * 2 dependent adds, and with two
   // warps per scheduler (the Hopper kernel) nothing hides its latency.
@@ -86,10 +87,12 @@ __device__ __forceinline__ void prefill_pack_p(const float (&s)[C::kRowTiles][C:
                                                u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
 #pragma unroll
   for (int j = 0; j < C::kNT / 2; ++j) {
-    pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);          // row g, tok 0-7
-    pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);          // row g+8, tok 0-7
-    pa[r][j][2] = pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
-    pa[r][j][3] = pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
+    pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);  // row g, tok 0-7
+    pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);  // row g+8, tok 0-7
+    pa[r][j][2] =
+        pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
+    pa[r][j][3] =
+        pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
   }
 }
 
@@ -121,7 +124,8 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
         }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float f = prefill_online_update<C, kRescaleO>(st, s, r, h, fmaxf(mx[h][0], mx[h][1]), scale_log2);
+      const float f =
+          prefill_online_update<C, kRescaleO>(st, s, r, h, fmaxf(mx[h][0], mx[h][1]), scale_log2);
       if constexpr (!kRescaleO) rescale[r][h] = f;
     }
     prefill_pack_p<C>(s, r, pa);
@@ -138,7 +142,8 @@ __device__ __forceinline__ void prefill_pv(PrefillWarpState<C>& st,
   for (int j = 0; j < C::kNT / 2; ++j) {
 #pragma unroll
     for (int dd = 0; dd < C::kHeadDim / 16; ++dd) {
-      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims hi)
+      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
+                  // hi)
       const int v_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
       ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * dd + lane / 16));
       const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};

@@ -1,7 +1,7 @@
 // The prefill kernel's runtime parameters: one flat struct of pointers and element strides,
 // passed by value (the kernel takes it __grid_constant__: the variant block is read in place).
-// Shared with the host (src/ops/prefill/prefill_core.cpp); includes only the plan layout and the variant
-// argument block.
+// Shared with the host (src/ops/prefill/prefill_core.cpp); includes only the plan layout and the
+// variant argument block.
 #pragma once
 
 #include "attention/prefill/prefill_plan.cuh"
@@ -27,15 +27,15 @@ struct PrefillParams {
   long long q_stride_n, q_stride_h;  // elements
   long long o_stride_n, o_stride_h;
   long long lse_stride_n;
-  long long page_stride;  // of k and v, elements
+  long long page_stride;          // of k and v, elements
   int token_stride, head_stride;  // of k and v, elements (< 2^31, checked by the host)
-  int num_pages;          // paged: ids outside [0, num_pages) are read as zeros
-  int page_size;          // paged: tokens per page; 0: ragged KV
-  int page_shift;         // log2(page_size) when it is a power of two, else -1: the loaders then
-                          // split positions with shifts, not an integer division per 16 bytes
-  int group;              // query heads per KV head, fused into the rows of a query tile
-  int causal;             // 1: query token i sees KV positions <= work.diag + i
-  float sm_scale_log2;    // sm_scale * log2(e): logits are kept in base 2
+  int num_pages;                  // paged: ids outside [0, num_pages) are read as zeros
+  int page_size;                  // paged: tokens per page; 0: ragged KV
+  int page_shift;       // log2(page_size) when it is a power of two, else -1: the loaders then
+                        // split positions with shifts, not an integer division per 16 bytes
+  int group;            // query heads per KV head, fused into the rows of a query tile
+  int causal;           // 1: query token i sees KV positions <= work.diag + i
+  float sm_scale_log2;  // sm_scale * log2(e): logits are kept in base 2
   PrefillPlanPtrs plan;
   VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place
   // kv_tma = 1: the warp-specialized Hopper kernel (prefill_hopper_ws.cuh), all loads by TMA.

@@ -66,7 +66,7 @@ struct PrefillPlanPtrs {
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)  // device code only; the host writes the bytes
 __device__ __forceinline__ const PrefillMergeItem* prefill_merge_items(const PrefillPlanPtrs& p) {
   return reinterpret_cast<const PrefillMergeItem*>(reinterpret_cast<const char*>(p.header) +
-                                                  p.header->merge_offset);
+                                                   p.header->merge_offset);
 }
 #endif
 

@@ -11,18 +11,18 @@
 namespace flashkv {
 
 struct PrefillShape {
-  int row_tiles;   // 16-row MMA tiles per warp
-  int warp_rows;   // 16 * row_tiles
-  int warps_q;     // warps along the query rows
-  int warps_kv;    // warps sharing a row block, splitting each KV tile between them
+  int row_tiles;  // 16-row MMA tiles per warp
+  int warp_rows;  // 16 * row_tiles
+  int warps_q;    // warps along the query rows
+  int warps_kv;   // warps sharing a row block, splitting each KV tile between them
   int warps;
   int threads;
-  int tile;        // KV tokens per pipeline stage
+  int tile;  // KV tokens per pipeline stage
   int stages;
-  int q_bytes;     // shared memory: the query tile,
-  int stage_bytes; // K (or V) of one stage,
-  int smem_bytes;  // and in all (the warps' merge scratch reuses the KV stages)
-  int q_buffers;   // query tiles in shared memory: 2 lets the next work item's load start early
+  int q_bytes;      // shared memory: the query tile,
+  int stage_bytes;  // K (or V) of one stage,
+  int smem_bytes;   // and in all (the warps' merge scratch reuses the KV stages)
+  int q_buffers;    // query tiles in shared memory: 2 lets the next work item's load start early
 };
 
 constexpr PrefillShape prefill_shape(int head_dim, int rows) {

@@ -21,18 +21,20 @@ struct PrefillWithVariant : C {
 
 // The variant's view of row `row` of work item w's query tile: token q_start + row / group,
 // query head kv_head * group + row % group.
-__device__ __forceinline__ VariantRow prefill_variant_row(const PrefillParams& p, const PrefillWorkItem& w,
-                                                          int row) {
+__device__ __forceinline__ VariantRow prefill_variant_row(const PrefillParams& p,
+                                                          const PrefillWorkItem& w, int row) {
   const int qo_idx = w.q_start + row / p.group;
-  return VariantRow{w.request, w.q_base + qo_idx, qo_idx, w.qo_len, w.kv_len,
-                    w.kv_head * p.group + row % p.group, w.kv_head};
+  return VariantRow{w.request, w.q_base + qo_idx, qo_idx,
+                    w.qo_len,  w.kv_len,          w.kv_head * p.group + row % p.group,
+                    w.kv_head};
 }
 
 // Applies the variant's output transform (when it has one) to N elements [col, col + N) of a row
 // bound for the final output; partial states of a split tile are transformed after their merge.
 template <class C, int N>
-__device__ __forceinline__ void prefill_output_transform(const PrefillParams& p, const PrefillWorkItem& w,
-                                                         int row, int col, bool final_output, float (&v)[N]) {
+__device__ __forceinline__ void prefill_output_transform(const PrefillParams& p,
+                                                         const PrefillWorkItem& w, int row, int col,
+                                                         bool final_output, float (&v)[N]) {
   if constexpr (C::Traits::kOutputTransform) {
     if (!final_output) return;
     const VariantRow vr = prefill_variant_row(p, w, row);
@@ -54,12 +56,10 @@ struct PrefillRowPos {
 // weight without), so the update runs on scores with no scale. Without softmax P is the weights
 // themselves: no running max, no rescale. pos0, lim, kMask and pa as in prefill_softmax.
 template <class C, bool kMask>
-__device__ __forceinline__ void prefill_softmax_variant(const PrefillParams& p, const PrefillWorkItem& w,
-                                                        PrefillWarpState<C>& st,
-                                                        float (&s)[C::kRowTiles][C::kNT][4], int pos0,
-                                                        const int (&lim)[C::kRowTiles][2],
-                                                        const PrefillRowPos<C>& rp,
-                                                        u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
+__device__ __forceinline__ void prefill_softmax_variant(
+    const PrefillParams& p, const PrefillWorkItem& w, PrefillWarpState<C>& st,
+    float (&s)[C::kRowTiles][C::kNT][4], int pos0, const int (&lim)[C::kRowTiles][2],
+    const PrefillRowPos<C>& rp, u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
   typedef typename C::Traits Tr;
   const auto& va = variant_args<typename C::Variant>(p.variant);
   const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
@@ -73,13 +73,14 @@ __device__ __forceinline__ void prefill_softmax_variant(const PrefillParams& p, 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int kv_idx = pos0 + nt * 8 + e;
-          const VariantPosition pos{w.request, rp.qo_idx[r][h], kv_idx, w.qo_len, w.kv_len,
-                                    rp.qo_head[r][h], w.kv_head};
+          const VariantPosition pos{w.request, rp.qo_idx[r][h],  kv_idx,   w.qo_len,
+                                    w.kv_len,  rp.qo_head[r][h], w.kv_head};
           float& x = s[r][nt][h * 2 + e];
           x = Tr::score(va, pos, x * dot_scale, !kMask || kv_idx <= lim[r][h]);
           mx = fmaxf(mx, x);
         }
-      if constexpr (Tr::kUseSoftmax) prefill_online_update<C>(st, s, r, h, mx, 1.f);  // scores: base 2
+      if constexpr (Tr::kUseSoftmax)
+        prefill_online_update<C>(st, s, r, h, mx, 1.f);  // scores: base 2
       // Without softmax the scores are the weights: no m, no d, plain sums.
     }
     prefill_pack_p<C>(s, r, pa);
@@ -90,8 +91,8 @@ __device__ __forceinline__ void prefill_softmax_variant(const PrefillParams& p, 
 // before normalizing: the sink joins the denominator of the chunk that starts at key 0, once.
 // Updates m and d; 1 when the variant has no sinks or the chunk does not start at key 0.
 template <class C>
-__device__ __forceinline__ float prefill_fold_sink(const PrefillParams& p, const PrefillWorkItem& w, int row,
-                                                   float& m, float& d) {
+__device__ __forceinline__ float prefill_fold_sink(const PrefillParams& p, const PrefillWorkItem& w,
+                                                   int row, float& m, float& d) {
   if constexpr (C::Traits::kSink) {
     if (w.kv_start == 0) {
       const auto& va = variant_args<typename C::Variant>(p.variant);

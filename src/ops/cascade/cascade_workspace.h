@@ -37,13 +37,16 @@ class CascadeWorkspace {
   size_t index_bytes() const { return index_bytes_; }
   size_t rows_offset() const { return 0; }
   size_t num_rows_offset() const { return num_rows_offset_; }
-  size_t level_indices_offset(int l) const { return indices_offset_ + size_t(l) * cfg_.max_pages * 4; }
+  size_t level_indices_offset(int l) const {
+    return indices_offset_ + size_t(l) * cfg_.max_pages * 4;
+  }
   CUdeviceptr index_device_ptr() const { return reinterpret_cast<CUdeviceptr>(base_); }
   const int* rows_ptr() const { return reinterpret_cast<const int*>(base_); }
   const int* num_rows_ptr() const { return reinterpret_cast<const int*>(base_ + num_rows_offset_); }
   TensorView level_indices_view(int l) const;
 
-  // Slot 0: the gathered q; slot l + 1: level l's output. [max_rows, H, D] of the shape, contiguous.
+  // Slot 0: the gathered q; slot l + 1: level l's output. [max_rows, H, D] of the shape,
+  // contiguous.
   TensorView rows_view(int slot, const CascadeShape& s, int64_t rows) const;
   TensorView lse_view(int l, const CascadeShape& s, int64_t rows) const;  // f32 [max_rows, H]
   unsigned merge_grid() const { return merge_grid_; }

@@ -18,13 +18,13 @@
 #include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "ops/cascade/cascade_workspace.h"
+#include "ops/common/plan_lifecycle.h"
+#include "ops/common/run_checks.h"
 #include "ops/jit/jit_util.h"
 #include "ops/jit/kernel_specs.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
-#include "ops/common/plan_lifecycle.h"
-#include "ops/common/run_checks.h"
 #include "scheduler/cascade_cost.h"
 #include "scheduler/prefix_sharing.h"
 #include "tuning/sm90.cuh"
@@ -136,8 +136,8 @@ MultiLevelCascade::MultiLevelCascade(const MultiLevelCascadeConfig& cfg, void* w
   }
   const int last = cfg.max_levels - 1;
   if (m.decode_mode) {
-    m.suffix_decode = std::make_unique<BatchDecode>(m.ws.decode_config(), m.ws.level_workspace(last),
-                                                    m.ws.level_workspace_bytes(last));
+    m.suffix_decode = std::make_unique<BatchDecode>(
+        m.ws.decode_config(), m.ws.level_workspace(last), m.ws.level_workspace_bytes(last));
   } else {
     m.suffix_prefill = std::make_unique<BatchPrefillPaged>(pc, m.ws.level_workspace(last),
                                                            m.ws.level_workspace_bytes(last));
@@ -174,14 +174,15 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   check(shape.num_qo_heads <= cfg.num_qo_heads && shape.head_dim <= cfg.head_dim,
         "CascadeShape: num_qo_heads / head_dim exceed MultiLevelCascadeConfig's (",
         cfg.num_qo_heads, " / ", cfg.head_dim, ")");
-  check(b.kv_indptr[b.batch_size] <= cfg.max_pages, "kv_indptr[batch] = ",
-        b.kv_indptr[b.batch_size], " pages exceed MultiLevelCascadeConfig.max_pages = ",
-        cfg.max_pages);
+  check(b.kv_indptr[b.batch_size] <= cfg.max_pages,
+        "kv_indptr[batch] = ", b.kv_indptr[b.batch_size],
+        " pages exceed MultiLevelCascadeConfig.max_pages = ", cfg.max_pages);
   // Query rows per request.
   std::vector<int32_t> qo(b.batch_size + 1, 0);
   for (int i = 0; i < b.batch_size; ++i) {
     const int32_t n = b.qo_indptr ? b.qo_indptr[i + 1] - b.qo_indptr[i] : 1;
-    check(n >= 0, "qo_indptr: expected non-decreasing, got qo_indptr[", i + 1, "] < qo_indptr[", i, "]");
+    check(n >= 0, "qo_indptr: expected non-decreasing, got qo_indptr[", i + 1, "] < qo_indptr[", i,
+          "]");
     check(!m.decode_mode || n == 1, "qo_indptr: a decode cascade (MultiLevelCascadeConfig.",
           "max_qo_tokens = 0) takes one query row per request; request ", i, " has ", n);
     qo[i + 1] = qo[i] + n;
@@ -192,8 +193,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   check(shape.dtype == DType::f16 || shape.dtype == DType::bf16,
         "CascadeShape.dtype: expected f16 or bf16, got ", dtype_name(shape.dtype));
   if (m.captured.any) {
-    m.captured.check_rows(qo.back(), "query rows: " + std::to_string(qo.back()),
-                          "max-row views");
+    m.captured.check_rows(qo.back(), "query rows: " + std::to_string(qo.back()), "max-row views");
   }
 
   // Detection, cost model, decision.
@@ -202,10 +202,10 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   po.min_group_size = opts.min_group_size;
   po.causal = opts.causal && !m.decode_mode;
   if (b.qo_indptr) po.qo_indptr = std::span<const int32_t>(qo);
-  scheduler::PageTableSpan table{
-      std::span<const int32_t>(b.kv_indptr, b.batch_size + 1),
-      std::span<const int32_t>(b.kv_indices, b.kv_indptr[b.batch_size]),
-      std::span<const int32_t>(b.kv_last_page_len, b.batch_size), b.page_size};
+  scheduler::PageTableSpan table{std::span<const int32_t>(b.kv_indptr, b.batch_size + 1),
+                                 std::span<const int32_t>(b.kv_indices, b.kv_indptr[b.batch_size]),
+                                 std::span<const int32_t>(b.kv_last_page_len, b.batch_size),
+                                 b.page_size};
   scheduler::CascadeLayout layout;
   bool use = false;
   m.info = {};
@@ -227,8 +227,9 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
     int64_t tokens = 0;
     for (int i = 0; i < b.batch_size; ++i)
       tokens += paged_kv_len(b.kv_indptr, b.kv_last_page_len, b.page_size, i);
-    m.info.plain_kv_bytes = m.info.cascade_kv_bytes =
-        tokens * 2 * shape.num_kv_heads * shape.head_dim * static_cast<int64_t>(dtype_size(shape.dtype));
+    m.info.plain_kv_bytes = m.info.cascade_kv_bytes = tokens * 2 * shape.num_kv_heads *
+                                                      shape.head_dim *
+                                                      static_cast<int64_t>(dtype_size(shape.dtype));
   }
   if (!use) m.info.cascade_kv_bytes = m.info.plain_kv_bytes;
   const int64_t rows = qo.back();
@@ -396,8 +397,8 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
     const bool graph = m.opts.enable_cuda_graph;
     const TensorView o_l = graph ? m.ws.rows_view(l + 1, sh, max_rows)
                                  : m.ws.rows_view(l + 1, sh, max_rows).slice0(0, m.rows);
-    const TensorView s_l = graph ? m.ws.lse_view(l, sh, max_rows)
-                                 : m.ws.lse_view(l, sh, max_rows).slice0(0, m.rows);
+    const TensorView s_l =
+        graph ? m.ws.lse_view(l, sh, max_rows) : m.ws.lse_view(l, sh, max_rows).slice0(0, m.rows);
     if (l + 1 < m.num_levels) {
       m.prefix[l]->run(q_src, level_kv(l), o_l, s_l, stream);
     } else if (m.decode_mode) {

@@ -33,7 +33,8 @@ class KernelMemo {
     const runtime::LoadedModule& mod =
         runtime::KernelCache::instance().module(spec.id, device, spec.make);
     LoadedKernel k{spec.id, {}, key.geometry()};
-    for (const std::string& name : key.name_expressions()) k.functions.push_back(mod.function(name));
+    for (const std::string& name : key.name_expressions())
+      k.functions.push_back(mod.function(name));
     kernel_ = std::move(k);
     key_ = key;
     return kernel_;

@@ -16,10 +16,10 @@ struct PlannedQueries {
   Device device;
   DType q_dtype{}, o_dtype{};
   int num_qo_heads = 0, head_dim = 0;
-  int64_t rows = 0;               // the plan's query rows
-  const char* rows_of = "";       // how messages name them: "the plan's batch"
-  bool graph = false;             // enable_cuda_graph: tensors may hold more rows (capture size)
-  bool softmax = true;            // the variant has a softmax (else lse must be undefined)
+  int64_t rows = 0;          // the plan's query rows
+  const char* rows_of = "";  // how messages name them: "the plan's batch"
+  bool graph = false;        // enable_cuda_graph: tensors may hold more rows (capture size)
+  bool softmax = true;       // the variant has a softmax (else lse must be undefined)
 };
 // q and out: device, dtype, shape, contiguous last dimension, 16-byte rows, non-overlapping out;
 // lse (optional): device, f32, shape, contiguous heads.
@@ -29,7 +29,8 @@ void check_planned_queries(const TensorView& q, const TensorView& out, const Ten
 // The query side of a kernel's parameters (DecodeParams, PrefillParams: the same fields), from
 // tensors check_planned_queries accepted.
 template <class Params>
-void set_query_params(Params& p, const TensorView& q, const TensorView& out, const TensorView& lse) {
+void set_query_params(Params& p, const TensorView& q, const TensorView& out,
+                      const TensorView& lse) {
   p.q = q.data();
   p.out = out.data();
   p.lse = lse.defined() ? lse.data_as<float>() : nullptr;

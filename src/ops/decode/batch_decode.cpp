@@ -6,12 +6,12 @@
 #include <span>
 #include <vector>
 
+#include "attention/decode/decode_key.h"
 #include "attention/decode/decode_params.cuh"
 #include "attention/decode/decode_shape.cuh"
 #include "flashkv/decode.h"
 #include "flashkv/error.h"
 #include "flashkv/plan_checks.h"
-#include "attention/decode/decode_key.h"
 #include "ops/common/kernel_memo.h"
 #include "ops/common/plan_lifecycle.h"
 #include "ops/common/run_checks.h"
@@ -56,7 +56,8 @@ void check_fixed_split_fits(std::span<const int64_t> lens, int fixed_split_size,
        " bytes in use");
 }
 
-// The tensor-core or CUDA-core kernel and the grid's CTAs per SM (ops/decode/decode_shape_choice.cpp).
+// The tensor-core or CUDA-core kernel and the grid's CTAs per SM
+// (ops/decode/decode_shape_choice.cpp).
 struct DecodeKernelChoice {
   bool tensor_cores = false;
   int ctas_per_sm = 2;
@@ -68,8 +69,8 @@ struct DecodeKernelChoice {
 struct BatchDecode::Impl {
   BatchDecodeConfig cfg;
   ops::DecodeWorkspace ws;
-  ops::PlanLifecycle life;      // plan/run guards and the plan's copy into the workspace
-  int max_smem = 0;             // the device's opt-in shared memory per block
+  ops::PlanLifecycle life;  // plan/run guards and the plan's copy into the workspace
+  int max_smem = 0;         // the device's opt-in shared memory per block
   DeviceErrorRecord* error_record = nullptr;  // the device's (runtime/device_errors.h)
   // What a CUDA graph captured by run() holds fixed: later plans must fit it.
   struct Captured : ops::CapturedRun {
@@ -90,9 +91,9 @@ struct BatchDecode::Impl {
   std::vector<int64_t> kv_lens;
   std::vector<int64_t> window_lens;  // with a sliding window: the keys each request's row sees
   int64_t min_kv_len = 0, max_kv_len = 0;
-  ops::RopeSpecMemo rope_memo;  // the fused step's frequency table
-  ops::VariantJit variant_jit;  // the plan's variant
-  VariantArgsBlock variant_args{};  // its arguments, packed at plan()
+  ops::RopeSpecMemo rope_memo;         // the fused step's frequency table
+  ops::VariantJit variant_jit;         // the plan's variant
+  VariantArgsBlock variant_args{};     // its arguments, packed at plan()
   scheduler::DecodeSchedule schedule;  // reused across plans (no reallocation per step)
 
   // plan()'s steps, in order.
@@ -140,8 +141,8 @@ BatchDecode::PlanInfo BatchDecode::plan_info() const { return impl_->info; }
 
 void BatchDecode::forget_captured_graphs() { impl_->captured = {}; }
 
-void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh, const DecodePlanOptions& opts,
-                       Stream stream) {
+void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
+                       const DecodePlanOptions& opts, Stream stream) {
   const auto t0 = std::chrono::steady_clock::now();
   Impl& m = *impl_;
   runtime::ensure_context(m.cfg.device);
@@ -176,7 +177,8 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh, const Dec
   // cannot run (before anything in the workspace changes). A built-in description's sm_scale
   // applies when the options set none.
   const int64_t nnz = b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0;
-  const float sm_scale = resolve_sm_scale(opts.sm_scale > 0.f ? opts.sm_scale : vj.sm_scale, sh.head_dim);
+  const float sm_scale =
+      resolve_sm_scale(opts.sm_scale > 0.f ? opts.sm_scale : vj.sm_scale, sh.head_dim);
   m.check_captured_graph_fits(b, sh, nnz, sm_scale, variant_args);
 
   // Into the workspace, in stream order after the last run() (on whatever stream) read it.
@@ -191,7 +193,8 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh, const Dec
   int used_units = 0;
   for (int u = 0; u < s.num_units; ++u)
     used_units = s.unit_work_indptr[u + 1] > s.unit_work_indptr[u] ? u + 1 : used_units;
-  m.grid = static_cast<unsigned>(opts.enable_cuda_graph ? s.num_ctas : used_units * s.ctas_per_unit);
+  m.grid =
+      static_cast<unsigned>(opts.enable_cuda_graph ? s.num_ctas : used_units * s.ctas_per_unit);
   m.batch = b.batch_size;
   m.page_size = b.page_size;
   m.shape = sh;
@@ -221,8 +224,9 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh, const Dec
 // host page ids where given.
 void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionShape& sh,
                                         const DecodePlanOptions& o) {
-  check(b.batch_size >= 0 && b.batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
-        cfg.max_batch, " (BatchDecodeConfig.max_batch), got ", b.batch_size);
+  check(b.batch_size >= 0 && b.batch_size <= cfg.max_batch,
+        "batch_size: expected 0 <= batch_size <= ", cfg.max_batch,
+        " (BatchDecodeConfig.max_batch), got ", b.batch_size);
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_decode_plan(b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads, sh.num_kv_heads,
                     sh.head_dim, b.page_size, sh.q_dtype, sh.kv_dtype, sh.o_dtype);
@@ -251,8 +255,8 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
   check(o.num_pages >= 0,
         "DecodePlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ", o.num_pages);
   page_ids = o.kv_indices_host != nullptr
-                 ? check_page_ids(o.kv_indices_host, b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0,
-                                  o.num_pages)
+                 ? check_page_ids(o.kv_indices_host,
+                                  b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0, o.num_pages)
                  : PageIdMax{};
 }
 
@@ -260,7 +264,8 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
 DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
                                                     const DecodePlanOptions& o) const {
   const int group = sh.num_qo_heads / sh.num_kv_heads;
-  // The kernel's shape: CTAs per SM and warps per CTA (ops/decode/decode_shape_choice.cpp says why).
+  // The kernel's shape: CTAs per SM and warps per CTA (ops/decode/decode_shape_choice.cpp says
+  // why).
   ops::DecodeShapeInputs in;
   in.config_ctas_per_sm = cfg.ctas_per_sm;
   in.sms = ws.sms();
@@ -332,8 +337,8 @@ void BatchDecode::Impl::schedule_work(const DecodeBatch& b, const AttentionShape
       window_lens[i] = std::min<int64_t>(kv_lens[i], int64_t{window_left} + 1);
     so.full_kv_lens = kv_lens;
   }
-  const std::span<const int64_t> lens = window_left >= 0 ? std::span<const int64_t>(window_lens)
-                                                         : std::span<const int64_t>(kv_lens);
+  const std::span<const int64_t> lens =
+      window_left >= 0 ? std::span<const int64_t>(window_lens) : std::span<const int64_t>(kv_lens);
   if (o.fixed_split_size > 0) {
     check_fixed_split_fits(lens, o.fixed_split_size, sh.num_kv_heads, group, so.max_slots, cfg,
                            ws.bytes_used());
@@ -345,8 +350,9 @@ void BatchDecode::Impl::schedule_work(const DecodeBatch& b, const AttentionShape
   so.work_out = reinterpret_cast<DecodeWorkItem*>(image + ws.plan_layout().work);
   const auto t_schedule = std::chrono::steady_clock::now();
   scheduler::plan_decode(lens, so, &schedule);
-  info.schedule_us = std::chrono::duration<double, std::micro>(
-                         std::chrono::steady_clock::now() - t_schedule).count();
+  info.schedule_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t_schedule)
+          .count();
   info.slot_capacity = so.max_slots;
 }
 
@@ -381,9 +387,10 @@ void BatchDecode::Impl::check_captured_graph_fits(const DecodeBatch& b, const At
   c.check_variant_args(args);
   // Block mode (num_kv_heads dividing the CTA count) runs each unit's items on ctas_per_unit
   // CTAs, a kernel parameter the graph holds.
-  check(schedule.ctas_per_unit == c.ctas_per_unit, "plan: a captured CUDA graph runs its work items ",
-        "in units of ", c.ctas_per_unit, " CTA(s); this plan (num_kv_heads = ", sh.num_kv_heads,
-        ", ", schedule.num_ctas, " CTAs) needs units of ", schedule.ctas_per_unit,
+  check(schedule.ctas_per_unit == c.ctas_per_unit,
+        "plan: a captured CUDA graph runs its work items ", "in units of ", c.ctas_per_unit,
+        " CTA(s); this plan (num_kv_heads = ", sh.num_kv_heads, ", ", schedule.num_ctas,
+        " CTAs) needs units of ", schedule.ctas_per_unit,
         ". Capture a new graph for a new configuration.");
 }
 
@@ -434,9 +441,8 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   }
 }
 
-void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
-                               const TensorView& out, const TensorView& lse,
-                               const DecodeStepParams& step,
+void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                               const TensorView& lse, const DecodeStepParams& step,
                                const VariantArgsBlock& variant_args, Stream stream) {
   Impl& m = *this;
   const Device dev = Device::cuda(m.cfg.device);
@@ -473,11 +479,12 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
     check(s >= 0, "paged_kv: expected non-negative strides, got ", s);
   }
   // The kernels address an element as page * page_stride + (its offset in the page), each part
-  // in 32 bits (kernels/attention/decode/decode_common.cuh: the address arithmetic is most of what a
-  // decode CTA issues).
+  // in 32 bits (kernels/attention/decode/decode_common.cuh: the address arithmetic is most of what
+  // a decode CTA issues).
   const int64_t elem = static_cast<int64_t>(dtype_size(m.shape.kv_dtype));
   const int64_t in_page = ((m.page_size - 1) * kv.token_stride() +
-                           (m.shape.num_kv_heads - 1) * kv.head_stride() + m.shape.head_dim) * elem;
+                           (m.shape.num_kv_heads - 1) * kv.head_stride() + m.shape.head_dim) *
+                          elem;
   check(kv.page_stride() * elem <= int64_t{UINT32_MAX} && in_page <= int64_t{UINT32_MAX},
         "paged_kv: the page stride (", kv.page_stride() * elem, " bytes) and the offsets within a ",
         "page (up to ", in_page, " bytes) must be below 2^32 bytes");
@@ -502,8 +509,9 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv,
   void* args[] = {&p};
   const ops::LoadedKernel& kernel = m.kernel.kernel();
   if (m.grid > 0) {
-    runtime::launch(kernel.functions[0], {m.grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem},
-                    stream, args, kernel.id);
+    runtime::launch(kernel.functions[0],
+                    {m.grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem}, stream,
+                    args, kernel.id);
   }
   if (capturing) {
     m.captured.record(q, out, lse, kv.indices.size(0), kernel.id, m.sm_scale, variant_args);

@@ -121,8 +121,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
     lse3 = TensorView(lse.data(), lse.dtype(), 2, l_shape, l_strides, lse.device());
   }
   c.op->run(TensorView(q.data(), q.dtype(), 3, q_shape, q_strides, q.device()), kv,
-                TensorView(out.data(), out.dtype(), 3, o_shape, o_strides, out.device()), lse3,
-                stream);
+            TensorView(out.data(), out.dtype(), 3, o_shape, o_strides, out.device()), lse3, stream);
 }
 
 void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView& out,

@@ -1,5 +1,6 @@
 // Which shape of the tensor-core decode kernel a plan runs: CTAs per SM and warps per CTA (and
-// pipeline stages, kernels/attention/decode/decode_shape.cuh). Pure host logic, unit-tested on the CPU.
+// pipeline stages, kernels/attention/decode/decode_shape.cuh). Pure host logic, unit-tested on the
+// CPU.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@ struct DecodeShapeInputs {
   int config_ctas_per_sm = 0;  // BatchDecodeConfig.ctas_per_sm (0: auto)
   int sms = 0;                 // SMs the grid spans
   int head_dim = 128;
-  int group = 1;               // query heads per KV head
+  int group = 1;  // query heads per KV head
   int num_kv_heads = 1;
   // The GPU's opt-in shared memory per block.
   int max_smem_bytes = tuning::sm90::kSmemPerBlockBytes;
@@ -27,7 +28,7 @@ struct DecodeShapeInputs {
 struct DecodeShapeChoice {
   // The grid's, for the tensor-core kernel (::flashkv::tuning: the member below hides it).
   int ctas_per_sm = ::flashkv::tuning::sm90::kDecodeDefaultCtasPerSm;
-  DecodeTCTuning tuning;   // its kernel shape ({} : the default, 2 CTAs of 4 warps)
+  DecodeTCTuning tuning;  // its kernel shape ({} : the default, 2 CTAs of 4 warps)
 };
 
 // KV tokens (summed over KV heads) per CTA from which auto runs 4 CTAs of 2 warps per SM

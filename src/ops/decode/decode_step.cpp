@@ -14,9 +14,9 @@ namespace {
 // The frequency-table RopeSpec of `step` (Llama / Llama 3.1), memoized on its options.
 const RopeSpec& frequency_spec(const DecodeStepOptions& step, int head_dim, RopeSpecMemo& memo) {
   using Rope = DecodeStepOptions::Rope;
-  const bool hit = memo.valid && memo.kind == step.rope && memo.head_dim == head_dim &&
-                   (step.rope == Rope::kLlama ? memo.llama == step.llama
-                                              : memo.llama31 == step.llama31);
+  const bool hit =
+      memo.valid && memo.kind == step.rope && memo.head_dim == head_dim &&
+      (step.rope == Rope::kLlama ? memo.llama == step.llama : memo.llama31 == step.llama31);
   if (hit) return memo.spec;
   memo.valid = false;
   if (step.rope == Rope::kLlama) {

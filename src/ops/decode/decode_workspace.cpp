@@ -39,17 +39,20 @@ DecodeWorkspace::Sizes DecodeWorkspace::layout_for(const BatchDecodeConfig& cfg,
   size_t full_rows = 2ull * num_ctas * cfg.num_qo_heads;
   check((cfg.max_kv_tokens > 0) == (cfg.min_fixed_split_size > 0),
         "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected both > 0 (sized for "
-        "fixed_split_size) or both 0, got ", cfg.max_kv_tokens, " and ", cfg.min_fixed_split_size);
+        "fixed_split_size) or both 0, got ",
+        cfg.max_kv_tokens, " and ", cfg.min_fixed_split_size);
   check(cfg.max_kv_tokens >= 0 && cfg.min_fixed_split_size >= 0,
         "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected >= 0");
   if (cfg.max_kv_tokens > 0) {
-    const uint64_t chunks = (static_cast<uint64_t>(cfg.max_kv_tokens) + cfg.min_fixed_split_size - 1) /
-                                static_cast<uint64_t>(cfg.min_fixed_split_size) +
-                            static_cast<uint64_t>(cfg.max_batch);
+    const uint64_t chunks =
+        (static_cast<uint64_t>(cfg.max_kv_tokens) + cfg.min_fixed_split_size - 1) /
+            static_cast<uint64_t>(cfg.min_fixed_split_size) +
+        static_cast<uint64_t>(cfg.max_batch);
     // Work items and slots are indexed with int (max_work_items adds max_batch * num_qo_heads).
     check(chunks <= (uint64_t{1} << 28) / static_cast<uint64_t>(cfg.num_qo_heads),
           "BatchDecodeConfig: ceil(max_kv_tokens / min_fixed_split_size) + max_batch = ", chunks,
-          " chunks of ", cfg.num_qo_heads, " heads is too many partial states (at most 2^28 "
+          " chunks of ", cfg.num_qo_heads,
+          " heads is too many partial states (at most 2^28 "
           "rows); use a larger min_fixed_split_size");
     full_rows = std::max<size_t>(full_rows, chunks * cfg.num_qo_heads);
   }

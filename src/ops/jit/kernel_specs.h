@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "flashkv/dtype.h"
 #include "attention/decode/decode_key.h"
 #include "attention/prefill/prefill_key.h"
+#include "flashkv/dtype.h"
 #include "ops/jit/jit_util.h"
 #include "ops/jit/variant_jit.h"
 #include "runtime/kernel_cache.h"
@@ -22,7 +22,6 @@ struct KernelSpec {
 
 // merge_state / merge_states / merge_lse kernels for value type `t`.
 KernelSpec merge_kernel_spec(DType t);
-
 
 // A key type's kernel (attention/decode/decode_key.h, attention/prefill/prefill_key.h): its id,
 // and the request that compiles its header with its name expressions (and a user variant's source).
@@ -48,7 +47,8 @@ inline constexpr DecodeTCTuning kDecodeTCOneCta{0, tuning::sm90::kDecodeOneCtaWa
 // Whether the Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh) can run a
 // plan: an sm_90a target, 128-row query tiles (two warpgroups of 64 rows), plain attention
 // (variants keep the mma.sync kernel) and its shared memory at head_dim within the GPU's per-block
-// limit. Empty when it can, else why not (the error of PrefillPlanOptions.backend = kWgmma names it).
+// limit. Empty when it can, else why not (the error of PrefillPlanOptions.backend = kWgmma names
+// it).
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
                                       int head_dim, int max_smem_per_block);
 

@@ -68,10 +68,12 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
     } else if (op == "prefill") {
       // The Hopper kernel too, where the target has it (no GPU here: its shared-memory limit is
       // checked at plan()).
-      const bool hopper = ops::prefill_wgmma_unsupported(opts.arch, 128, true, 128, INT_MAX).empty();
+      const bool hopper =
+          ops::prefill_wgmma_unsupported(opts.arch, 128, true, 128, INT_MAX).empty();
       for (DType t : opts.dtypes)
         for (int d : opts.head_dims)
-          for (const PrefillKV kv : {PrefillKV::kRagged, PrefillKV::kPagedPow2, PrefillKV::kPaged}) {
+          for (const PrefillKV kv :
+               {PrefillKV::kRagged, PrefillKV::kPagedPow2, PrefillKV::kPaged}) {
             PrefillKernelKey key;
             key.dtype = t;
             key.head_dim = d;

@@ -97,8 +97,8 @@ VariantJit user_jit(const VariantSpec& s) {
   j.use_softmax = s.use_softmax;
   j.source = "\n" + params + "#line 1 \"" + s.name + ".variant\"\n" + s.source +
              "\n#line 1 \"flashkv-variant-checks\"\n"
-             "static_assert(flashkv::VariantTraits<::" + s.name + ">::kUseSoftmax == " +
-             (s.use_softmax ? "true" : "false") +
+             "static_assert(flashkv::VariantTraits<::" +
+             s.name + ">::kUseSoftmax == " + (s.use_softmax ? "true" : "false") +
              ", \"VariantSpec.use_softmax differs from the struct's kUseSoftmax\");\n";
   const uint64_t h = runtime::Hash64::of(j.source.data(), j.source.size());
   char hex[17];

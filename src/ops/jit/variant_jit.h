@@ -3,11 +3,10 @@
 // kernel cache key, and the packed parameter block (kernels/variants/variant_args.cuh).
 #pragma once
 
-#include "common/kernel_key.h"
-
 #include <cstdint>
 #include <string>
 
+#include "common/kernel_key.h"
 #include "flashkv/variant_spec.h"
 #include "variants/variant_args.cuh"
 
@@ -39,10 +38,10 @@ VariantJit variant_jit(const Variant& v);
 
 // What the variant's tensors are checked against when a kernel is launched.
 struct VariantCallShape {
-  const char* op;       // for messages
-  Device device;        // every variant tensor must be here
-  int64_t batch;        // requests
-  int64_t q_rows;       // rows of q in the call (decode: batch)
+  const char* op;  // for messages
+  Device device;   // every variant tensor must be here
+  int64_t batch;   // requests
+  int64_t q_rows;  // rows of q in the call (decode: batch)
   int num_qo_heads;
   int head_dim;
   // A batch of one request: qo_len * kv_len, the bits its custom mask must hold when no

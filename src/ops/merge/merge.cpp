@@ -52,7 +52,8 @@ void gpu_merge_state(const TensorView& v_a, const TensorView& s_a, const TensorV
   const int head_dim = static_cast<int>(v_a.size(2));
   for (auto [t, n] : {std::pair{&v_a, "v_a"}, {&v_b, "v_b"}, {&v_out, "v_out"}})
     check_gpu_layout(*t, n, head_dim);
-  for (auto [t, n] : {std::pair{&s_a, "s_a"}, {&s_b, "s_b"}, {&s_out, "s_out"}}) check_gpu_lse(*t, n);
+  for (auto [t, n] : {std::pair{&s_a, "s_a"}, {&s_b, "s_b"}, {&s_out, "s_out"}})
+    check_gpu_lse(*t, n);
   const int64_t rows = v_a.size(0) * v_a.size(1);
   if (rows == 0) return;
   const auto& mod = merge_module(v_a.dtype(), device);

@@ -1,8 +1,8 @@
 // BatchPrefillPaged and BatchPrefillRagged: the KV-source half of prefill (a page table, or
-// kv_indptr over contiguous rows) on top of the shared plan/run machinery (ops/prefill/prefill_core.h).
-#include "flashkv/prefill.h"
-
+// kv_indptr over contiguous rows) on top of the shared plan/run machinery
+// (ops/prefill/prefill_core.h).
 #include "flashkv/error.h"
+#include "flashkv/prefill.h"
 #include "ops/common/run_checks.h"
 #include "ops/prefill/prefill_core.h"
 
@@ -84,8 +84,9 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   p.token_stride = static_cast<int>(kv.token_stride());
   p.head_stride = static_cast<int>(kv.head_stride());
   p.num_pages = static_cast<int>(kv.num_pages());
-  c.set_tma(p, q, {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, kv.page_size(), kv.num_pages(),
-                   kv.page_stride(), kv.token_stride(), kv.head_stride()});
+  c.set_tma(p, q,
+            {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, kv.page_size(),
+             kv.num_pages(), kv.page_stride(), kv.token_stride(), kv.head_stride()});
   c.launch(p, q, out, lse, kv.indices.size(0), stream);
 }
 
@@ -139,7 +140,9 @@ void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const Ten
   p.token_stride = static_cast<int>(k.stride(0));
   p.head_stride = static_cast<int>(k.stride(1));
   p.num_pages = 0;
-  c.set_tma(p, q, {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, 0, k.size(0), 0, k.stride(0), k.stride(1)});
+  c.set_tma(p, q,
+            {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, 0, k.size(0), 0,
+             k.stride(0), k.stride(1)});
   c.launch(p, q, out, lse, k.size(0), stream);
 }
 

@@ -19,7 +19,8 @@ namespace {
 using CachedPrefill = ops::CachedOp<BatchPrefillRagged, BatchPrefillConfig>;
 
 std::mutex g_mu;
-std::vector<std::unique_ptr<CachedPrefill>>& g_cache = *new std::vector<std::unique_ptr<CachedPrefill>>;
+std::vector<std::unique_ptr<CachedPrefill>>& g_cache =
+    *new std::vector<std::unique_ptr<CachedPrefill>>;
 
 CachedPrefill& prefill_for(int device, int64_t qo_len, int num_qo_heads, int head_dim) {
   check(is_supported_head_dim(head_dim), "head_dim: expected 64, 128 or 256, got ", head_dim);

@@ -23,7 +23,8 @@ int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group) {
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
                                       int head_dim, int max_smem_per_block) {
   if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
-  if (rows != 128) return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
+  if (rows != 128)
+    return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
   if (!plain_attention) return "it runs plain attention (this plan has a variant)";
   // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
   const int smem = prefill_hopper_shape(head_dim).smem_bytes + 1024;
@@ -60,7 +61,8 @@ bool PrefillCore::load_kernel(const PrefillKernelKey& key) {
       if (regs != 65536 / static_cast<int>(k.geometry.threads) / 8 * 8) return false;
     }
   }
-  const int fit = runtime::max_active_ctas_per_sm(k.functions[0], k.geometry.threads, k.geometry.smem, k.id);
+  const int fit =
+      runtime::max_active_ctas_per_sm(k.functions[0], k.geometry.threads, k.geometry.smem, k.id);
   check(fit >= 1, name, ": the prefill kernel ", k.id, " needs ", k.geometry.smem,
         " bytes of shared memory per block, more than this GPU offers");
   // Persistent CTAs: as many per SM as fit at once (up to the config's k), so the scheduler's
@@ -94,7 +96,8 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
   const bool tiles_aligned = schedule_work(b, sh, o, causal, key.rows);
   const int tile = key.wgmma ? prefill_hopper_shape(sh.head_dim).tile : 1;
   check(!captured.any || !captured.kv_tma || tiles_aligned,
-        "plan: a captured CUDA graph loads KV tiles by TMA, which needs every work item to start on a ",
+        "plan: a captured CUDA graph loads KV tiles by TMA, which needs every work item to start "
+        "on a ",
         tile, "-token KV tile; this plan's fixed_split_size (", o.fixed_split_size,
         ") cuts them elsewhere. Use a multiple of ", tile, " or capture a new graph.");
   scheduler::PrefillSchedule& s = schedule;
@@ -145,11 +148,13 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
 // page ids where given.
 void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& sh,
                                   const PrefillPlanOptions& o) {
-  check(b.batch_size >= 0 && b.batch_size <= cfg.max_batch, "batch_size: expected 0 <= batch_size <= ",
-        cfg.max_batch, " (BatchPrefillConfig.max_batch), got ", b.batch_size);
-  check(paged || (b.kv_last_page_len == nullptr && b.page_size == 0), name,
-        "::plan: ragged KV has no pages: expected kv_last_page_len = nullptr and page_size = 0, got ",
-        b.kv_last_page_len == nullptr ? "nullptr" : "an array", " and ", b.page_size);
+  check(b.batch_size >= 0 && b.batch_size <= cfg.max_batch,
+        "batch_size: expected 0 <= batch_size <= ", cfg.max_batch,
+        " (BatchPrefillConfig.max_batch), got ", b.batch_size);
+  check(
+      paged || (b.kv_last_page_len == nullptr && b.page_size == 0), name,
+      "::plan: ragged KV has no pages: expected kv_last_page_len = nullptr and page_size = 0, got ",
+      b.kv_last_page_len == nullptr ? "nullptr" : "an array", " and ", b.page_size);
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_prefill_plan(b.qo_indptr, b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads,
                      sh.num_kv_heads, sh.head_dim, b.page_size, paged, sh.q_dtype, sh.kv_dtype,
@@ -179,8 +184,8 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
   }
   const int64_t qo_total = b.batch_size > 0 ? b.qo_indptr[b.batch_size] : 0;
   const int64_t kv_total = b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0;
-  check(qo_total <= cfg.max_qo_tokens, "qo_indptr[batch_size] = ", qo_total,
-        ": expected at most ", cfg.max_qo_tokens, " query tokens (BatchPrefillConfig.max_qo_tokens)");
+  check(qo_total <= cfg.max_qo_tokens, "qo_indptr[batch_size] = ", qo_total, ": expected at most ",
+        cfg.max_qo_tokens, " query tokens (BatchPrefillConfig.max_qo_tokens)");
   // A host copy of the page ids: checked here (>= 0, and < num_pages when given); the paged run()
   // compares the largest with the cache's page count before it launches (plan_checks.h).
   check(o.num_pages >= 0,
@@ -193,18 +198,20 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
 
 // plan() step 2.
 void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
-                                                    const PrefillPlanOptions& o, ops::VariantJit& vj) {
+                                const PrefillPlanOptions& o, ops::VariantJit& vj) {
   vj = ops::variant_jit(o.variant);
   const int group = sh.num_qo_heads / sh.num_kv_heads;
   // Asked for the wgmma kernel, the caller gets its 128-row tile unless it fixed another.
-  const int rows = o.tile_rows > 0                         ? o.tile_rows
-                   : o.backend == PrefillBackend::kWgmma ? 128
-                                                           : ops::default_prefill_tile_rows(qo_lens, group);
+  const int rows = o.tile_rows > 0 ? o.tile_rows
+                   : o.backend == PrefillBackend::kWgmma
+                       ? 128
+                       : ops::default_prefill_tile_rows(qo_lens, group);
   if (arch.empty()) {  // once: plan() stays on the CPU
     arch = runtime::device_arch(cfg.device);
     max_smem = device_info(cfg.device).max_smem_per_block;
   }
-  const std::string why_not = ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), sh.head_dim, max_smem);
+  const std::string why_not =
+      ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), sh.head_dim, max_smem);
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   PrefillKernelKey key;
@@ -215,7 +222,8 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
   key.wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
   key.variant = vj.kernel();
   if (!load_kernel(key)) {
-    check(o.backend != PrefillBackend::kWgmma, "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ",
+    check(o.backend != PrefillBackend::kWgmma,
+          "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ",
           "its compiled register count is not the 168 per thread its register split needs");
     key.wgmma = false;
     load_kernel(key);
@@ -270,8 +278,8 @@ bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
     // costs, so the caller can size the buffer.
     if (o.fixed_split_size == 0) throw;
     fail(e.what(), ". A slot is ", rows, " rows of (", sh.head_dim, " + 1) floats (",
-         static_cast<size_t>(rows) * (sh.head_dim + 1) * sizeof(float), " bytes); this workspace has ",
-         ws.bytes_used(), " bytes in use, ", ws.full_bytes(),
+         static_cast<size_t>(rows) * (sh.head_dim + 1) * sizeof(float),
+         " bytes); this workspace has ", ws.bytes_used(), " bytes in use, ", ws.full_bytes(),
          " (workspace_bytes) hold 2 slots per CTA");
   }
   info.slot_capacity = so.max_slots;
@@ -316,10 +324,12 @@ void PrefillCore::check_io(const TensorView& q, const TensorView& out, const Ten
 
 void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::PrefillKVTensors& kv) {
   p.kv_tma = 0;
-  if (!kernel.key()->wgmma || grid == 0) return;  // (no launch: a plan without query tokens needs no map)
+  if (!kernel.key()->wgmma || grid == 0)
+    return;  // (no launch: a plan without query tokens needs no map)
   TmaMaps& m = tma_maps;
   // The query tile is always a TMA box; check_io has checked what TMA needs of q.
-  const ops::PrefillQTensor qt{q.data(), shape.q_dtype, shape.head_dim, shape.num_qo_heads, q.size(0), q.stride(0), q.stride(1)};
+  const ops::PrefillQTensor qt{q.data(),  shape.q_dtype, shape.head_dim, shape.num_qo_heads,
+                               q.size(0), q.stride(0),   q.stride(1)};
   const int group = shape.num_qo_heads / shape.num_kv_heads;
   if (!m.q_valid || !(m.q == qt) || m.q_tokens != q_tile_tokens || m.q_group != group) {
     m.q_valid = ops::encode_prefill_q_tma(qt, group, q_tile_tokens, m.params);
@@ -327,8 +337,8 @@ void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::Pref
     m.q_tokens = q_tile_tokens;
     m.q_group = group;
   }
-  check(m.q_valid, name, "::run: the CUDA driver refused a TMA descriptor for q (", q.size(0), " rows, strides ",
-        q.stride(0), ", ", q.stride(1), ")");
+  check(m.q_valid, name, "::run: the CUDA driver refused a TMA descriptor for q (", q.size(0),
+        " rows, strides ", q.stride(0), ", ", q.stride(1), ")");
   p.q_tma_tokens = q_tile_tokens;
   p.q_tma = m.params.q_tma;
   // KV by TMA where the plan and the tensors allow it, else the producer's cp.async.
@@ -364,7 +374,8 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   if (grid > 0) {
     // The Hopper kernel's KV path is compiled in: the gather instantiation where KV is not by TMA.
     CUfunction fn = wgmma && p.kv_tma == 0 ? k.functions[1] : k.functions[0];
-    runtime::launch(fn, {grid, 1, 1, k.geometry.threads, 1, 1, k.geometry.smem}, stream, args, k.id);
+    runtime::launch(fn, {grid, 1, 1, k.geometry.threads, 1, 1, k.geometry.smem}, stream, args,
+                    k.id);
   }
   if (capturing) {
     captured.record(q, out, lse, kv_capacity, k.id, sm_scale, p.variant);

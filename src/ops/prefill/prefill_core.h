@@ -40,14 +40,14 @@ struct PrefillCore {
   bool paged = true;
   const char* name;  // "BatchPrefillPaged" / "BatchPrefillRagged", for messages
   ops::PrefillWorkspace ws;
-  std::string arch;  // the device's compile target ("sm_90a"), read at the first plan()
-  int max_smem = 0;  // and its opt-in shared memory per block, bytes
+  std::string arch;         // the device's compile target ("sm_90a"), read at the first plan()
+  int max_smem = 0;         // and its opt-in shared memory per block, bytes
   ops::PlanLifecycle life;  // plan/run guards and the plan's copy into the workspace
 
   // The plan in force.
   int batch = 0, page_size = 0;
   AttentionShape shape;
-  PrefillPlanOptions opts;  // opts.causal: the effective mask (the variant's causal included)
+  PrefillPlanOptions opts;      // opts.causal: the effective mask (the variant's causal included)
   ops::VariantJit variant_jit;  // the plan's variant (its arguments: opts.variant)
   VariantArgsBlock variant_args{};  // opts.variant's arguments, packed at plan()
   float sm_scale = 0.f;
@@ -85,7 +85,7 @@ struct PrefillCore {
     ops::PrefillKVTensors kv;
     ops::PrefillQTensor q;
     int q_tokens = 0, q_group = 0;  // the query box: tokens x group heads
-    PrefillParams params{};  // the tensor maps as encoded
+    PrefillParams params{};         // the tensor maps as encoded
   } tma_maps;
   // The Hopper kernel: sets p's query map, and p.kv_tma (and the KV maps) where the plan and the
   // tensors allow KV by TMA, else 0 (the producer's cp.async). Other kernels: kv_tma 0.
@@ -96,12 +96,13 @@ struct PrefillCore {
 
  private:
   // plan()'s steps, in order.
-  void check_arguments(const PrefillBatch& b, const AttentionShape& sh, const PrefillPlanOptions& o);
+  void check_arguments(const PrefillBatch& b, const AttentionShape& sh,
+                       const PrefillPlanOptions& o);
   // The kernel: the query tile (the paper's heuristic unless the caller fixes it), mma.sync or
   // wgmma, and the variant (plain attention unless opts.variant says otherwise), JIT-compiled here
   // (first use only) so run() never compiles.
-  void select_kernel(const PrefillBatch& b, const AttentionShape& sh,
-                                         const PrefillPlanOptions& o, ops::VariantJit& vj);
+  void select_kernel(const PrefillBatch& b, const AttentionShape& sh, const PrefillPlanOptions& o,
+                     ops::VariantJit& vj);
   // Loads `key`'s kernel and what it allows; false where the wgmma kernel was asked for and
   // cannot run (its register count).
   bool load_kernel(const PrefillKernelKey& key);

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "flashkv/dtype.h"
 #include "attention/prefill/prefill_params.cuh"
+#include "flashkv/dtype.h"
 
 namespace flashkv::ops {
 
@@ -16,8 +16,8 @@ struct PrefillKVTensors {
   const void* v = nullptr;
   DType dtype{};
   int head_dim = 0, num_kv_heads = 0;
-  int64_t page_size = 0;   // paged: tokens per page; ragged: 0
-  int64_t num_pages = 0;   // paged: pages; ragged: KV rows
+  int64_t page_size = 0;                                       // paged: tokens per page; ragged: 0
+  int64_t num_pages = 0;                                       // paged: pages; ragged: KV rows
   int64_t page_stride = 0, token_stride = 0, head_stride = 0;  // elements
   bool operator==(const PrefillKVTensors&) const = default;
 };

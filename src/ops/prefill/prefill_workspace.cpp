@@ -46,8 +46,8 @@ PrefillWorkspace::Sizes PrefillWorkspace::layout_for(const BatchPrefillConfig& c
   for (int h = 1; h <= cfg.num_qo_heads; ++h) {
     for (int g = 1; g <= std::min(h, scheduler::kMaxPrefillTileRows); ++g) {
       if (h % g != 0) continue;
-      max_tiles = std::max(max_tiles, scheduler::max_prefill_tiles(cfg.max_batch, cfg.max_qo_tokens,
-                                                                   h / g, g, 0));
+      max_tiles = std::max(
+          max_tiles, scheduler::max_prefill_tiles(cfg.max_batch, cfg.max_qo_tokens, h / g, g, 0));
     }
   }
   base.max_work_items = scheduler::max_prefill_work_items(max_tiles, base.max_ctas);
@@ -97,8 +97,8 @@ PrefillWorkspace::PrefillWorkspace(const BatchPrefillConfig& cfg, void* base, si
   // The merge-arrival counters start at zero; each run leaves them at zero again.
   runtime::ensure_context(cfg.device);
   runtime::check_cu(
-      runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + s.states.arrivals_offset), 0,
-                                    static_cast<size_t>(std::max(s.max_merge_items, 1))),
+      runtime::driver().cuMemsetD32(reinterpret_cast<CUdeviceptr>(base_ + s.states.arrivals_offset),
+                                    0, static_cast<size_t>(std::max(s.max_merge_items, 1))),
       "cuMemsetD32(prefill merge counters)");
 }
 
