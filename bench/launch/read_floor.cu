@@ -17,19 +17,20 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    cudaError_t e_ = (x);                                                        \
-    if (e_ != cudaSuccess) {                                                     \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));     \
-      std::exit(1);                                                              \
-    }                                                                            \
+#define CK(x)                                                                \
+  do {                                                                       \
+    cudaError_t e_ = (x);                                                    \
+    if (e_ != cudaSuccess) {                                                 \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                          \
+    }                                                                        \
   } while (0)
 
 __global__ void spin(long long ns) {
   long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  while (t - t0 < ns);
 }
 
 enum Pattern { kNHD = 0, kHND = 1, kDense = 2, kNHDInOrder = 3 };  // in order: page ids ascending
@@ -37,11 +38,11 @@ enum Pattern { kNHD = 0, kHND = 1, kDense = 2, kNHDInOrder = 3 };  // in order: 
 struct Job {
   const uint4* k;
   const uint4* v;
-  const int* pages;    // page ids of all requests, request-major
+  const int* pages;  // page ids of all requests, request-major
   int pages_per_req;
-  int heads;           // KV heads
-  int chunks;          // CTAs per (request, head): the request's tokens split evenly
-  int tokens;          // tokens per request
+  int heads;   // KV heads
+  int chunks;  // CTAs per (request, head): the request's tokens split evenly
+  int tokens;  // tokens per request
   Pattern pattern;
   unsigned* sink;
 };
@@ -70,13 +71,15 @@ __global__ void __launch_bounds__(256) paged_read(Job j) {
       } else {
         const long long page = j.pages[req * j.pages_per_req + t / 16];
         const int slot = t % 16;
-        off = page * page_vecs + (j.pattern != kHND ? (slot * j.heads + head) * 16 : (head * 16 + slot) * 16) + lane16;
+        off = page * page_vecs +
+              (j.pattern != kHND ? (slot * j.heads + head) * 16 : (head * 16 + slot) * 16) + lane16;
       }
       a[u] = __ldcs(j.k + off);
       b[u] = __ldcs(j.v + off);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w ^ b[u].x ^ b[u].y ^ b[u].z ^ b[u].w;
+    for (int u = 0; u < kUnroll; ++u)
+      acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w ^ b[u].x ^ b[u].y ^ b[u].z ^ b[u].w;
   }
   if (acc == 0x9e3779b9u) j.sink[blockIdx.x] = acc;
 }
@@ -105,19 +108,25 @@ __global__ void __launch_bounds__(256) pipe_read(Job j) {
   // Rows this thread copies: cp.async, 16 rows x 16 chunks per 256 threads per step; bulk, warp 0's
   // lanes take rows lane, lane + 32, ...
   constexpr int kRows = kBulk ? kTile / 32 : kTile * 16 / 256;
-  auto row_of = [&](int i) { return kBulk ? (int)threadIdx.x + 32 * i : ((int)threadIdx.x + 256 * i) / 16; };
+  auto row_of = [&](int i) {
+    return kBulk ? (int)threadIdx.x + 32 * i : ((int)threadIdx.x + 256 * i) / 16;
+  };
   auto src_of = [&](const uint4* base, int page, int t) {
-    return base + page * page_vecs + ((t % 16) * j.heads + head) * 16 + (kBulk ? 0 : threadIdx.x % 16);
+    return base + page * page_vecs + ((t % 16) * j.heads + head) * 16 +
+           (kBulk ? 0 : threadIdx.x % 16);
   };
   if (kBulk && threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((unsigned)__cvta_generic_to_shared(&bars[s])));
+    for (int s = 0; s < kStages; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(
+          (unsigned)__cvta_generic_to_shared(&bars[s])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   int next_pages[kRows];
   auto read_pages = [&](int tile) {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) next_pages[i] = tile < tiles ? pages[(t_begin + tile * kTile + row_of(i)) / 16] : 0;
+    for (int i = 0; i < kRows; ++i)
+      next_pages[i] = tile < tiles ? pages[(t_begin + tile * kTile + row_of(i)) / 16] : 0;
   };
   auto issue = [&](int tile) {
     const int s = tile % kStages;
@@ -126,7 +135,10 @@ __global__ void __launch_bounds__(256) pipe_read(Job j) {
     if (kBulk) {
       if (threadIdx.x >= 32) return;
       const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[s]);
-      if (threadIdx.x == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * kStageBytes) : "memory");
+      if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"(2 * kStageBytes)
+                     : "memory");
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
@@ -134,7 +146,11 @@ __global__ void __launch_bounds__(256) pipe_read(Job j) {
         for (int kv = 0; kv < 2; ++kv) {
           const uint4* src = src_of(kv ? j.v : j.k, next_pages[i], t);
           const unsigned dst = (unsigned)__cvta_generic_to_shared((kv ? v_st : k_st) + row * 256);
-          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(dst), "l"(src), "r"(bar) : "memory");
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, "
+              "[%2];" ::"r"(dst),
+              "l"(src), "r"(bar)
+              : "memory");
         }
       }
     } else {
@@ -153,27 +169,36 @@ __global__ void __launch_bounds__(256) pipe_read(Job j) {
   };
   read_pages(0);
   for (int t = 0; t < kStages - 1; ++t) {
-    if (t < tiles) issue(t);
-    else if (!kBulk) asm volatile("cp.async.commit_group;" ::: "memory");
+    if (t < tiles)
+      issue(t);
+    else if (!kBulk)
+      asm volatile("cp.async.commit_group;" ::: "memory");
     read_pages(t + 1);
   }
   unsigned acc = 0;
   for (int tile = 0; tile < tiles; ++tile) {
     const int next = tile + kStages - 1;
-    if (next < tiles) issue(next);
-    else if (!kBulk) asm volatile("cp.async.commit_group;" ::: "memory");
+    if (next < tiles)
+      issue(next);
+    else if (!kBulk)
+      asm volatile("cp.async.commit_group;" ::: "memory");
     read_pages(next + 1);
     const int s = tile % kStages;
     if (kBulk) {
       const unsigned bar = (unsigned)__cvta_generic_to_shared(&bars[s]);
       const unsigned parity = (tile / kStages) & 1;
-      asm volatile("{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+      asm volatile(
+          "{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra "
+          "W_%=;\n}" ::"r"(bar),
+          "r"(parity)
+          : "memory");
     } else {
       asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
       __syncthreads();
     }
     const uint4 a = reinterpret_cast<const uint4*>(smem + s * 2 * kStageBytes)[threadIdx.x];
-    const uint4 b = reinterpret_cast<const uint4*>(smem + s * 2 * kStageBytes + kStageBytes)[threadIdx.x];
+    const uint4 b =
+        reinterpret_cast<const uint4*>(smem + s * 2 * kStageBytes + kStageBytes)[threadIdx.x];
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
     if (kComputeCycles > 0) {
       const long long c0 = clock64();
@@ -191,10 +216,15 @@ __global__ void stream_read(const uint4* __restrict__ d, long long vecs, unsigne
   const long long stride = (long long)gridDim.x * blockDim.x;
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < vecs; i += 4 * stride) {
-    const uint4 a = __ldcs(d + i), b = __ldcs(d + i + stride), c = __ldcs(d + i + 2 * stride), e = __ldcs(d + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ e.x ^ e.y ^ e.z ^ e.w;
+    const uint4 a = __ldcs(d + i), b = __ldcs(d + i + stride), c = __ldcs(d + i + 2 * stride),
+                e = __ldcs(d + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ e.x ^ e.y ^ e.z ^
+           e.w;
   }
-  for (; i < vecs; i += stride) { const uint4 a = __ldcs(d + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
+  for (; i < vecs; i += stride) {
+    const uint4 a = __ldcs(d + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
   if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
@@ -229,11 +259,15 @@ int main() {
     uint4* d;
     CK(cudaMalloc(&d, bytes));
     CK(cudaMemset(d, 1, bytes));
-    const float us = median_event_us([&](int) { stream_read<<<132 * 8, 256>>>(d, bytes / 16, sink); });
+    const float us =
+        median_event_us([&](int) { stream_read<<<132 * 8, 256>>>(d, bytes / 16, sink); });
     std::printf("ceiling: 4 GiB in %.1f us = %.3f TB/s\n", us, bytes / (us * 1e-6) / 1e12);
     CK(cudaFree(d));
   }
-  struct W { const char* name; int reqs, tokens, chunks; };
+  struct W {
+    const char* name;
+    int reqs, tokens, chunks;
+  };
   for (const W& w : {W{"D1", 16, 1024, 1}, W{"D4", 1, 32768, 16}, W{"D2-size", 16, 768, 1}}) {
     const int pages_per_req = w.tokens / 16;
     const long long pages = (long long)w.reqs * pages_per_req;
@@ -256,8 +290,8 @@ int main() {
     std::iota(perm.begin(), perm.end(), 0);
     CK(cudaMalloc(&ids_in_order, pages * kCopies * 4));
     CK(cudaMemcpy(ids_in_order, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-    std::printf("%s: %d x %d tokens, %d KV heads, %.1f MB of K+V (%.2f us at 4.64 TB/s)\n", w.name, w.reqs,
-                w.tokens, kHeads, bytes / 1e6, bytes / 4.64e12 * 1e6);
+    std::printf("%s: %d x %d tokens, %d KV heads, %.1f MB of K+V (%.2f us at 4.64 TB/s)\n", w.name,
+                w.reqs, w.tokens, kHeads, bytes / 1e6, bytes / 4.64e12 * 1e6);
     auto report = [&](const char* what, float us) {
       std::printf("  %-44s %7.2f us  %5.2f TB/s\n", what, us, bytes / (us * 1e-6) / 1e12);
     };
@@ -267,7 +301,8 @@ int main() {
            }));
     for (int pat : {kNHD, kNHDInOrder, kHND, kDense}) {
       for (int mult : {1, 2}) {
-        Job j{nullptr, nullptr, nullptr, pages_per_req, kHeads, w.chunks * mult, w.tokens, Pattern(pat), sink};
+        Job j{nullptr,         nullptr,  nullptr,      pages_per_req, kHeads,
+              w.chunks * mult, w.tokens, Pattern(pat), sink};
         const int grid = w.reqs * kHeads * j.chunks;
         auto run = [&](auto kernel, const char* label) {
           char name[96];
@@ -291,7 +326,8 @@ int main() {
     }
     // The decode kernel's load path (pipe_read): cp.async vs bulk copies, by tile and stages.
     auto run_pipe = [&](auto kernel, int tile, int stages, int ctas_per_pair, const char* label) {
-      Job j{nullptr, nullptr, nullptr, pages_per_req, kHeads, w.chunks * ctas_per_pair, w.tokens, kNHD, sink};
+      Job j{nullptr,  nullptr, nullptr, pages_per_req, kHeads, w.chunks * ctas_per_pair,
+            w.tokens, kNHD,    sink};
       const int grid = w.reqs * kHeads * j.chunks;
       const int smem = stages * tile * 512;
       CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
