@@ -101,7 +101,6 @@ struct BatchDecode::Impl {
   DecodeKernelChoice choose_kernel(const AttentionShape& sh, const DecodePlanOptions& o) const;
   void schedule_work(const DecodeBatch& b, const AttentionShape& sh, const DecodePlanOptions& o,
                      const DecodeKernelChoice& k, Stream stream);
-  Variant kernel_variant(const DecodePlanOptions& o) const;
   void check_captured_graph_fits(const DecodeBatch& b, const AttentionShape& sh, int64_t nnz,
                                  float scale, const VariantArgsBlock& args) const;
 
@@ -154,7 +153,7 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
   // JIT: compile (first use only) at plan time so run() never compiles. The variant (plain
   // attention unless opts.variant says otherwise): a built-in's flags or a user's source enter the
   // kernel's key.
-  const Variant kernel_variant = m.kernel_variant(opts);
+  const Variant kernel_variant = ops::decode_kernel_variant(opts.variant);
   ops::VariantJit vj = ops::variant_jit(kernel_variant);
   // The variant's arguments, checked and packed now (a bad one fails plan(), not every run()).
   const VariantArgsBlock variant_args = ops::pack_variant_args(
@@ -354,17 +353,6 @@ void BatchDecode::Impl::schedule_work(const DecodeBatch& b, const AttentionShape
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t_schedule)
           .count();
   info.slot_capacity = so.max_slots;
-}
-
-// The variant the kernel is compiled with. A built-in window needs no mask in decode: the schedule
-// holds only the window's keys (schedule_work), and no key of a request lies right of its one
-// row. So the kernel is compiled without it.
-Variant BatchDecode::Impl::kernel_variant(const DecodePlanOptions& o) const {
-  if (!o.variant.is_builtin()) return o.variant;
-  AttentionVariant v = o.variant.builtin_description();
-  if (v.window_left < 0 && v.window_right < 0) return o.variant;
-  v.window_left = v.window_right = -1;
-  return Variant::builtin(v);
 }
 
 // plan() step 4: a captured graph keeps its q/out/lse/indices pointers, kernel, sm_scale, variant

@@ -17,18 +17,11 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
   check(opts.jobs >= 0, "PrecompileOptions.jobs: expected >= 0 (0: one per hardware thread), got ",
         opts.jobs);
   const ops::VariantJit plain = ops::plain_variant_jit();
-  // The kernel side of opts.variants as the ops' plan() derives it (decode runs a built-in
-  // window by its schedule, not in the kernel: batch_decode.cpp strips it).
+  // The kernel side of opts.variants as the ops' plan() derives it.
   std::vector<ops::VariantJit> decode_variants, prefill_variants;
   for (const Variant& v : opts.variants) {
     prefill_variants.push_back(ops::variant_jit(v));
-    Variant kernel_variant = v;
-    if (v.is_builtin()) {
-      AttentionVariant b = v.builtin_description();
-      b.window_left = b.window_right = -1;
-      kernel_variant = Variant::builtin(b);
-    }
-    decode_variants.push_back(ops::variant_jit(kernel_variant));
+    decode_variants.push_back(ops::variant_jit(ops::decode_kernel_variant(v)));
   }
   std::vector<ops::KernelSpec> specs;
   std::vector<ops::KernelSpec> variant_specs;  // compiled first: a user's compile error shows soon

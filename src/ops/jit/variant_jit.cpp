@@ -226,6 +226,14 @@ void pack_user(const VariantSpec& s, const VariantArgs& args, const VariantCallS
 
 }  // namespace
 
+Variant decode_kernel_variant(const Variant& v) {
+  if (!v.is_builtin()) return v;
+  AttentionVariant b = v.builtin_description();
+  if (b.window_left < 0 && b.window_right < 0) return v;
+  b.window_left = b.window_right = -1;
+  return Variant::builtin(b);
+}
+
 VariantJit variant_jit(const Variant& v) {
   VariantJit j;
   j.type = "flashkv::DefaultVariant";

@@ -36,6 +36,11 @@ inline VariantJit plain_variant_jit() {
 // identifiers, parameter kinds).
 VariantJit variant_jit(const Variant& v);
 
+// The variant the batch decode kernel is compiled with: `v` without a built-in sliding window.
+// Decode needs no mask for it: its schedule holds only the window's keys, and no key of a request
+// lies right of its one row (BatchDecode::plan, precompile).
+Variant decode_kernel_variant(const Variant& v);
+
 // What the variant's tensors are checked against when a kernel is launched.
 struct VariantCallShape {
   const char* op;  // for messages
