@@ -17,6 +17,7 @@ namespace {
 
 struct DecodeSetup {
   int B, Hq;
+  DType q_dtype = DType::f16;  // q and out; kv.dtype is the cache's (an fp8 type, or the same)
   BenchPagedKV kv;
   DeviceBuffer q, out;
   size_t bytes_moved = 0;
@@ -24,7 +25,7 @@ struct DecodeSetup {
 
 void build(DecodeSetup& st, uint64_t seed, Stream s) {
   st.kv.build(rotation_copies(st.kv.kv_bytes()), seed, s);
-  const DType dt = st.kv.dtype;
+  const DType dt = st.q_dtype;
   const size_t q_elems = size_t(st.B) * st.Hq * st.kv.head_dim;
   st.q = DeviceBuffer(std::max<size_t>(q_elems * dtype_size(dt) * st.kv.copies, 16));
   device_fill_uniform(st.q.data(), dt, q_elems * st.kv.copies, seed + 2, -1, 1, s);
@@ -39,7 +40,7 @@ RefCheck check_sampled(const DecodeSetup& st, float sm_scale) {
   std::sort(reqs.begin(), reqs.end());
   reqs.erase(std::unique(reqs.begin(), reqs.end()), reqs.end());
   const BenchPagedKV& kv = st.kv;
-  const DType dt = kv.dtype;
+  const DType dt = st.q_dtype;
   const int D = kv.head_dim;
   const size_t row_bytes = size_t(st.Hq) * D * dtype_size(dt);
   std::vector<double> got_all, ref_all;
@@ -49,7 +50,7 @@ RefCheck check_sampled(const DecodeSetup& st, float sm_scale) {
     const std::vector<int64_t> shape =
         kv.layout == KVLayout::NHD ? std::vector<int64_t>{pages, kv.page_size, kv.num_kv_heads, D}
                                    : std::vector<int64_t>{pages, kv.num_kv_heads, kv.page_size, D};
-    HostTensor k(dt, shape), v(dt, shape);
+    HostTensor k(kv.dtype, shape), v(kv.dtype, shape);
     kv.pages_to_host(r, k.data(), v.data());
     HostTensor q(dt, {1, st.Hq, D}), out(dt, {1, st.Hq, D});
     st.q.copy_to_host(q.data(), row_bytes, r * row_bytes);
@@ -97,12 +98,12 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
     for (const auto& sh : shapes) {
       if (!selected(o.shapes, sh.name)) continue;
       for (DType dt : o.dtypes) {
-        DecodeSetup st{static_cast<int>(w.lens.size()), sh.num_qo_heads};
+        DecodeSetup st{static_cast<int>(w.lens.size()), sh.num_qo_heads, dt};
         st.kv.num_kv_heads = sh.num_kv_heads;
         st.kv.head_dim = o.head_dim;
         st.kv.page_size = o.page_size;
         st.kv.layout = o.layout;
-        st.kv.dtype = dt;
+        st.kv.dtype = is_fp8_dtype(o.kv_dtype) ? o.kv_dtype : dt;
         st.kv.lens = w.lens;
         build(st, seed++, s);
         for (const auto& [alpha, min_chunk, balance, tail, stages, warps, mb] : settings) {
@@ -129,7 +130,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
                     .num_kv_heads = sh.num_kv_heads,
                     .head_dim = D,
                     .q_dtype = dt,
-                    .kv_dtype = dt,
+                    .kv_dtype = st.kv.dtype,
                     .o_dtype = dt},
                    po, s);
           std::vector<PagedKVCache> caches;
@@ -181,15 +182,17 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
           std::printf(
               "%-4s %-10s %-5s %10.2f %8.3f %6.1f%% %9.2e%s %s %dx%dw %d items/%d split, plan %.1f "
               "us, "
-              "run host %.1f us%s\n",
+              "run host %.1f us%s%s\n",
               w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tbps,
               100 * tbps / ceil.read_tbps, err, ref.pass ? "" : " FAIL",
               info.tensor_cores ? "tc" : "cc", info.ctas_per_sm, info.warps, info.num_work_items,
-              info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str());
+              info.num_split_tiles, info.plan_us, t.host_us, sweep.c_str(),
+              st.kv.dtype != dt ? (std::string(" kv ") + dtype_name(st.kv.dtype)).c_str() : "");
           std::fflush(stdout);
           rows.push_back({{"workload", w.id},
                           {"shape", sh.name},
                           {"dtype", dtype_name(dt)},
+                          {"kv_dtype", dtype_name(st.kv.dtype)},
                           {"system", "flashkv"},
                           {"time_us", t.median_us},
                           {"min_us", t.min_us},

@@ -14,7 +14,9 @@ namespace flashkv::cli {
 struct DecodeBenchOptions {
   std::vector<std::string> workloads;  // ids to run; empty: every decode workload
   std::vector<std::string> shapes;     // empty: gqa-32-8 and mha-32-32
-  std::vector<DType> dtypes = {DType::f16, DType::bf16};
+  std::vector<DType> dtypes = {DType::f16, DType::bf16};  // q and out
+  // The cache's dtype: e4m3 / e5m2 (an fp8 cache under each q dtype); any other value: q's.
+  DType kv_dtype = DType::f32;
   int head_dim = 128;
   int page_size = 16;
   KVLayout layout = KVLayout::NHD;

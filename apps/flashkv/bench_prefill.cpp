@@ -26,7 +26,8 @@ constexpr int kPlanReps = 20;  // plan() CPU time: median of this many re-plans 
 // CPU self-check).
 struct CheckSource {
   int Hq = 0, Hkv = 0, D = 0, page = 0;
-  DType dt = DType::f16;
+  DType dt = DType::f16;     // q and out
+  DType kv_dt = DType::f16;  // the cache
   std::vector<int64_t> qo_lens, kv_lens;
   std::vector<int32_t> qo_indptr, kv_indptr;           // rows; pages
   std::function<void(int r, void* k, void* v)> pages;  // request r's pages, in order
@@ -82,9 +83,9 @@ RefCheck check_sampled(const CheckSource& p, uint64_t seed, int64_t* rows_checke
     }
   }
   check(rows > 0, "reference check: no query rows to check");
-  const size_t page_bytes = size_t(p.page) * p.Hkv * p.D * dtype_size(p.dt);
-  HostTensor k(p.dt, {std::max<int64_t>(pages, 1), p.page, p.Hkv, p.D}),
-      v(p.dt, {std::max<int64_t>(pages, 1), p.page, p.Hkv, p.D});
+  const size_t page_bytes = size_t(p.page) * p.Hkv * p.D * dtype_size(p.kv_dt);
+  HostTensor k(p.kv_dt, {std::max<int64_t>(pages, 1), p.page, p.Hkv, p.D}),
+      v(p.kv_dt, {std::max<int64_t>(pages, 1), p.page, p.Hkv, p.D});
   for (int r : reqs) {
     p.pages(r, static_cast<char*>(k.data()) + first_page[r] * page_bytes,
             static_cast<char*>(v.data()) + first_page[r] * page_bytes);
@@ -122,12 +123,13 @@ RefCheck check_sampled(const CheckSource& p, uint64_t seed, int64_t* rows_checke
 
 struct PrefillSetup {
   int B = 0, Hq = 0;
+  DType q_dtype = DType::f16;  // q and out (kv.dtype: the cache's)
   std::vector<int64_t> qo_lens;
   std::vector<int32_t> qo_indptr;
   BenchPagedKV kv;
   DeviceBuffer q, out;  // q: kv.copies copies of [nnz_qo, Hq, D]; out: one
   size_t q_bytes() const {
-    return size_t(qo_indptr.back()) * Hq * kv.head_dim * dtype_size(kv.dtype);
+    return size_t(qo_indptr.back()) * Hq * kv.head_dim * dtype_size(q_dtype);
   }
 };
 
@@ -144,7 +146,8 @@ void build(PrefillSetup& st, const PrefillBenchOptions& o, const Workload& w, co
   st.kv.num_kv_heads = sh.num_kv_heads;
   st.kv.head_dim = o.head_dim;
   st.kv.page_size = o.page_size;
-  st.kv.dtype = dt;
+  st.q_dtype = dt;
+  st.kv.dtype = is_fp8_dtype(o.kv_dtype) ? o.kv_dtype : dt;
   st.kv.lens = w.lens;
   st.kv.build(rotation_copies(st.kv.kv_bytes() + st.q_bytes()), seed, s);
   st.q = DeviceBuffer(std::max<size_t>(st.q_bytes() * st.kv.copies, 16));
@@ -154,9 +157,10 @@ void build(PrefillSetup& st, const PrefillBenchOptions& o, const Workload& w, co
 }
 
 CheckSource device_source(const PrefillSetup& st) {
-  CheckSource c{st.Hq,      st.kv.num_kv_heads, st.kv.head_dim, st.kv.page_size, st.kv.dtype,
-                st.qo_lens, st.kv.lens,         st.qo_indptr,   st.kv.indptr};
-  const size_t row_bytes = size_t(st.Hq) * st.kv.head_dim * dtype_size(st.kv.dtype);
+  CheckSource c{st.Hq,        st.kv.num_kv_heads, st.kv.head_dim, st.kv.page_size,
+                st.q_dtype,   st.kv.dtype,        st.qo_lens,     st.kv.lens,
+                st.qo_indptr, st.kv.indptr};
+  const size_t row_bytes = size_t(st.Hq) * st.kv.head_dim * dtype_size(st.q_dtype);
   c.pages = [&st](int r, void* k, void* v) { st.kv.pages_to_host(r, k, v); };
   c.q_rows = [&st, row_bytes](int64_t row, int64_t n, void* dst) {
     st.q.copy_to_host(dst, n * row_bytes, row * row_bytes);  // copy 0
@@ -201,7 +205,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
              .num_kv_heads = sh.num_kv_heads,
              .head_dim = D,
              .q_dtype = dt,
-             .kv_dtype = dt,
+             .kv_dtype = st.kv.dtype,
              .o_dtype = dt},
             po, s);
     return pf.plan_info().plan_us;
@@ -237,17 +241,19 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   const char* kernel = info.wgmma ? (info.kv_tma ? "wgmma+tma" : "wgmma") : "mma.sync";
   std::printf(
       "%-4s %-10s %-5s %10.1f %8.1f %6.1f%% %9.2e %9.2e %-4s %s, tile %d, %d CTAs, %d items/%d "
-      "split, plan %.1f us%s\n",
+      "split, plan %.1f us%s%s\n",
       w.id.c_str(), sh.name.c_str(), dtype_name(dt), t.median_us, tflops, pct16, rc.err, rc.bound,
       rc.pass ? "ok" : "FAIL", kernel, info.tile_rows, info.num_ctas, info.num_work_items,
       info.num_split_tiles, plan_us[plan_us.size() / 2],
       mb > 0 ? (", ws " + std::to_string(mb) + " MB" + (info.split_limited ? " (limited)" : ""))
                    .c_str()
-             : "");
+             : "",
+      st.kv.dtype != dt ? (std::string(" kv ") + dtype_name(st.kv.dtype)).c_str() : "");
   std::fflush(stdout);
   return {{"workload", w.id},
           {"shape", sh.name},
           {"dtype", dtype_name(dt)},
+          {"kv_dtype", dtype_name(st.kv.dtype)},
           {"system", "flashkv"},
           {"time_us", t.median_us},
           {"min_us", t.min_us},
@@ -411,7 +417,7 @@ nlohmann::json bench_prefill_cpu_reference() {
   // The benchmark's sampled-row check, with the full reference as the "kernel" output.
   const size_t page_bytes = size_t(page) * Hkv * D * dtype_size(dt),
                row_bytes = size_t(Hq) * D * dtype_size(dt);
-  CheckSource src{Hq, Hkv, D, page, dt, w.qo_lens, w.lens, qo_indptr, kv_indptr};
+  CheckSource src{Hq, Hkv, D, page, dt, dt, w.qo_lens, w.lens, qo_indptr, kv_indptr};
   src.pages = [&](int r, void* kd, void* vd) {
     for (int p = 0; p < kv_indptr[r + 1] - kv_indptr[r]; ++p) {
       const size_t off = size_t(indices[kv_indptr[r] + p]) * page_bytes;

@@ -15,7 +15,8 @@ namespace flashkv::cli {
 struct PrefillBenchOptions {
   std::vector<std::string> workloads;  // ids to run; empty: every prefill workload
   std::vector<std::string> shapes;     // empty: gqa-32-8 and mha-32-32
-  std::vector<DType> dtypes = {DType::f16, DType::bf16};
+  std::vector<DType> dtypes = {DType::f16, DType::bf16};  // q and out
+  DType kv_dtype = DType::f32;  // e4m3 / e5m2: an fp8 cache; any other value: the q dtype
   int head_dim = 128;
   int page_size = 16;
   int reps = 30;

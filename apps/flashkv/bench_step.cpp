@@ -51,6 +51,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
   (void)ceil;
   nlohmann::json rows = nlohmann::json::array();
   const DType dt = o.dtype;
+  const DType kvt = is_fp8_dtype(o.kv_dtype) ? o.kv_dtype : dt;  // the caches' (fp8: quantized)
   std::printf("%-6s %-6s %-8s %12s %12s %10s %s\n", "batch", "kv", "mode", "us/token", "launches",
               "speedup", "check");
   for (int B : o.batches) {
@@ -63,7 +64,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
         L.kv.num_kv_heads = kHkv;
         L.kv.head_dim = kD;
         L.kv.page_size = o.page_size;
-        L.kv.dtype = dt;
+        L.kv.dtype = kvt;
         L.kv.lens.assign(B, kv_len);
         L.kv.build(1, 1000 + l, s);
         L.q = DeviceBuffer(q_elems * dtype_size(dt));
@@ -113,7 +114,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
                                  .num_kv_heads = kHkv,
                                  .head_dim = kD,
                                  .q_dtype = dt,
-                                 .kv_dtype = dt,
+                                 .kv_dtype = kvt,
                                  .o_dtype = dt};
       eager.plan(batch, shape, po, s);
       po.enable_cuda_graph = true;
@@ -175,7 +176,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
                                  step.llama31, s);
       synchronize(s);
       const int np = kv0.indptr[1];
-      HostTensor kh(dt, {np, o.page_size, kHkv, kD}), vh = kh, qh(dt, {1, kHq, kD}), oh = qh;
+      HostTensor kh(kvt, {np, o.page_size, kHkv, kD}), vh = kh, qh(dt, {1, kHq, kD}), oh = qh;
       kv0.pages_to_host(0, kh.data(), vh.data());
       q_rope.copy_to_host(qh.data(), qh.nbytes(), 0);
       layers[0].out_fused.copy_to_host(oh.data(), oh.nbytes(), 0);
@@ -195,6 +196,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
                         {"layers", kLayers},
                         {"shape", "gqa-32-8"},
                         {"dtype", dtype_name(dt)},
+                        {"kv_dtype", dtype_name(kvt)},
                         {"mode", modes[i].name},
                         {"system", "flashkv"},
                         {"us_per_token", us[i]},

@@ -14,6 +14,7 @@ struct StepBenchOptions {
   std::vector<int> batches = {1, 16, 64};
   std::vector<int64_t> kv_lens = {1024, 8192};
   DType dtype = DType::f16;
+  DType kv_dtype = DType::f32;  // e4m3 / e5m2: an fp8 cache; any other value: `dtype`
   int page_size = 16;
   int reps = 30;
 };

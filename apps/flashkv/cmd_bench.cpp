@@ -31,6 +31,7 @@ struct BenchArgs {
   std::string json, md;
   // The selection both decode and prefill take.
   std::vector<std::string> workloads, shapes, dtypes = {"f16", "bf16"};
+  std::string kv_dtype;  // "": the q dtype; e4m3 / e5m2: an fp8 cache
   std::string workloads_file;
   int reps = 30, page_size = 16;
   int ctas_per_sm = 0;  // 0: each library's default (decode: auto; prefill: 2)
@@ -52,6 +53,8 @@ struct BenchArgs {
     decode.workloads = prefill.workloads = workloads;
     decode.shapes = prefill.shapes = shapes;
     decode.dtypes = prefill.dtypes = dts;
+    const DType kv = kv_dtype.empty() ? DType::f32 : parse_dtype(kv_dtype);
+    decode.kv_dtype = prefill.kv_dtype = step.kv_dtype = kv;
     decode.workloads_file = prefill.workloads_file = workloads_file;
     decode.reps = prefill.reps = reps;
     decode.page_size = prefill.page_size = page_size;
@@ -216,6 +219,10 @@ void add_bench_command(CLI::App& app) {
   auto* dtypes_opt = cmd->add_option("--dtypes", a->dtypes, "f16, bf16")
                          ->check(one_of({"f16", "bf16"}))
                          ->capture_default_str();
+  cmd->add_option("--kv-dtype", a->kv_dtype,
+                  "the KV cache's dtype for decode, prefill and step: e4m3 or e5m2 (an fp8 cache "
+                  "under each --dtypes query dtype; default: the query dtype)")
+      ->check(one_of({"e4m3", "e5m2"}));
   cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")
       ->check(int_in_range(1))
       ->capture_default_str();

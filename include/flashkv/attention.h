@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "flashkv/dtype.h"
+#include "flashkv/tensor.h"
 
 namespace flashkv {
 
@@ -28,9 +29,33 @@ struct AttentionShape {
   DType q_dtype = DType::f16, kv_dtype = DType::f16, o_dtype = DType::f16;
 };
 
+// The dequantization scales of a quantized (fp8) KV cache, FlashInfer's k_scale / v_scale: the
+// real key is the stored value times the key scale, the real value the stored value times the
+// value scale. Each scale is the host float times, when given, an f32 tensor of 1 element (per
+// tensor) or num_kv_heads elements (per KV head, as calibrated checkpoints ship them) on the
+// cache's device. Kernels read the tensors at run time, so a CUDA graph replays with their current
+// contents: scales may change without a new capture. The product is formed in f32 (float * float)
+// and is what append_paged_kv_cache divides by when it quantizes. The GPU kernels take scales for
+// fp8 caches only (a 16-bit cache with a scale other than 1 is an error); the CPU reference takes
+// them for any dtype.
+struct KVScale {
+  float k = 1.0f, v = 1.0f;
+  TensorView k_tensor, v_tensor;  // optional: f32 [1] or [num_kv_heads]
+  bool is_identity() const {
+    return k == 1.0f && v == 1.0f && !k_tensor.defined() && !v_tensor.defined();
+  }
+};
+
+// Checks `s` for a cache of `kv_dtype` with `num_kv_heads` heads on `device` (each tensor: f32,
+// one dimension of 1 or num_kv_heads, contiguous, on `device`; the floats finite and > 0).
+// `name` prefixes the messages ("paged_kv.scale"). gpu: also refuses scales on 16-bit caches.
+void check_kv_scale(const KVScale& s, DType kv_dtype, int num_kv_heads, Device device, bool gpu,
+                    const char* name);
+
 struct AttentionOptions {
   float sm_scale = 0.0f;  // 0 means 1/sqrt(head_dim)
   bool causal = false;
+  KVScale kv_scale;  // ops over contiguous k, v (paged ops take PagedKVCache::scale)
 };
 
 inline float resolve_sm_scale(float sm_scale, int head_dim) {

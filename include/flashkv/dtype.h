@@ -24,6 +24,8 @@ const char* dtype_name(DType t);
 DType parse_dtype(std::string_view name);
 // True for the floating-point element types.
 bool is_floating(DType t);
+// True for e4m3 and e5m2.
+inline bool is_fp8_dtype(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
 
 // fp16 (IEEE binary16) <-> float.
 uint16_t float_to_f16(float x);

@@ -3,7 +3,12 @@
 // gives the per-layer ops an engine runs before attention: RoPE, then the append.
 //
 // Append. The new tokens are ragged: append_key / append_value [nnz, H_kv, D] (any row/head
-// strides, last dimension contiguous), f16/bf16/f32, the dtype of the cache. Token t goes to
+// strides, last dimension contiguous), f16/bf16/f32, the dtype of the cache; or, into an fp8
+// cache (e4m3 / e5m2), f16/bf16/f32 rows that are quantized on the way in: each element becomes
+// float(x) / scale (an f32 division, scale = paged_kv.scale's k or v factor for its KV head,
+// attention.h) rounded to nearest even and saturated to the format's largest finite value (e5m2's
+// infinities too), NaN staying NaN: bit for bit float_to_e4m3 / float_to_e5m2 (dtype.h). fp8 rows
+// into an fp8 cache of their dtype are copied as they are. Token t goes to
 // request b = batch_indices[t] at position p = positions[t] (both i32 [nnz]), i.e. to slot
 // p % page_size of page paged_kv.indices[paged_kv.indptr[b] + p / page_size].
 // `paged_kv` describes the cache AFTER the append, as in FlashInfer: the caller has already

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flashkv/attention.h"
 #include "flashkv/tensor.h"
 
 namespace flashkv {
@@ -34,6 +35,9 @@ struct PagedKVCache {
   TensorView indptr;         // i32 [batch + 1], indptr[0] == 0, non-decreasing
   TensorView indices;        // i32 [indptr[batch]] page ids in [0, num_pages)
   TensorView last_page_len;  // i32 [batch], 1 <= last_page_len <= page_size for non-empty requests
+  // Dequantization scales of an fp8 cache (attention.h): read by every op that reads the cache,
+  // and divided by when append_paged_kv_cache or the fused decode step quantizes into it.
+  KVScale scale;
 
   // Splits one interleaved tensor kv[num_pages, 2, ...] into the k and v views.
   static PagedKVCache interleaved(const TensorView& kv, KVLayout layout, const TensorView& indptr,

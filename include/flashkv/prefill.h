@@ -170,6 +170,10 @@ class BatchPrefillRagged {
   // q/out [nnz_qo, H_qo, D]; k, v [nnz_kv, H_kv, D] with nnz_kv >= kv_indptr[batch].
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
+  // The same over fp8 k, v (a plan with an fp8 kv_dtype) with their dequantization scales
+  // (attention.h: KVScale, on k's device).
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse, const KVScale& scale, Stream stream = nullptr);
   void forget_captured_graphs();
   PrefillPlanInfo plan_info() const;
 

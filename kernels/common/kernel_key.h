@@ -39,8 +39,13 @@ inline const char* device_type_name(DType t, const char* arg) {
       return "flashkv::bf16_t";
     case DType::f32:
       return "float";
+    case DType::e4m3:
+      return "flashkv::e4m3_t";
+    case DType::e5m2:
+      return "flashkv::e5m2_t";
     default:
-      fail(arg, ": dtype ", dtype_name(t), " is not supported here (expected f16, bf16 or f32)");
+      fail(arg, ": dtype ", dtype_name(t),
+           " is not supported here (expected f16, bf16, f32, e4m3 or e5m2)");
   }
 }
 

@@ -91,6 +91,55 @@ __global__ void __launch_bounds__(kAppendThreads)
   }
 }
 
+// V elements of S (V = 16 bytes' worth, or 1) divided by `scale` and rounded to fp8 F (round to
+// nearest even, saturating, NaN stays NaN): the host's float_to_e4m3 / float_to_e5m2 of
+// float(x) / scale, bit for bit (an IEEE f32 division, no reciprocal).
+template <class S, class F, int V>
+__device__ __forceinline__ void append_quantize(const S* src, F* dst, float scale) {
+  float x[V];
+  if constexpr (V == 1) {
+    x[0] = to_float(src[0]);
+    dst[0].bits = (unsigned char)pack_fp8x2<F>(__fdiv_rn(x[0], scale), 0.f);
+  } else {
+    Vec16<S>::to_floats(*reinterpret_cast<const uint4*>(src), x);
+    u32 w[V / 2];
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i)
+      w[i] = pack_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
+    if constexpr (V == 8) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+    } else {
+      static_assert(V == 4, "16 bytes of f32 or of a 16-bit type");
+      *reinterpret_cast<u32*>(dst) = w[0] | (w[1] << 16);
+    }
+  }
+}
+
+// append_kernel into an fp8 cache F from f16 / bf16 / f32 rows S: quantized with the cache's
+// scales (per tensor or per KV head). Same grid and checks as append_kernel.
+template <class S, class F, int V>
+__global__ void __launch_bounds__(kAppendThreads)
+    append_quantize_kernel(const __grid_constant__ AppendParams p) {
+  const int tpt = p.threads_per_token;
+  const int local = threadIdx.x % tpt;
+  const i64 t = (i64)blockIdx.x * (blockDim.x / tpt) + threadIdx.x / tpt;
+  if (t >= p.nnz) return;
+  const i64 base = append_slot_offset(p, t, local == 0);
+  if (base < 0) return;
+  const S* key = static_cast<const S*>(p.key) + t * p.key_stride_n;
+  const S* value = static_cast<const S*>(p.value) + t * p.value_stride_n;
+  F* k = static_cast<F*>(p.k) + base;
+  F* v = static_cast<F*>(p.v) + base;
+  const int units = p.head_dim / V;
+  for (int idx = local; idx < p.num_heads * units; idx += tpt) {
+    const int h = idx / units, e = (idx % units) * V;
+    append_quantize<S, F, V>(key + h * p.key_stride_h + e, k + h * p.head_stride + e,
+                             kv_scale_k(p.scale, h));
+    append_quantize<S, F, V>(value + h * p.value_stride_h + e, v + h * p.head_stride + e,
+                             kv_scale_v(p.scale, h));
+  }
+}
+
 // get_batch_indices_positions: token t of request i (row append_indptr[i] + j) gets batch index i
 // and position seq_lens[i] - append_len(i) + j. One thread per token; the request is found by
 // binary search. A token no request covers, or of a request whose seq_len is shorter than its

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/device_error.cuh"
+#include "kv/kv_scale.cuh"
 
 namespace flashkv {
 
@@ -24,6 +25,7 @@ struct AppendParams {
   int batch, page_size, num_heads, head_dim;
   int threads_per_token;
   DeviceErrorRecord* error;
+  KVScaleParams scale;  // an fp8 cache's scales: append_quantize_kernel divides by them
 };
 
 }  // namespace flashkv

@@ -23,6 +23,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 smem_row_addr
                : "r"(smem_row_addr));
 }
 
+// Byte permute (PRMT): byte i of the result is byte selector[4i..4i+3] of {b, a} (a: bytes 0-3).
+__device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 selector) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
 // D = A·B + C, A 16x16 (row), B 16x8 (col), 16-bit inputs T, f32 accumulators.
 template <class T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]);
@@ -50,10 +57,17 @@ __device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const u32 (&
 // Byte offset of 16-byte chunk `chunk` of row `row` in a shared-memory tile whose rows are
 // `kRowChunks` 16-byte chunks long, XOR-swizzled so that the 8 rows an ldmatrix reads at one
 // chunk column hit 8 different bank groups (no conflicts, no padding).
+// Rows of 64 bytes (fp8 rows of head_dim 64) pair up: row r's chunks are XORed with (r / 2) % 4,
+// so rows r and r + 1 fill the two halves of the 8 bank groups.
 template <int kRowChunks>
 __device__ __forceinline__ u32 swizzled_offset(int row, int chunk) {
-  static_assert(kRowChunks % 8 == 0, "swizzle needs rows of a multiple of 128 bytes");
-  return (u32)((row * kRowChunks + (chunk ^ (row % 8))) * 16);
+  static_assert(kRowChunks % 8 == 0 || kRowChunks == 4,
+                "swizzle needs rows of 64 bytes or a multiple of 128 bytes");
+  if constexpr (kRowChunks == 4) {
+    return (u32)((row * 4 + (chunk ^ ((row >> 1) & 3))) * 16);
+  } else {
+    return (u32)((row * kRowChunks + (chunk ^ (row % 8))) * 16);
+  }
 }
 
 }  // namespace flashkv

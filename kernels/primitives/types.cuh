@@ -15,6 +15,28 @@ struct half_t {
 struct bf16_t {
   u16 bits;
 };  // bfloat16
+// fp8 (OCP FP8, the formats of __nv_fp8_e4m3 / __nv_fp8_e5m2): KV-cache elements only. Kernels
+// widen them to 16 bits in registers (fp8x2_to_16x2) and compute in the query's dtype.
+struct e4m3_t {
+  unsigned char bits;
+};
+struct e5m2_t {
+  unsigned char bits;
+};
+// Whether T is an fp8 type (a function: a constexpr variable would be a device global of every
+// module under NVRTC's -default-device).
+template <class T>
+constexpr bool is_fp8() {
+  return false;
+}
+template <>
+constexpr bool is_fp8<e4m3_t>() {
+  return true;
+}
+template <>
+constexpr bool is_fp8<e5m2_t>() {
+  return true;
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(half_t h) {
@@ -75,6 +97,69 @@ __device__ __forceinline__ u32 pack2<bf16_t>(float a, float b) {
   return w;
 }
 
+// Two fp8 values (the low 16 bits of `x`, element 0 in the low byte) to two f16 in one word
+// (element 0 in the low half): one cvt on sm_89+. Exact: every e4m3 and e5m2 value is an f16.
+template <class F>
+__device__ __forceinline__ u32 fp8x2_to_f16x2(u32 x);
+template <>
+__device__ __forceinline__ u32 fp8x2_to_f16x2<e4m3_t>(u32 x) {
+  u32 r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((u16)x));
+  return r;
+}
+template <>
+__device__ __forceinline__ u32 fp8x2_to_f16x2<e5m2_t>(u32 x) {
+  u32 r;
+  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"((u16)x));
+  return r;
+}
+// Two fp8 values to two elements of the 16-bit type T (half_t or bf16_t), packed as pack2 packs
+// them: the tensor-core kernels' operand conversion. Exact for both (an fp8 value has at most 3
+// significant bits and an exponent within f16's range, so it is a bf16 value too).
+template <class T>
+__device__ __forceinline__ u32 f16x2_to(u32 h);
+template <>
+__device__ __forceinline__ u32 f16x2_to<half_t>(u32 h) {
+  return h;
+}
+template <>
+__device__ __forceinline__ u32 f16x2_to<bf16_t>(u32 h) {
+  float a, b;
+  unpack2<half_t>(h, a, b);
+  return pack2<bf16_t>(a, b);
+}
+template <class T, class F>
+__device__ __forceinline__ u32 fp8x2_to_16x2(u32 x) {
+  return f16x2_to<T>(fp8x2_to_f16x2<F>(x));
+}
+
+// Two floats to two fp8 values in the low 16 bits (element 0 in the low byte): round to nearest
+// even, saturating to the largest finite value (e4m3: 448, e5m2: 57344; e5m2's infinities too);
+// NaN stays NaN. The conversion the host's float_to_e4m3 / float_to_e5m2 (saturate) make.
+template <class F>
+__device__ __forceinline__ u32 pack_fp8x2(float a, float b);
+template <>
+__device__ __forceinline__ u32 pack_fp8x2<e4m3_t>(float a, float b) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return r;
+}
+template <>
+__device__ __forceinline__ u32 pack_fp8x2<e5m2_t>(float a, float b) {
+  u16 r;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ e4m3_t from_float<e4m3_t>(float x) {
+  return e4m3_t{(unsigned char)pack_fp8x2<e4m3_t>(x, 0.f)};
+}
+template <>
+__device__ __forceinline__ e5m2_t from_float<e5m2_t>(float x) {
+  return e5m2_t{(unsigned char)pack_fp8x2<e5m2_t>(x, 0.f)};
+}
+
 // 16 bytes (a uint4) as N = 16 / sizeof(T) elements, converted to/from floats.
 template <class T>
 struct Vec16 {
@@ -103,6 +188,24 @@ struct Vec16<float> {
                       __float_as_uint(f[3]));
   }
 };
+
+// 16 fp8 values, widened exactly.
+template <class F>
+struct Vec16Fp8 {
+  static constexpr int N = 16;
+  __device__ __forceinline__ static void to_floats(const uint4& v, float* f) {
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      unpack2<half_t>(fp8x2_to_f16x2<F>(w[i]), f[4 * i], f[4 * i + 1]);
+      unpack2<half_t>(fp8x2_to_f16x2<F>(w[i] >> 16), f[4 * i + 2], f[4 * i + 3]);
+    }
+  }
+};
+template <>
+struct Vec16<e4m3_t> : Vec16Fp8<e4m3_t> {};
+template <>
+struct Vec16<e5m2_t> : Vec16Fp8<e5m2_t> {};
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -82,7 +82,8 @@ int64_t check_append_tensors(const TensorView& append_key, const TensorView& app
                              const TensorView& batch_indices, const TensorView& positions,
                              const PagedKVCache& paged_kv) {
   paged_kv.validate_shapes();
-  check_dtype_in(paged_kv.k, "paged_kv.k", kValueDTypes);
+  check_dtype_in(paged_kv.k, "paged_kv.k",
+                 {DType::f16, DType::bf16, DType::f32, DType::e4m3, DType::e5m2});
   check_defined(append_key, "append_key");
   check_defined(append_value, "append_value");
   const int64_t heads = paged_kv.num_kv_heads(), dim = paged_kv.head_dim();
@@ -90,8 +91,14 @@ int64_t check_append_tensors(const TensorView& append_key, const TensorView& app
   const int64_t nnz = append_key.size(0);
   check_shape(append_key, "append_key", {nnz, heads, dim});
   check_shape(append_value, "append_value", {nnz, heads, dim});
-  check_dtype(append_key, "append_key", paged_kv.k.dtype());
-  check_dtype(append_value, "append_value", paged_kv.k.dtype());
+  // An fp8 cache also takes f16 / bf16 / f32 rows, which the append quantizes (kv_ops.h).
+  if (is_fp8_dtype(paged_kv.k.dtype()) && append_key.dtype() != paged_kv.k.dtype()) {
+    check_dtype_in(append_key, "append_key", kValueDTypes);
+    check_dtype(append_value, "append_value", append_key.dtype());
+  } else {
+    check_dtype(append_key, "append_key", paged_kv.k.dtype());
+    check_dtype(append_value, "append_value", paged_kv.k.dtype());
+  }
   check_last_dim_contiguous(append_key, "append_key");
   check_last_dim_contiguous(append_value, "append_value");
   check_i32_vector(batch_indices, "batch_indices", nnz);

@@ -109,6 +109,8 @@ void PagedKVCache::validate_shapes() const {
     fail("paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(), " (shape ", k.shape_str(),
          ", layout ", kv_layout_name(layout), ")");
   }
+  check_kv_scale(scale, k.dtype(), num_kv_heads(), k.device(), k.device().is_cuda(),
+                 "paged_kv.scale");
   check(head_dim() >= 1, "paged_kv.k: head_dim must be >= 1, got ", head_dim());
   check_last_dim_contiguous(k, "paged_kv.k");
   check_last_dim_contiguous(v, "paged_kv.v");

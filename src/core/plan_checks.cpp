@@ -16,7 +16,10 @@ void check_plan_dtypes(DType q, DType kv, DType o, PlanTarget target, const char
         gpu ? ": expected f16 or bf16, got "
             : ": expected f16, bf16 or f32 (f32: CPU reference only), got ",
         dtype_name(q));
-  check(kv == q, kv_name, ": expected ", dtype_name(q), " (the q dtype), got ", dtype_name(kv));
+  // KV in q's dtype, or an fp8 cache (widened to q's dtype in the kernels; attention.h: KVScale).
+  const bool fp8 = kv == DType::e4m3 || kv == DType::e5m2;
+  check(kv == q || (fp8 && q != DType::f32), kv_name, ": expected ", dtype_name(q),
+        " (the q dtype) or an fp8 dtype (e4m3, e5m2), got ", dtype_name(kv));
   check(o == q, o_name, ": expected ", dtype_name(q), " (the q dtype), got ", dtype_name(o));
 }
 

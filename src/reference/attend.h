@@ -46,14 +46,20 @@ struct KVSource {
   std::vector<int64_t> k_token, v_token;  // [kv_len] element offset of token t at kv head 0
   int64_t k_head_stride = 0, v_head_stride = 0;
   int64_t k_dim_stride = 0, v_dim_stride = 0;
+  KVScale scale;  // dequantization scales (host tensors): gather() multiplies by them
   int64_t len() const { return static_cast<int64_t>(k_token.size()); }
 };
 
 // Tokens [begin, begin + len) of contiguous k, v in `layout` (NHD [tok, H, D] / HND [H, tok, D]).
+// `scale`: the stored values' dequantization scales (attention.h), checked by the caller.
 KVSource contiguous_source(const TensorView& k, const TensorView& v, KVLayout layout, int64_t begin,
-                           int64_t len);
+                           int64_t len, const KVScale& scale = {});
 
-// Gathers kv head `head` of `src` into doubles.
+// The f32 scale of kv head `head` (the float times the tensor's entry, when given), as the kernels
+// and the quantizing append form it.
+float head_scale(float factor, const TensorView& t, int head);
+
+// Gathers kv head `head` of `src` into doubles, dequantized (times its scale) exactly.
 KVRows gather(const KVSource& src, int head, int dim);
 
 // Shapes of the query side of an op: q/out [rows, H_qo, D], lse f32 [rows, H_qo] or undefined.

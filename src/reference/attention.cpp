@@ -106,7 +106,7 @@ RowState attend_row(std::span<const double> q, const KVRows& kv, int64_t num_key
 }
 
 KVSource contiguous_source(const TensorView& k, const TensorView& v, KVLayout layout, int64_t begin,
-                           int64_t len) {
+                           int64_t len, const KVScale& scale) {
   const int token_dim = layout == KVLayout::NHD ? 0 : 1;
   const int head_dim = 1 - token_dim;
   KVSource src;
@@ -123,7 +123,14 @@ KVSource contiguous_source(const TensorView& k, const TensorView& v, KVLayout la
   src.v_head_stride = v.stride(head_dim);
   src.k_dim_stride = k.stride(2);
   src.v_dim_stride = v.stride(2);
+  src.scale = scale;
   return src;
+}
+
+float head_scale(float factor, const TensorView& t, int head) {
+  if (!t.defined()) return factor;
+  const float entry = t.data_as<const float>()[t.size(0) == 1 ? 0 : head];
+  return factor * entry;  // in f32, as the kernels form it
 }
 
 KVRows gather(const KVSource& src, int head, int dim) {
@@ -135,10 +142,15 @@ KVRows gather(const KVSource& src, int head, int dim) {
   const Decoder k_at(src.k.dtype()), v_at(src.v.dtype());
   const int64_t k_head = head * src.k_head_stride;
   const int64_t v_head = head * src.v_head_stride;
+  // Exact: an fp8 value times an f32 scale fits a double's 53 bits.
+  const double k_scale = head_scale(src.scale.k, src.scale.k_tensor, head);
+  const double v_scale = head_scale(src.scale.v, src.scale.v_tensor, head);
   for (int64_t t = 0; t < rows.len; ++t) {
     for (int d = 0; d < dim; ++d) {
-      rows.k[t * dim + d] = k_at(src.k.data(), src.k_token[t] + k_head + d * src.k_dim_stride);
-      rows.v[t * dim + d] = v_at(src.v.data(), src.v_token[t] + v_head + d * src.v_dim_stride);
+      rows.k[t * dim + d] =
+          k_scale * k_at(src.k.data(), src.k_token[t] + k_head + d * src.k_dim_stride);
+      rows.v[t * dim + d] =
+          v_scale * v_at(src.v.data(), src.v_token[t] + v_head + d * src.v_dim_stride);
     }
   }
   return rows;
@@ -302,9 +314,12 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
                     const AttentionOptions& opts) {
   const QOShape qo = check_qo(q, out, lse);
   const auto [kv_len, num_kv_heads] = check_contiguous_kv(k, v, layout, qo);
+  check_kv_scale(opts.kv_scale, k.dtype(), num_kv_heads, Device::cpu(), false, "opts.kv_scale");
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
-  const std::vector<Request> requests{
-      {.q_begin = 0, .qo_len = qo.rows, .kv = contiguous_source(k, v, layout, 0, kv_len)}};
+  const std::vector<Request> requests{{.q_begin = 0,
+                                       .qo_len = qo.rows,
+                                       .kv = contiguous_source(k, v, layout, 0, kv_len,
+                                                               opts.kv_scale)}};
   run_requests(q, requests, out, lse, num_kv_heads, sm_scale, opts.causal);
 }
 
@@ -317,13 +332,14 @@ void batch_prefill_ragged(const TensorView& q, const TensorView& qo_indptr, cons
   const std::vector<int64_t> kv_ptr = read_indptr(kv_indptr, "kv_indptr", nnz_kv, "k.size(0)");
   check(kv_ptr.size() == qo_ptr.size(), "kv_indptr: expected batch + 1 = ", qo_ptr.size(),
         " entries (as qo_indptr), got ", kv_ptr.size());
+  check_kv_scale(opts.kv_scale, k.dtype(), num_kv_heads, Device::cpu(), false, "opts.kv_scale");
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
   std::vector<Request> requests;
   for (size_t i = 0; i + 1 < qo_ptr.size(); ++i) {
-    requests.push_back(
-        {.q_begin = qo_ptr[i],
-         .qo_len = qo_ptr[i + 1] - qo_ptr[i],
-         .kv = contiguous_source(k, v, KVLayout::NHD, kv_ptr[i], kv_ptr[i + 1] - kv_ptr[i])});
+    requests.push_back({.q_begin = qo_ptr[i],
+                        .qo_len = qo_ptr[i + 1] - qo_ptr[i],
+                        .kv = contiguous_source(k, v, KVLayout::NHD, kv_ptr[i],
+                                                kv_ptr[i + 1] - kv_ptr[i], opts.kv_scale)});
   }
   run_requests(q, requests, out, lse, num_kv_heads, sm_scale, opts.causal);
 }

@@ -69,6 +69,7 @@ KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   src.v_head_stride = kv.v.stride(head_dim);
   src.k_dim_stride = kv.k.stride(3);
   src.v_dim_stride = kv.v.stride(3);
+  src.scale = kv.scale;
   return src;
 }
 
@@ -86,6 +87,8 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
     fail("q: batch size ", qo.rows, " (shape ", q.shape_str(),
          ") does not match paged_kv's batch size ", kv.batch_size());
   }
+  check(opts.kv_scale.is_identity(), "opts.kv_scale: the paged ops take the cache's scales ",
+        "(paged_kv.scale)");
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
   std::vector<detail::Request> requests;
   for (int i = 0; i < kv.batch_size(); ++i) {
@@ -105,6 +108,8 @@ void batch_prefill_paged(const TensorView& q, const TensorView& qo_indptr, const
   check(static_cast<int>(qo_ptr.size()) == kv.batch_size() + 1,
         "qo_indptr: expected batch + 1 = ", kv.batch_size() + 1,
         " entries (as paged_kv.indptr), got ", qo_ptr.size());
+  check(opts.kv_scale.is_identity(), "opts.kv_scale: the paged ops take the cache's scales ",
+        "(paged_kv.scale)");
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
   std::vector<detail::Request> requests;
   for (int i = 0; i < kv.batch_size(); ++i) {

@@ -1,6 +1,7 @@
 // CPU reference of the KV-cache append (kv_ops.h): checks every destination before writing any,
 // then copies each new token's k and v rows into its page slot. Elements are copied bit for bit
-// (the new rows have the cache's dtype).
+// when the new rows have the cache's dtype, and quantized with the cache's scales when f16 / bf16
+// / f32 rows go into an fp8 cache.
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -68,6 +69,19 @@ void copy_row(const TensorView& src, int64_t t, int64_t h, const TensorView& dst
   std::memcpy(to, from, static_cast<size_t>(head_dim) * es);
 }
 
+// Row (t, h) of `src` [nnz, H, D] (f16 / bf16 / f32) quantized into fp8 `dst` at `dst_offset`:
+// float(x) / scale in f32, rounded to nearest even and saturated (dtype.h), as the GPU does.
+void quantize_row(const TensorView& src, int64_t t, int64_t h, const TensorView& dst,
+                  int64_t dst_offset, int64_t head_dim, float scale) {
+  const int64_t first = t * src.stride(0) + h * src.stride(1);
+  auto* to = static_cast<uint8_t*>(dst.data()) + dst_offset;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float x = static_cast<float>(load_as_double(src.data(), src.dtype(), first + d)) / scale;
+    to[d] = dst.dtype() == DType::e4m3 ? float_to_e4m3(x, /*saturate=*/true)
+                                       : float_to_e5m2(x, /*saturate=*/true);
+  }
+}
+
 }  // namespace
 
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
@@ -85,14 +99,24 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   const std::vector<Destination> dst = destinations(batch_indices, positions, paged_kv, nnz);
 
   const int64_t heads = paged_kv.num_kv_heads(), dim = paged_kv.head_dim();
+  // Rows of another dtype than the cache's go into an fp8 cache, quantized (kv_ops.h).
+  const bool quantize = append_key.dtype() != paged_kv.k.dtype();
   // Destinations are distinct, so tokens write disjoint slots and run in parallel.
   flashkv::detail::parallel_for(nnz, [&](int64_t t) {
     const int64_t slot_offset =
         dst[t].page * paged_kv.page_stride() + dst[t].slot * paged_kv.token_stride();
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = slot_offset + h * paged_kv.head_stride();
-      copy_row(append_key, t, h, paged_kv.k, offset, dim);
-      copy_row(append_value, t, h, paged_kv.v, offset, dim);
+      if (quantize) {
+        const int hh = static_cast<int>(h);
+        quantize_row(append_key, t, h, paged_kv.k, offset, dim,
+                     detail::head_scale(paged_kv.scale.k, paged_kv.scale.k_tensor, hh));
+        quantize_row(append_value, t, h, paged_kv.v, offset, dim,
+                     detail::head_scale(paged_kv.scale.v, paged_kv.scale.v_tensor, hh));
+      } else {
+        copy_row(append_key, t, h, paged_kv.k, offset, dim);
+        copy_row(append_value, t, h, paged_kv.v, offset, dim);
+      }
     }
   });
 }

@@ -66,7 +66,38 @@ DeviceCache to_device(const PagedCacheHost& h, int device) {
     d.cache.indices = d.indices.view;
     d.cache.last_page_len = d.last_page_len.view;
   }
+  d.cache.scale = h.cache.scale;
+  if (h.cache.scale.k_tensor.defined()) {
+    d.k_scale = to_device(h.k_scale, device);
+    d.v_scale = to_device(h.v_scale, device);
+    d.cache.scale.k_tensor = d.k_scale.view;
+    d.cache.scale.v_tensor = d.v_scale.view;
+  }
   return d;
+}
+
+std::string KVScaleCase::str() const {
+  if (k == 1.0f && v == 1.0f && tensor == 0) return "";
+  return " scale k " + std::to_string(k) + " v " + std::to_string(v) +
+         (tensor == 1 ? " x tensor[1]" : tensor == 2 ? " x tensor[H_kv]" : "");
+}
+
+void set_kv_scale(PagedCacheHost& h, const KVScaleCase& c, uint64_t seed) {
+  KVScale s;
+  s.k = c.k;
+  s.v = c.v;
+  if (c.tensor > 0) {
+    const int64_t n = c.tensor == 1 ? 1 : h.cache.num_kv_heads();
+    h.k_scale = HostTensor(DType::f32, {n});
+    h.v_scale = HostTensor(DType::f32, {n});
+    for (int64_t i = 0; i < n; ++i) {  // in [0.5, 2): powers of two would hide rounding
+      h.k_scale.set(i, 0.5 + 1.5 * static_cast<double>((seed * 2654435761u + 97 * i) % 1000) / 1000);
+      h.v_scale.set(i, 0.5 + 1.5 * static_cast<double>((seed * 40503u + 31 * i + 7) % 1000) / 1000);
+    }
+    s.k_tensor = h.k_scale.view();
+    s.v_tensor = h.v_scale.view();
+  }
+  h.cache.scale = s;
 }
 
 }  // namespace flashkv::test

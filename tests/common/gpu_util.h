@@ -36,8 +36,20 @@ void to_host(const DeviceTensor& d, HostTensor& h);
 // The paged cache on the device: k/v (or the interleaved kv) and the index tensors.
 struct DeviceCache {
   DeviceTensor k, v, kv, indptr, indices, last_page_len;
+  DeviceTensor k_scale, v_scale;  // the cache's scale tensors, when it has them
   PagedKVCache cache;
 };
 DeviceCache to_device(const PagedCacheHost& h, int device = 0);
+
+// How a test scales an fp8 cache (attention.h: KVScale): the host factors, and scale tensors
+// (tensor 0: none; 1: f32 [1]; 2: f32 [num_kv_heads], per KV head) of values drawn from `seed`
+// in [0.5, 2).
+struct KVScaleCase {
+  float k = 1.0f, v = 1.0f;
+  int tensor = 0;
+  std::string str() const;  // "" for the identity
+};
+// Sets h.cache.scale (host tensors, kept in h.k_scale / h.v_scale).
+void set_kv_scale(PagedCacheHost& h, const KVScaleCase& c, uint64_t seed);
 
 }  // namespace flashkv::test

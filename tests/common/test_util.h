@@ -43,6 +43,7 @@ struct PagedCacheHost {
   HostTensor k, v;  // [num_pages, page_size, H_kv, D] (NHD) / [num_pages, H_kv, page_size, D]
   HostTensor kv;    // [num_pages, 2, ...] instead of k and v when interleaved
   HostTensor indptr, indices, last_page_len;  // i32 page table
+  HostTensor k_scale, v_scale;                // f32 scale tensors of an fp8 cache, when it has them
   PagedKVCache cache;
 
   std::vector<int64_t> kv_lens;

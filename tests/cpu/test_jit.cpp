@@ -176,6 +176,35 @@ TEST(Jit, EveryDecodeShapeCompiles) {
   }
 }
 
+TEST(Jit, Fp8KvKernelsCompile) {
+  // fp8 caches: both decode kernels and the mma.sync prefill kernel (every tile size, paged and
+  // ragged), e4m3 and e5m2 under f16 and bf16 queries, at each head_dim.
+  std::vector<ops::KernelSpec> specs;
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (DType q : {DType::f16, DType::bf16})
+      for (int d : {64, 128, 256}) {
+        for (bool tc : {false, true}) {
+          if (tc && !decode_tc_supported(d, 4)) continue;
+          specs.push_back(ops::kernel_spec(DecodeKernelKey{
+              .q = q, .kv = kv, .head_dim = d, .group = 4, .page_size = 16, .tensor_cores = tc}));
+        }
+        for (int rows : {16, 64, 128}) {
+          PrefillKernelKey key;
+          key.dtype = q;
+          key.fp8_kv = kv;
+          key.head_dim = d;
+          key.rows = rows;
+          key.kv = rows == 64 ? PrefillKV::kRagged : PrefillKV::kPagedPow2;
+          specs.push_back(ops::kernel_spec(key));
+        }
+      }
+  for (const auto& spec : specs) {
+    runtime::CompileRequest req = spec.make();
+    req.arch = "sm_90a";
+    EXPECT_NO_THROW(runtime::nvrtc_compile(req)) << spec.id;
+  }
+}
+
 TEST(Jit, DecodeKernelShapesCompile) {
   // The tensor-core kernel's stages / warps / CTAs-per-SM shapes (DecodePlanOptions.tc_stages,
   // tc_warps; BatchDecodeConfig.ctas_per_sm), at the head dims and groups they change most.
@@ -199,7 +228,13 @@ TEST(Jit, KvKernelsCompileForHopperWithoutAGpu) {
   std::vector<ops::KernelSpec> specs = {ops::batch_indices_positions_kernel_spec()};
   for (DType t : {DType::f16, DType::bf16, DType::f32}) {
     specs.push_back(ops::rope_kernel_spec(t));
-    specs.push_back(ops::kv_append_kernel_spec(t));
+    specs.push_back(ops::kv_append_kernel_spec(t, t));
+  }
+  // fp8 caches: the bit copy and the quantizing append from each wider dtype.
+  for (DType cache : {DType::e4m3, DType::e5m2}) {
+    specs.push_back(ops::kv_append_kernel_spec(cache, cache));
+    for (DType src : {DType::f16, DType::bf16, DType::f32})
+      specs.push_back(ops::kv_append_kernel_spec(cache, src));
   }
   for (const auto& spec : specs) {
     runtime::CompileRequest req = spec.make();

@@ -72,7 +72,7 @@ TEST(PlanChecks, DecodeRefusesWhatTheGpuCannotRun) {
     EXPECT_ERROR_HAS(t.decode(128, 1, 128, 16, kF16, kF16, kF16, target),
                      "expected a GQA group of at most 64, got 128");
     EXPECT_ERROR_HAS(t.decode(8, 8, 128, 16, kF16, DType::bf16, kF16, target),
-                     "kv_dtype: expected f16 (the q dtype), got bf16");
+                     "kv_dtype: expected f16 (the q dtype) or an fp8 dtype (e4m3, e5m2), got bf16");
     EXPECT_ERROR_HAS(t.decode(8, 8, 128, 16, kF16, kF16, DType::bf16, target),
                      "o_dtype: expected f16 (the q dtype), got bf16");
     EXPECT_ERROR_HAS(t.decode(8, 8, 128, 16, DType::i32, DType::i32, DType::i32, target),

@@ -8,7 +8,8 @@ namespace flashkv::test {
 
 std::string DecodeCase::str() const {
   std::ostringstream os;
-  os << dtype_name(dtype) << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
+  os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
+     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
      << " page " << page_size << " " << kv_layout_name(layout)
      << (interleaved ? " interleaved" : "") << " batch " << kv_lens.size() << " lens [";
   for (size_t i = 0; i < kv_lens.size() && i < 8; ++i) os << (i ? "," : "") << kv_lens[i];
@@ -84,7 +85,8 @@ std::vector<double> rel_err_per_request(const std::vector<double>& got,
 DecodeOutcome run_decode_case(const DecodeCase& c) {
   const int64_t B = static_cast<int64_t>(c.kv_lens.size());
   PagedCacheHost cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim,
-                                          c.layout, c.dtype, c.seed, true, c.interleaved);
+                                          c.layout, c.kv_dtype(), c.seed, true, c.interleaved);
+  set_kv_scale(cache, c.scale, c.seed);
   HostTensor q(c.dtype, {B, c.num_qo_heads, c.head_dim});
   q.fill_random(c.seed * 7 + 1);
   AttentionOptions ao;
@@ -123,7 +125,7 @@ DecodeOutcome run_decode_case(const DecodeCase& c) {
             .num_kv_heads = c.num_kv_heads,
             .head_dim = c.head_dim,
             .q_dtype = c.dtype,
-            .kv_dtype = c.dtype,
+            .kv_dtype = c.kv_dtype(),
             .o_dtype = c.dtype},
            c.opts, s);
   dec.run(dq.view, dc.cache, dout.view, dlse.view, s);

@@ -13,7 +13,9 @@ struct DecodeCase {
   std::vector<int64_t> kv_lens;
   int num_qo_heads = 32, num_kv_heads = 8, head_dim = 128, page_size = 16;
   KVLayout layout = KVLayout::NHD;
-  DType dtype = DType::f16;
+  DType dtype = DType::f16;     // q and out (and the cache, unless fp8_kv says otherwise)
+  DType fp8_kv = DType::f32;   // e4m3 / e5m2: an fp8 cache; any other value: the cache in dtype
+  KVScaleCase scale;           // an fp8 cache's scales
   bool interleaved = false;
   DecodePlanOptions opts{};
   int ctas_per_sm = 0;        // BatchDecodeConfig.ctas_per_sm (0: auto)
@@ -21,6 +23,7 @@ struct DecodeCase {
   int64_t max_kv_tokens = 0;  // BatchDecodeConfig: sizing for fixed_split_size (0 and 0: none)
   int min_fixed_split_size = 0;
   size_t workspace_bytes = 0;  // 0: BatchDecode::workspace_bytes (never limits splitting)
+  DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dtype; }
   uint64_t seed = 1;
   std::string str() const;
 };

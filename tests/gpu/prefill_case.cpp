@@ -63,7 +63,8 @@ int64_t PrefillCase::nnz_kv() const {
 
 std::string PrefillCase::str() const {
   std::ostringstream os;
-  os << dtype_name(dtype) << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
+  os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
+     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
      << " page " << page_size << " " << kv_layout_name(layout)
      << (interleaved ? " interleaved" : "") << (opts.causal ? " causal" : " non-causal")
      << " tile_rows " << opts.tile_rows << " fixed_split " << opts.fixed_split_size
@@ -127,8 +128,10 @@ PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* sam
   }
   PrefillInputs in;
   in.c = c;
-  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout, c.dtype,
-                              c.seed, /*shuffle_pages=*/true, c.interleaved, c.nan_padding);
+  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout,
+                              c.kv_dtype(), c.seed, /*shuffle_pages=*/true, c.interleaved,
+                              c.nan_padding);
+  set_kv_scale(in.cache, c.scale, c.seed);
   in.qo_indptr = indptr_of(c.qo_lens);
   const int64_t nnz = c.nnz_qo();
   in.q = HostTensor(c.dtype, {nnz, c.num_qo_heads, c.head_dim});
@@ -138,7 +141,7 @@ PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* sam
   if (same_data != nullptr) {
     const PrefillCase& o = same_data->c;
     if (o.qo_lens != c.qo_lens || o.kv_lens != c.kv_lens || o.num_qo_heads != c.num_qo_heads ||
-        o.num_kv_heads != c.num_kv_heads || o.head_dim != c.head_dim || o.dtype != c.dtype ||
+        o.num_kv_heads != c.num_kv_heads || o.head_dim != c.head_dim || o.dtype != c.dtype || o.fp8_kv != c.fp8_kv ||
         o.opts.causal != c.opts.causal || o.opts.sm_scale != c.opts.sm_scale || o.seed != c.seed) {
       throw std::invalid_argument("make_prefill_inputs: same_data is not the same logical data");
     }
@@ -200,7 +203,7 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
              .num_kv_heads = c.num_kv_heads,
              .head_dim = c.head_dim,
              .q_dtype = dt,
-             .kv_dtype = dt,
+             .kv_dtype = c.kv_dtype(),
              .o_dtype = dt},
             opts, s);
     pf.run(in.dq.view, in.dcache.cache, dout.view, lse_view, s);
@@ -219,10 +222,11 @@ PrefillOutcome run_prefill(const PrefillInputs& in, PrefillKV kv,
              .num_kv_heads = c.num_kv_heads,
              .head_dim = c.head_dim,
              .q_dtype = dt,
-             .kv_dtype = dt,
+             .kv_dtype = c.kv_dtype(),
              .o_dtype = dt},
             opts, s);
-    pf.run(in.dq.view, in.dk_ragged.view, in.dv_ragged.view, dout.view, lse_view, s);
+    pf.run(in.dq.view, in.dk_ragged.view, in.dv_ragged.view, dout.view, lse_view,
+           in.dcache.cache.scale, s);
     synchronize(s);
     o.plan = pf.plan_info();
   }

@@ -28,6 +28,8 @@ struct PrefillCase {
   int num_qo_heads = 8, num_kv_heads = 2, head_dim = 128, page_size = 16;
   KVLayout layout = KVLayout::NHD;
   DType dtype = DType::f16;    // q, k, v and out
+  DType fp8_kv = DType::f32;   // e4m3 / e5m2: k and v in fp8 (paged and ragged); else in dtype
+  KVScaleCase scale;           // the fp8 cache's scales (ragged runs pass the same)
   bool interleaved = false;    // one kv[num_pages, 2, ...] tensor instead of k and v
   bool with_lse = true;        // false: run() gets an undefined lse view
   bool nan_padding = false;    // page slots past each request's KV hold NaN (make_paged_cache)
@@ -36,6 +38,7 @@ struct PrefillCase {
   uint64_t seed = 1;
 
   int batch() const { return static_cast<int>(qo_lens.size()); }
+  DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dtype; }
   void set_requests(const PrefillRequests& reqs);  // qo_lens and kv_lens from (qo, kv) pairs
   int64_t nnz_qo() const;
   int64_t nnz_kv() const;

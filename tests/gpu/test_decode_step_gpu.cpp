@@ -27,7 +27,9 @@ struct StepCase {
   std::vector<int64_t> kv_lens;  // after the append: the new token is at kv_len - 1
   int num_qo_heads = 32, num_kv_heads = 8, head_dim = 128, page_size = 16;
   KVLayout layout = KVLayout::NHD;
-  DType dtype = DType::f16;
+  DType dtype = DType::f16;   // q, new_k, new_v, out (and the cache unless fp8_kv says otherwise)
+  DType fp8_kv = DType::f32;  // e4m3 / e5m2: an fp8 cache the step quantizes into
+  KVScaleCase scale;
   bool interleaved = false;
   Rope rope = Rope::kLlama31;
   int rotary_dim = 0;
@@ -36,9 +38,11 @@ struct StepCase {
   DecodePlanOptions opts{};
   uint64_t seed = 1;
 
+  DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dtype; }
   std::string str() const {
     std::ostringstream os;
-    os << dtype_name(dtype) << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
+    os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
+       << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
        << " page " << page_size << " " << kv_layout_name(layout) << (interleaved ? " kv-il" : "")
        << " rope " << static_cast<int>(rope) << " rd " << rotary_dim
        << (rope_interleave ? " gptj" : " neox") << (pos_ids ? " pos_ids" : "") << " batch "
@@ -71,8 +75,9 @@ struct StepInputs {
 StepInputs make_inputs(const StepCase& c) {
   const int64_t B = static_cast<int64_t>(c.kv_lens.size());
   StepInputs in;
-  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout, c.dtype,
-                              c.seed, true, c.interleaved);
+  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout,
+                              c.kv_dtype(), c.seed, true, c.interleaved);
+  set_kv_scale(in.cache, c.scale, c.seed);
   in.q = HostTensor(c.dtype, {B, c.num_qo_heads, c.head_dim});
   in.new_k = HostTensor(c.dtype, {B, c.num_kv_heads, c.head_dim});
   in.new_v = HostTensor(c.dtype, {B, c.num_kv_heads, c.head_dim});
@@ -154,7 +159,7 @@ std::vector<double> appended_keys(const StepCase& c, const PagedKVCache& kv) {
     const int64_t page = indices[indptr[b] + t / c.page_size];
     for (int h = 0; h < c.num_kv_heads; ++h)
       for (int d = 0; d < c.head_dim; ++d)
-        out.push_back(load_as_double(kv.k.data(), c.dtype,
+        out.push_back(load_as_double(kv.k.data(), c.kv_dtype(),
                                      page * kv.page_stride() +
                                          (t % c.page_size) * kv.token_stride() +
                                          h * kv.head_stride() + d));
@@ -209,7 +214,7 @@ void run_step_case(const StepCase& c) {
             .num_kv_heads = c.num_kv_heads,
             .head_dim = c.head_dim,
             .q_dtype = c.dtype,
-            .kv_dtype = c.dtype,
+            .kv_dtype = c.kv_dtype(),
             .o_dtype = c.dtype},
            c.opts, st);
   if (c.opts.fixed_split_size > 0 &&
@@ -243,15 +248,17 @@ void run_step_case(const StepCase& c) {
   // The cache after the fused step: the appended keys within one unit roundoff of the reference's
   // (both round the same rotation once; the GPU's is in f32), everything else bitwise.
   PagedCacheHost got = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim,
-                                        c.layout, c.dtype, c.seed, true, c.interleaved);
+                                        c.layout, c.kv_dtype(), c.seed, true, c.interleaved);
   if (got.kv.numel() > 0) {
     to_host(b.kv, got.kv);
   } else {
     to_host(b.k, got.k);
     to_host(b.v, got.v);
   }
+  // (fp8: a rotation that rounds to the other side of a 16-bit tie moves the quantized key by up
+  // to one fp8 step, 2^-3 of it: a few such keys stay far below 2^-4 of the norm.)
   EXPECT_LE(rel_err(appended_keys(c, got.cache), appended_keys(c, ref.cache.cache)),
-            tolerance_floor(c.dtype));
+            is_fp8_dtype(c.fp8_kv) ? 0.0625 : tolerance_floor(c.dtype));
   const HostTensor& ref_v = got.kv.numel() > 0 ? ref.cache.kv : ref.cache.v;
   const HostTensor& got_v = got.kv.numel() > 0 ? got.kv : got.v;
   if (got.kv.numel() == 0) {
@@ -295,6 +302,29 @@ TEST_F(DecodeStepGpu, LayoutsDtypesPagesAndRopeForms) {
   run_step_case(c);
   c.rope = Rope::kNone;
   run_step_case(c);
+}
+
+TEST_F(DecodeStepGpu, Fp8CachesQuantizeLikeTheUnfusedAppend) {
+  // The step quantizes the rotated key and the value with the cache's scales exactly as
+  // append_paged_kv_cache does: cache and outputs bitwise equal to the unfused ops.
+  StepCase c;
+  c.kv_lens = {1, 17, 300, 4097, 16, 33};
+  const KVScaleCase scales[] = {{1.0f, 1.0f, 0}, {0.02f, 0.5f, 0}, {0.5f, 2.0f, 2}, {4.0f, 0.25f, 1}};
+  int i = 0;
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (DType dt : {DType::f16, DType::bf16}) {
+      c.fp8_kv = kv;
+      c.dtype = dt;
+      c.scale = scales[i % 4];
+      c.layout = i % 2 ? KVLayout::HND : KVLayout::NHD;
+      c.page_size = i % 3 ? 16 : 1;
+      c.head_dim = i % 2 ? 64 : 128;
+      c.opts.backend = i % 2 ? DecodeBackend::kCudaCores : DecodeBackend::kAuto;
+      c.opts.fixed_split_size = i == 2 ? 64 : 0;  // the last chunk's CTA appends
+      c.rope = i == 3 ? Rope::kNone : Rope::kLlama31;
+      c.seed = 500 + i++;
+      run_step_case(c);
+    }
 }
 
 TEST_F(DecodeStepGpu, HeadDimsGroupsAndBothKernels) {

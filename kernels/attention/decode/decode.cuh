@@ -73,7 +73,9 @@ struct DecodeConfig {
   static constexpr int kSmemBytes = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).smem_bytes;
 
   static_assert(HEAD_DIM % kVec == 0 && kBdx <= 32 && 32 % kBdx == 0,
-                "head_dim must be 64, 128 or 256 for 16-bit KV");
+                "head_dim must be 64, 128 or 256");
+  static_assert(sizeof(QT) == 2 && (sizeof(KVT) == 2 || is_fp8<KVT>()),
+                "16-bit q with 16-bit or fp8 KV");
   static_assert(GROUP >= 1 && GROUP <= 64, "GQA group size must be in [1, 64]");
   static_assert(kTile % kBdz == 0 && kTokensPerLane % kInner == 0,
                 "tile must split over token lanes");
@@ -81,6 +83,24 @@ struct DecodeConfig {
   static_assert(kBdz == 1 || kBdz * GROUP * HEAD_DIM * 4 + 2 * kBdz * GROUP * 4 <= kSmemBytes,
                 "the final cross-lane merge must fit in the pipeline's shared memory");
 };
+
+// decode_store_row over a thread's V = 8 (16-bit KV) or 16 (fp8) columns [col, col + V).
+template <class C, int V>
+__device__ __forceinline__ void decode_store_cols(const DecodeParams& p, const DecodeWorkItem& w,
+                                                  int g, int col, const float (&o)[V], float lse2,
+                                                  bool write_lse) {
+  if constexpr (V == 8) {
+    decode_store_row<C>(p, w, g, col, o, lse2, write_lse);
+  } else {
+#pragma unroll
+    for (int c = 0; c < V; c += 8) {
+      float part[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) part[e] = o[c + e];
+      decode_store_row<C>(p, w, g, col + c, part, lse2, write_lse && c == 0);
+    }
+  }
+}
 
 // Runs one work item: attention of the group's query heads over the item's KV range.
 // C: a DecodeWithVariant<DecodeConfig, V> (decode_common.cuh). timeline: the item's first event
@@ -104,10 +124,16 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
   const long long step_pos = decode_step_position(p, w);
   const int append_tile = decode_step_append_tile<C>(p, w, step_pos);
 
-  // Fused step with RoPE: cos/sin of this thread's columns, once for all its heads.
-  StepRot8 rot{};
-  if (step_pos >= 0 && tx * V < p.step.spec.rotary_dim)
-    rot = decode_step_rot8(p.step.spec, tx * V, step_pos);
+  // Fused step with RoPE: cos/sin of this thread's columns, once for all its heads (8 columns
+  // per StepRot8: V is 8 for 16-bit KV, 16 for fp8).
+  constexpr int kQ8 = V / 8;
+  StepRot8 rot[kQ8];
+#pragma unroll
+  for (int c = 0; c < kQ8; ++c) {
+    rot[c] = StepRot8{};
+    if (step_pos >= 0 && tx * V + 8 * c < p.step.spec.rotary_dim)
+      rot[c] = decode_step_rot8(p.step.spec, tx * V + 8 * c, step_pos);
+  }
   // Query heads of this thread, pre-scaled so logits come out in base 2.
   float q[H][V];
   bool head_ok[H];
@@ -116,8 +142,12 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     const int g = ty + h * C::kBdy;
     head_ok[h] = g < C::kGroup;
     const int qo_head = w.kv_head * C::kGroup + (head_ok[h] ? g : 0);
-    Vec16<typename C::q_t>::to_floats(
-        decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V, step_pos, rot), q[h]);
+#pragma unroll
+    for (int c = 0; c < kQ8; ++c) {
+      Vec16<typename C::q_t>::to_floats(
+          decode_step_load_q8<typename C::q_t>(p, w, qo_head, tx * V + 8 * c, step_pos, rot[c]),
+          q[h] + 8 * c);
+    }
     if constexpr (Tr::kQueryTransform) {
       // Pair i = (i, i + D/2): the partner elements sit kBdx/2 lanes away, same slot.
       const VariantRow vr = decode_variant_row<C>(w, head_ok[h] ? g : 0);
@@ -131,7 +161,9 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
         q[h][i] = to_float(from_float<typename C::q_t>(low ? x1 : x2));  // q stays 16-bit
       }
     }
-    const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+    float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+    // An fp8 cache's keys are dequantized through the logits: q·(k * s) = (q * s)·k.
+    if constexpr (is_fp8<kv_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
 #pragma unroll
     for (int i = 0; i < V; ++i) q[h][i] *= dot_scale;
   }
@@ -269,7 +301,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       if constexpr (!Tr::kUseSoftmax) {  // unnormalized sums; partial states carry lse 0
 #pragma unroll
         for (int e = 0; e < V; ++e) o[e] = st[h].o[e];
-        decode_store_row<C>(p, w, g, tx * V, o, 0.f, tx == 0);
+        decode_store_cols<C>(p, w, g, tx * V, o, 0.f, tx == 0);
         continue;
       }
       if constexpr (Tr::kSink) {  // the sink joins the request's last chunk, once
@@ -277,7 +309,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
       }
       st[h].normalized(o);
       const float lse2 = st[h].lse2();
-      decode_store_row<C>(p, w, g, tx * V, o, lse2, tx == 0);
+      decode_store_cols<C>(p, w, g, tx * V, o, lse2, tx == 0);
     }
   }
   __syncthreads();  // the shared memory is reused by the next work item

@@ -173,10 +173,19 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
   }
 }
 
+// An fp8 cache's values are dequantized here, once per output row: o times the value scale.
 template <class C>
 __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w,
-                                                 int g, int col, const float (&o)[8], float lse2,
-                                                 bool write_lse) {
+                                                 int g, int col, const float (&o_in)[8],
+                                                 float lse2, bool write_lse) {
+  float o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = o_in[e];
+  if constexpr (is_fp8<typename C::kv_t>()) {
+    const float vs = kv_scale_v(p.scale, w.kv_head);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] *= vs;
+  }
   if (w.slot < 0) {
     const int qo_head = w.kv_head * C::kGroup + g;
     typename C::o_t* op = static_cast<typename C::o_t*>(p.out) +

@@ -88,7 +88,8 @@ struct DecodeKernelKey {
   LaunchGeometry geometry() const {
     if (tensor_cores) {
       const DecodeTCTuning t = tc_tuning();
-      const DecodeTCShape s = decode_tc_shape(head_dim, group, t.stages, t.warps, t.ctas);
+      const DecodeTCShape s = decode_tc_shape(head_dim, group, t.stages, t.warps, t.ctas,
+                                              static_cast<int>(dtype_size(kv)));
       return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
     }
     const DecodeCudaCoreShape s =

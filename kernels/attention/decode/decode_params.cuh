@@ -5,6 +5,7 @@
 
 #include "attention/decode/decode_plan.cuh"
 #include "common/device_error.cuh"
+#include "kv/kv_scale.cuh"
 #include "kv/rope_math.cuh"
 #include "variants/variant_args.cuh"
 
@@ -39,6 +40,7 @@ struct DecodeParams {
   DecodePlanPtrs plan;
   DecodeStepParams step;
   VariantArgsBlock variant;  // the variant's Args (kernels/variants/variant.cuh), read in place
+  KVScaleParams scale;       // an fp8 cache's dequantization scales (16-bit caches: unused)
 };
 
 }  // namespace flashkv

@@ -37,17 +37,23 @@ constexpr int kDecodeBytesInFlightPerSm = tuning::sm90::kDecodeBytesInFlightPerS
 // else 2; decode_tc_default_stages: so that the grid's CTAs on one SM keep
 // kDecodeBytesInFlightPerSm in flight, at least 2). ctas: the CTAs per SM the grid is sized for
 // (0: kDecodeDefaultCtasPerSm, 2); the kernel is built for as many of them as fit one SM.
+// kv_bytes: the KV element size (2, or 1 for fp8: half the bytes per stage, so the default depth
+// doubles and the bytes in flight stay the same). Q is always 16-bit. The shared memory is Q plus
+// the larger of the pipeline and the cross-warp merge's staging (which the fp8 pipeline can be
+// smaller than).
 constexpr DecodeTCShape decode_tc_shape(int head_dim, int group, int stages = 0, int warps = 0,
-                                        int ctas = 0) {
+                                        int ctas = 0, int kv_bytes = 2) {
   DecodeTCShape s{};
   const int want = ctas > 0 ? ctas : tuning::sm90::kDecodeDefaultCtasPerSm;
   s.warps = warps > 0 ? warps : tuning::sm90::decode_tc_default_warps(head_dim);
   s.threads = 32 * s.warps;
   s.tile = 16 * s.warps;
-  const int stage_kv_bytes = 2 * s.tile * head_dim * 2;
+  const int stage_kv_bytes = 2 * s.tile * head_dim * kv_bytes;
   s.stages = stages > 0 ? stages : tuning::sm90::decode_tc_default_stages(stage_kv_bytes, want);
   s.row_tiles = (group + 15) / 16;
-  s.smem_bytes = (s.row_tiles * 16 * head_dim + 2 * s.stages * s.tile * head_dim) * 2;
+  const int pipeline = s.stages * stage_kv_bytes;
+  const int merge = s.warps * 16 * s.row_tiles * (head_dim + 4 + 2) * 4;
+  s.smem_bytes = s.row_tiles * 16 * head_dim * 2 + (pipeline > merge ? pipeline : merge);
   // As many of the grid's CTAs per SM as their shared memory (227 KB per SM) allows, and no more
   // than leave kDecodeMinRegistersPerThread (128) registers per thread (65536 per SM).
   const int fit_smem = tuning::sm90::kSmemPerSmBytes / s.smem_bytes;

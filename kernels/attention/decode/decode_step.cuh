@@ -125,40 +125,105 @@ __device__ __forceinline__ int decode_step_append_tile(const DecodeParams& p,
 // CTA of the work item whose chunk ends at kv_len (call it only when decode_step_append_tile >= 0,
 // before the load of that tile is issued). All threads call it; it ends with the barrier that
 // makes the writes visible to the CTA's later loads.
+// 8 elements [c * 8, c * 8 + 8) of a new key or value row `src` (of T), rotated where `rotate`
+// (keys; element positions below rotary_dim) and rounded to T, as the unfused RoPE writes them.
+template <class T>
+__device__ __forceinline__ void decode_step_row8(const DecodeParams& p, const T* src, int c,
+                                                 bool rotate, long long pos, float (&x)[8]) {
+  Vec16<T>::to_floats(*reinterpret_cast<const uint4*>(src + c * 8), x);
+  if (rotate && c * 8 < p.step.spec.rotary_dim) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float cs, sn;
+      rope_cos_sin(p.step.spec, pos, rope_pair_of(p.step.spec, c * 8 + e), cs, sn);
+      x[e] = decode_step_rotated<T>(p.step.spec, src, c * 8 + e, x[e], cs, sn);
+    }
+  }
+}
+
+// 8 values divided by the cache's scale and rounded to fp8 F (saturating), as
+// append_paged_kv_cache quantizes: 8 bytes.
+template <class F>
+__device__ __forceinline__ uint2 decode_step_quantize8(const float (&x)[8], float scale) {
+  u32 w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = pack_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+// The fused step into an fp8 cache: the new key and value come in q's dtype and are quantized
+// with the cache's scales (decode_step_append's contract otherwise).
+template <class C>
+__device__ __forceinline__ void decode_step_append_fp8(const DecodeParams& p,
+                                                       const DecodeWorkItem& w, long long off,
+                                                       long long pos) {
+  typedef typename C::kv_t kv_t;
+  typedef typename C::q_t src_t;
+  kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
+  kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
+  const src_t* ks = static_cast<const src_t*>(p.step.new_k) +
+                    (long long)w.request * p.step.k_stride_n +
+                    (long long)w.kv_head * p.step.k_stride_h;
+  const src_t* vs = static_cast<const src_t*>(p.step.new_v) +
+                    (long long)w.request * p.step.v_stride_n +
+                    (long long)w.kv_head * p.step.v_stride_h;
+  const float k_scale = kv_scale_k(p.scale, w.kv_head), v_scale = kv_scale_v(p.scale, w.kv_head);
+  for (int c = threadIdx.x; c < C::kHeadDim / 8; c += C::kThreads) {
+    float x[8];
+    decode_step_row8<src_t>(p, ks, c, pos >= 0, pos, x);
+    *reinterpret_cast<uint2*>(kd + c * 8) = decode_step_quantize8<kv_t>(x, k_scale);
+    decode_step_row8<src_t>(p, vs, c, false, pos, x);
+    *reinterpret_cast<uint2*>(vd + c * 8) = decode_step_quantize8<kv_t>(x, v_scale);
+  }
+}
+
+// The 16-bit cache: the new key (rotated) and value copied as they are.
+template <class C>
+__device__ __forceinline__ void decode_step_append_16(const DecodeParams& p,
+                                                      const DecodeWorkItem& w, long long off,
+                                                      long long pos) {
+  typedef typename C::kv_t kv_t;
+  kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
+  kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
+  const kv_t* ks = static_cast<const kv_t*>(p.step.new_k) +
+                   (long long)w.request * p.step.k_stride_n +
+                   (long long)w.kv_head * p.step.k_stride_h;
+  const kv_t* vs = static_cast<const kv_t*>(p.step.new_v) +
+                   (long long)w.request * p.step.v_stride_n +
+                   (long long)w.kv_head * p.step.v_stride_h;
+  const bool rotate = pos >= 0;
+  for (int c = threadIdx.x; c < C::kHeadDim / 8; c += C::kThreads) {
+    uint4 kv = *reinterpret_cast<const uint4*>(ks + c * 8);
+    if (rotate && c * 8 < p.step.spec.rotary_dim) {
+      float x[8];
+      Vec16<kv_t>::to_floats(kv, x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float cs, sn;
+        rope_cos_sin(p.step.spec, pos, rope_pair_of(p.step.spec, c * 8 + e), cs, sn);
+        x[e] = decode_step_rotated<kv_t>(p.step.spec, ks, c * 8 + e, x[e], cs, sn);
+      }
+      kv = Vec16<kv_t>::from_floats(x);
+    }
+    *reinterpret_cast<uint4*>(kd + c * 8) = kv;
+    *reinterpret_cast<uint4*>(vd + c * 8) = *reinterpret_cast<const uint4*>(vs + c * 8);
+  }
+}
+
 template <class C>
 __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const DecodeWorkItem& w,
                                                    long long pos) {
-  typedef typename C::kv_t kv_t;
   const int t = w.kv_len - 1;
   const int page = p.kv_indices[w.page_base + t / C::kPageSize];
   if ((unsigned long long)page < (unsigned long long)p.num_pages) {
     const long long off = (long long)page * p.page_stride +
                           (long long)(t % C::kPageSize) * p.token_stride +
                           (long long)w.kv_head * p.head_stride;
-    kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
-    kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
-    const kv_t* ks = static_cast<const kv_t*>(p.step.new_k) +
-                     (long long)w.request * p.step.k_stride_n +
-                     (long long)w.kv_head * p.step.k_stride_h;
-    const kv_t* vs = static_cast<const kv_t*>(p.step.new_v) +
-                     (long long)w.request * p.step.v_stride_n +
-                     (long long)w.kv_head * p.step.v_stride_h;
-    const bool rotate = pos >= 0;
-    for (int c = threadIdx.x; c < C::kHeadDim / 8; c += C::kThreads) {
-      uint4 kv = *reinterpret_cast<const uint4*>(ks + c * 8);
-      if (rotate && c * 8 < p.step.spec.rotary_dim) {
-        float x[8];
-        Vec16<kv_t>::to_floats(kv, x);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          float cs, sn;
-          rope_cos_sin(p.step.spec, pos, rope_pair_of(p.step.spec, c * 8 + e), cs, sn);
-          x[e] = decode_step_rotated<kv_t>(p.step.spec, ks, c * 8 + e, x[e], cs, sn);
-        }
-        kv = Vec16<kv_t>::from_floats(x);
-      }
-      *reinterpret_cast<uint4*>(kd + c * 8) = kv;
-      *reinterpret_cast<uint4*>(vd + c * 8) = *reinterpret_cast<const uint4*>(vs + c * 8);
+    if constexpr (is_fp8<typename C::kv_t>()) {
+      decode_step_append_fp8<C>(p, w, off, pos);
+    } else {
+      decode_step_append_16<C>(p, w, off, pos);
     }
   } else if (threadIdx.x == 0) {
     report_device_error(p.error, kDeviceErrorPageIndex, kDeviceOpDecodeStep, w.request, page,

@@ -32,7 +32,8 @@ struct DecodeTCConfig {
   using q_t = QT;
   using kv_t = KVT;
   using o_t = QT;
-  static constexpr DecodeTCShape kShape = decode_tc_shape(HEAD_DIM, GROUP, STAGES, WARPS, CTAS);
+  static constexpr DecodeTCShape kShape =
+      decode_tc_shape(HEAD_DIM, GROUP, STAGES, WARPS, CTAS, (int)sizeof(KVT));
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
@@ -42,8 +43,10 @@ struct DecodeTCConfig {
   static constexpr int kTile = kShape.tile;  // KV tokens per stage
   static constexpr int kStages = kShape.stages;
   static constexpr int kMinCtas = kShape.min_ctas;
-  static constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks per row
+  static constexpr int kChunks = HEAD_DIM * (int)sizeof(KVT) / 16;  // 16-byte chunks per KV row
+  static constexpr int kQChunks = HEAD_DIM / 8;                      // and per (16-bit) Q row
   static constexpr int kStageElems = kTile * HEAD_DIM;
+  static constexpr int kStageBytes = kStageElems * (int)sizeof(KVT);
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
   static constexpr int kQElems = kRowTiles * 16 * HEAD_DIM;
   static constexpr int kSmemBytes = kShape.smem_bytes;  // Q, then kStages of K and of V
@@ -53,16 +56,17 @@ struct DecodeTCConfig {
     return swizzled_offset<kChunks>(row, chunk);
   }
 
-  static_assert(sizeof(QT) == 2 && sizeof(KVT) == 2, "tensor-core decode takes 16-bit q and kv");
+  static_assert(sizeof(QT) == 2 && (sizeof(KVT) == 2 || is_fp8<KVT>()),
+                "tensor-core decode takes 16-bit q and 16-bit or fp8 kv");
   static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim must be 64, 128 or 256");
   static_assert(decode_tc_shape_valid(STAGES, WARPS), "2-8 stages, 2, 4 or 8 warps");
-  static_assert(kSmemBytes == (kQElems + 2 * kStages * kStageElems) * 2, "shape and layout agree");
+  static_assert(kSmemBytes >= kQElems * 2 + 2 * kStages * kStageBytes, "shape and layout agree");
   // 64 f32 accumulators per thread: more spills to local memory (seen with ptxas: head_dim 256
   // used 255 registers and a 360-byte stack), so larger shapes use the CUDA-core kernel.
   static_assert(decode_tc_supported(HEAD_DIM, GROUP) && kRowTiles * kDTiles * 4 <= 64,
                 "output accumulators would not fit in registers");
-  static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 4 + 2) * 4 <= 2 * kStages * kStageElems * 2,
-                "the cross-warp merge must fit in the pipeline's shared memory");
+  static_assert(kWarps * 16 * kRowTiles * (HEAD_DIM + 4 + 2) * 4 <= kSmemBytes - kQElems * 2,
+                "the cross-warp merge must fit in the shared memory after Q");
 };
 
 // RoPE on the staged query rows (swizzled 16-bit rows in shared memory), pair by pair with the
@@ -76,12 +80,101 @@ __device__ __forceinline__ void decode_tc_rotate_q(const RopeSpec& spec, unsigne
   for (int idx = threadIdx.x; idx < C::kGroup * half; idx += C::kThreads) {
     const int row = idx / half, i = idx % half;
     const int e1 = rope_first(spec, i), e2 = rope_second(spec, i);
-    q_t* a = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kChunks>(row, e1 / 8)) + e1 % 8;
-    q_t* b = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kChunks>(row, e2 / 8)) + e2 % 8;
+    q_t* a = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kQChunks>(row, e1 / 8)) + e1 % 8;
+    q_t* b = reinterpret_cast<q_t*>(q_smem + swizzled_offset<C::kQChunks>(row, e2 / 8)) + e2 % 8;
     float y1, y2;
     rope_rotate(to_float(*a), to_float(*b), table[i].x, table[i].y, y1, y2);
     *a = from_float<q_t>(y1);
     *b = from_float<q_t>(y2);
+  }
+}
+
+// fp8 KV on the 16-bit MMAs. ldmatrix moves 16-bit elements, i.e. pairs of fp8 values, so the
+// fragments it yields from fp8 rows are not the m16n8k16 layouts; each is fixed by a column
+// order that the math does not see instead of shuffles:
+// - S = Q·Kᵀ: a non-transposed ldmatrix of K gives lane l the 4 fp8 values of columns
+//   4(l%4) + {0..3} of a 16-column chunk; widened, they are its B fragment when the chunk's
+//   k positions 2c + e and 8 + 2c + e stand for columns 4c + e and 4c + 2 + e (c = l%4).
+//   The dot product over k does not depend on the order, so Q's staged columns are permuted the
+//   same way (decode_tc_permute_q_fp8), once per work item.
+// - O = P·V: a transposed ldmatrix of V gives lane l tokens 2c, 2c + 1 of columns 2n, 2n + 1
+//   (n = l/4): one byte permute splits them into the B fragments of two n-tiles, the chunk's even
+//   columns and its odd ones. The epilogue writes those tiles' columns back in order.
+
+// Staged Q rows (16-bit, swizzled) permuted in place: within each 16 columns, position 2c + e
+// holds column 4c + e and position 8 + 2c + e column 4c + 2 + e. A thread owns a row's pair of
+// 8-column chunks (two words of 2 columns each per output chunk).
+template <class C>
+__device__ __forceinline__ void decode_tc_permute_q_fp8(unsigned char* q_smem) {
+  constexpr int kPairs = C::kQChunks / 2;
+  for (int idx = threadIdx.x; idx < C::kRowTiles * 16 * kPairs; idx += C::kThreads) {
+    const int row = idx / kPairs, j = idx % kPairs;
+    uint4* lo = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kQChunks>(row, 2 * j));
+    uint4* hi = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kQChunks>(row, 2 * j + 1));
+    const uint4 a = *lo, b = *hi;  // words: columns (0,1) (2,3) (4,5) (6,7) | (8,9) ... (14,15)
+    *lo = make_uint4(a.x, a.z, b.x, b.z);
+    *hi = make_uint4(a.y, a.w, b.y, b.w);
+  }
+}
+
+// S (this warp's 16 tokens) = Q·Kᵀ from fp8 K rows (see above).
+template <class C>
+__device__ __forceinline__ void decode_tc_scores_fp8(float (&s)[C::kRowTiles][2][4], u32 q_base,
+                                                     u32 k_base, int warp, int lane) {
+  typedef typename C::q_t mma_t;
+  typedef typename C::kv_t kv_t;
+  // Matrices: tokens 0-7 / 8-15 of KV chunk 2kp, then of chunk 2kp + 1.
+  const int k_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int kp = 0; kp < C::kHeadDim / 32; ++kp) {
+    u32 kb[4];
+    ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * kp + lane / 16));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int ks = 2 * kp + half;  // 16 columns
+      const u32 b0[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half]),
+                         fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half] >> 16)};
+      const u32 b1[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1]),
+                         fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1] >> 16)};
+#pragma unroll
+      for (int r = 0; r < C::kRowTiles; ++r) {
+        u32 qa[4];
+        const int q_row = r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(qa, q_base + swizzled_offset<C::kQChunks>(q_row, 2 * ks + lane / 16));
+        mma_m16n8k16<mma_t>(s[r][0], qa, b0);
+        mma_m16n8k16<mma_t>(s[r][1], qa, b1);
+      }
+    }
+  }
+}
+
+// O += P·V from fp8 V rows (see above): o's n-tile 2ch holds chunk ch's even columns, 2ch + 1 its
+// odd ones.
+template <class C>
+__device__ __forceinline__ void decode_tc_pv_fp8(float (&o)[C::kRowTiles][C::kDTiles][4],
+                                                 const u32 (&pa)[C::kRowTiles][4], u32 v_base,
+                                                 int warp, int lane) {
+  typedef typename C::q_t mma_t;
+  typedef typename C::kv_t kv_t;
+  const int v_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int jp = 0; jp < C::kHeadDim / 32; ++jp) {
+    u32 vb[4];  // tokens 0-7 / 8-15 of chunk 2jp, then of chunk 2jp + 1
+    ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * jp + lane / 16));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int ch = 2 * jp + half;
+      // bytes (tok 2c, col 2n) (tok 2c, col 2n+1) (tok 2c+1, col 2n) (tok 2c+1, col 2n+1)
+      const u32 even[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0020)),
+                           fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0020))};
+      const u32 odd[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0031)),
+                          fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0031))};
+#pragma unroll
+      for (int r = 0; r < C::kRowTiles; ++r) {
+        mma_m16n8k16<mma_t>(o[r][2 * ch], pa[r], even);
+        mma_m16n8k16<mma_t>(o[r][2 * ch + 1], pa[r], odd);
+      }
+    }
   }
 }
 
@@ -91,19 +184,21 @@ template <class C>
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                     unsigned char* smem, int timeline = -1) {
   typedef typename C::kv_t kv_t;
+  typedef typename C::q_t mma_t;  // the MMAs' input type (fp8 KV is widened to it)
   typedef typename C::Variant V;
   typedef typename C::Traits Tr;
   const typename V::Args& va = variant_args<V>(p.variant);
   const auto stage_offset = [](int row, int chunk) {
     return swizzled_offset<C::kChunks>(row, chunk);
   };
+  const auto q_offset = [](int row, int chunk) { return swizzled_offset<C::kQChunks>(row, chunk); };
   constexpr int R = C::kRowTiles;
   constexpr int DT = C::kDTiles;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   unsigned char* q_smem = smem;
   unsigned char* k_smem = smem + C::kQElems * 2;
-  unsigned char* v_smem = k_smem + C::kStages * C::kStageElems * 2;
+  unsigned char* v_smem = k_smem + C::kStages * C::kStageBytes;
 
   // Per thread: rows lane/4 and lane/4 + 8 of each row tile, the layout of SoftmaxFragState
   // (attention/state.cuh) in plain arrays: in the struct ptxas allocated registers differently.
@@ -132,13 +227,13 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   unsigned bad_pages = 0;    // a page id outside the cache was seen (decode_check_pages)
   decode_prologue<C>(
       p, w, num_tiles, append_tile, step_pos,
-      [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageElems * 2; }, pages,
+      [&](int s, bool is_v) { return (is_v ? v_smem : k_smem) + s * C::kStageBytes; }, pages,
       bad_pages);
   // Fused step with RoPE: cos/sin of the item's position, once per pair, into the last V stage
   // (not loaded before the main loop's first issue, which the barrier below precedes).
   // The main loop fills stage kStages - 1 first, after the barrier that ends the rotation below.
-  static_assert(kRopeMaxPairs * sizeof(float2) <= C::kStageElems * 2, "cos/sin table fits a stage");
-  float2* rope_table = reinterpret_cast<float2*>(v_smem + (C::kStages - 1) * C::kStageElems * 2);
+  static_assert(kRopeMaxPairs * sizeof(float2) <= C::kStageBytes, "cos/sin table fits a stage");
+  float2* rope_table = reinterpret_cast<float2*>(v_smem + (C::kStages - 1) * C::kStageBytes);
   if (step_pos >= 0) {
     for (int i = threadIdx.x; i < p.step.spec.rotary_dim / 2; i += C::kThreads) {
       rope_cos_sin(p.step.spec, step_pos, i, rope_table[i].x, rope_table[i].y);
@@ -146,8 +241,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   }
   // Stage Q (after the first KV loads are in flight): row r = query head r of the group (rows >=
   // kGroup are zero and never written out).
-  for (int ci = threadIdx.x; ci < R * 16 * C::kChunks; ci += C::kThreads) {
-    const int row = ci / C::kChunks, chunk = ci % C::kChunks;
+  for (int ci = threadIdx.x; ci < R * 16 * C::kQChunks; ci += C::kThreads) {
+    const int row = ci / C::kQChunks, chunk = ci % C::kQChunks;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < C::kGroup) {
       const int qo_head = w.kv_head * C::kGroup + row;
@@ -155,7 +250,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
                                             (long long)w.request * p.q_stride_n +
                                             (long long)qo_head * p.q_stride_h + chunk * 8);
     }
-    *reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, chunk)) = val;
+    *reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kQChunks>(row, chunk)) = val;
   }
   if (step_pos >= 0) {  // rotate the staged rows in place: one thread per (row, pair)
     __syncthreads();
@@ -165,10 +260,17 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   if constexpr (Tr::kQueryTransform) {
     __syncthreads();
     variant_transform_q_rows<V, typename C::q_t, C::kHeadDim, C::kThreads>(
-        va, q_smem, stage_offset, C::kGroup, [&](int r) { return decode_variant_row<C>(w, r); });
+        va, q_smem, q_offset, C::kGroup, [&](int r) { return decode_variant_row<C>(w, r); });
     __syncthreads();
   }
-  const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+  if constexpr (is_fp8<kv_t>()) {  // Q's columns in the order the fp8 K fragments come in
+    __syncthreads();
+    decode_tc_permute_q_fp8<C>(q_smem);
+    __syncthreads();
+  }
+  float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+  // An fp8 cache's keys are dequantized through the logits: q·(k * s) = (q·k) * s.
+  if constexpr (is_fp8<kv_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
 
   const u32 q_base = smem_addr(q_smem);
 
@@ -176,8 +278,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     const int next = tile + C::kStages - 1;
     const int ns = next % C::kStages;
     if (next < num_tiles) {
-      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageElems * 2,
-                           v_smem + ns * C::kStageElems * 2, bad_pages);
+      decode_issue_tile<C>(p, w, next, pages, k_smem + ns * C::kStageBytes,
+                           v_smem + ns * C::kStageBytes, bad_pages);
     }
     cp_async_commit();
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
@@ -189,11 +291,11 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
       variant_transform_kv_rows<V, kv_t, C::kHeadDim, C::kThreads>(
           va, key, w.kv_start + tile * C::kTile, min(C::kTile, len - tile * C::kTile),
-          k_smem + st * C::kStageElems * 2, v_smem + st * C::kStageElems * 2, stage_offset);
+          k_smem + st * C::kStageBytes, v_smem + st * C::kStageBytes, stage_offset);
       __syncthreads();
     }
-    const u32 k_base = smem_addr(k_smem + st * C::kStageElems * 2);
-    const u32 v_base = smem_addr(v_smem + st * C::kStageElems * 2);
+    const u32 k_base = smem_addr(k_smem + st * C::kStageBytes);
+    const u32 v_base = smem_addr(v_smem + st * C::kStageBytes);
 
     // S = Q·Kᵀ over this warp's 16 tokens: per row tile, two n-tiles of 8 tokens.
     float s[R][2][4];
@@ -203,6 +305,9 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[r][nt][e] = 0.f;
+    if constexpr (is_fp8<kv_t>()) {
+      decode_tc_scores_fp8<C>(s, q_base, k_base, warp, lane);
+    } else {
 #pragma unroll
     for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
       u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
@@ -214,10 +319,11 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       for (int r = 0; r < R; ++r) {
         u32 qa[4];
         const int q_row = r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(qa, q_base + swizzled_offset<C::kChunks>(q_row, 2 * ks + lane / 16));
+        ldmatrix_x4(qa, q_base + swizzled_offset<C::kQChunks>(q_row, 2 * ks + lane / 16));
         mma_m16n8k16<kv_t>(s[r][0], qa, b0);
         mma_m16n8k16<kv_t>(s[r][1], qa, b1);
       }
+    }
     }
 
     // Online softmax (base 2) per row; masked tokens (past the chunk end) get -inf.
@@ -245,8 +351,8 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
             x[nt * 2 + e] = Tr::score(va, pos, s[r][nt][h * 2 + e] * dot_scale, t < len);
           }
         if constexpr (!Tr::kUseSoftmax) {  // x are the weights: no running max, no rescale
-          pa[r][h] = pack2<kv_t>(x[0], x[1]);
-          pa[r][h + 2] = pack2<kv_t>(x[2], x[3]);
+          pa[r][h] = pack2<mma_t>(x[0], x[1]);
+          pa[r][h + 2] = pack2<mma_t>(x[2], x[3]);
           continue;
         }
         const float mx = softmax_quad_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])));
@@ -258,12 +364,15 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         // quad-partial sum
         d[r][h] = softmax_d(d[r][h], step.scale, pr[0] + pr[1] + pr[2] + pr[3]);
         softmax_rescale_rows(o[r], h, step.scale);
-        pa[r][h] = pack2<kv_t>(pr[0], pr[1]);      // k = tokens 2(lane%4) + {0,1}
-        pa[r][h + 2] = pack2<kv_t>(pr[2], pr[3]);  // k = tokens 8 + 2(lane%4) + {0,1}
+        pa[r][h] = pack2<mma_t>(pr[0], pr[1]);      // k = tokens 2(lane%4) + {0,1}
+        pa[r][h + 2] = pack2<mma_t>(pr[2], pr[3]);  // k = tokens 8 + 2(lane%4) + {0,1}
       }
     }
 
     // O += P·V: V rows are tokens, so ldmatrix.trans yields the B fragments.
+    if constexpr (is_fp8<kv_t>()) {
+      decode_tc_pv_fp8<C>(o, pa, v_base, warp, lane);
+    } else {
 #pragma unroll
     for (int j = 0; j < C::kHeadDim / 16; ++j) {
       u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
@@ -276,6 +385,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         mma_m16n8k16<kv_t>(o[r][2 * j], pa[r], b0);
         mma_m16n8k16<kv_t>(o[r][2 * j + 1], pa[r], b1);
       }
+    }
     }
     __syncthreads();  // this stage is refilled by a later iteration
   }
@@ -302,10 +412,22 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         md_sm[(warp * R * 16 + row) * 2] = m[r][h];
         md_sm[(warp * R * 16 + row) * 2 + 1] = dsum;
       }
+      if constexpr (is_fp8<kv_t>()) {
+        // n-tiles 2ch (even) and 2ch + 1 (odd columns) of chunk ch: this thread's columns
+        // 16ch + 4(lane%4) + {0, 1, 2, 3} (decode_tc_pv_fp8).
+#pragma unroll
+        for (int ch = 0; ch < DT / 2; ++ch) {
+          float* dst = o_sm + (warp * R * 16 + row) * kOStride + ch * 16 + 4 * (lane % 4);
+          *reinterpret_cast<float4*>(dst) =
+              make_float4(o[r][2 * ch][h * 2], o[r][2 * ch + 1][h * 2], o[r][2 * ch][h * 2 + 1],
+                          o[r][2 * ch + 1][h * 2 + 1]);
+        }
+      } else {
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
         float* dst = o_sm + (warp * R * 16 + row) * kOStride + n * 8 + 2 * (lane % 4);
         *reinterpret_cast<float2*>(dst) = make_float2(o[r][n][h * 2], o[r][n][h * 2 + 1]);
+      }
       }
     }
   }

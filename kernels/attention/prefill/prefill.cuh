@@ -27,14 +27,19 @@
 
 namespace flashkv {
 
-template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE>
-struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false> {
-  typedef PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false> Base;
-  // Where 16-byte chunk `chunk` of row `row` of a kTileRows-row tile (Q, or K/V of a stage) lives:
-  // rows of kChunks chunks, XOR-swizzled for ldmatrix.
+// KVT: T, or an fp8 type (e4m3_t, e5m2_t) widened to T in registers (prefill_mainloop.cuh).
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, class KVT = T>
+struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT> {
+  typedef PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT> Base;
+  // Where 16-byte chunk `chunk` of row `row` of a kTileRows-row Q tile lives: rows of kChunks
+  // chunks, XOR-swizzled for ldmatrix.
   template <int kTileRows>
   __device__ __forceinline__ static u32 smem_offset(int row, int chunk) {
     return swizzled_offset<Base::kChunks>(row, chunk);
+  }
+  // And of a K / V stage (rows of kKVChunks chunks: half as many for fp8).
+  __device__ __forceinline__ static u32 kv_offset(int row, int chunk) {
+    return swizzled_offset<Base::kKVChunks>(row, chunk);
   }
 
   static_assert(ROWS == 16 || ROWS == 32 || ROWS == 64 || ROWS == 128, "query tile of 16-128 rows");
@@ -49,8 +54,9 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   typedef typename C::Variant Var;
   typedef typename C::Traits Tr;
   const auto stage_offset = [](int row, int chunk) {
-    return swizzled_offset<C::kChunks>(row, chunk);
+    return swizzled_offset<C::kKVChunks>(row, chunk);
   };
+  const auto q_offset = [](int row, int chunk) { return swizzled_offset<C::kChunks>(row, chunk); };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int wq = warp / C::kWarpsKV, wk = warp % C::kWarpsKV;
   const u32 q_smem = smem_addr(smem);
@@ -120,12 +126,14 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   st.init();
   PrefillTilePages<C> pages;
   prefill_load_q<C>(p, w, valid_rows, q_smem);  // joins the first stage's commit group
+  // fp8 KV: Q gets its own commit group, permuted once it lands (prefill_mainloop.cuh).
+  if constexpr (is_fp8<typename C::kv_t>() && !Tr::kQueryTransform) cp_async_commit();
   if constexpr (Tr::kQueryTransform) {  // Q alone first: transformed in place before any use
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     variant_transform_q_rows<Var, typename C::q_t, C::kHeadDim, C::kThreads>(
-        variant_args<Var>(p.variant), smem, stage_offset, valid_rows,
+        variant_args<Var>(p.variant), smem, q_offset, valid_rows,
         [&](int r) { return prefill_variant_row(p, w, r); });
     __syncthreads();
   }
@@ -140,6 +148,14 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   }
   if (C::kStages - 1 < num_tiles) prefill_tile_pages<C>(p, w, C::kStages - 1, pages);
   const u32 q_base = q_smem;
+  float sm_scale_log2 = p.sm_scale_log2;
+  if constexpr (is_fp8<typename C::kv_t>()) {
+    cp_async_wait<C::kStages - 1>();  // the Q group (the KV prologue's groups may be in flight)
+    __syncthreads();
+    prefill_permute_q_fp8<C>(smem);  // the main loop's barrier orders it before any use
+    // The keys are dequantized through the logits: q·(k * s) = (q·k) * s.
+    sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
+  }
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;
@@ -170,14 +186,14 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
       const int pos0 = first + 2 * (lane % 4);
       if constexpr (Tr::kPerLogit) {
         if (first + C::kWarpTokens - 1 <= warp_min) {
-          prefill_softmax_variant<C, false>(p, w, st, s, pos0, lim, rp, pa);
+          prefill_softmax_variant<C, false>(p, w, st, s, pos0, lim, rp, pa, sm_scale_log2);
         } else {
-          prefill_softmax_variant<C, true>(p, w, st, s, pos0, lim, rp, pa);
+          prefill_softmax_variant<C, true>(p, w, st, s, pos0, lim, rp, pa, sm_scale_log2);
         }
       } else if (first + C::kWarpTokens - 1 <= warp_min) {
-        prefill_softmax<C, false>(st, s, pos0, lim, p.sm_scale_log2, pa);
+        prefill_softmax<C, false>(st, s, pos0, lim, sm_scale_log2, pa);
       } else {
-        prefill_softmax<C, true>(st, s, pos0, lim, p.sm_scale_log2, pa);
+        prefill_softmax<C, true>(st, s, pos0, lim, sm_scale_log2, pa);
       }
       prefill_pv<C>(st, pa, v_smem + st_idx * C::kStageBytes, wk);
     }

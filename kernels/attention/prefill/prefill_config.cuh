@@ -6,19 +6,21 @@
 
 #include "attention/prefill/prefill_params.cuh"
 #include "attention/prefill/prefill_shape.cuh"
+#include "primitives/types.cuh"
 
 namespace flashkv {
 
-template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER>
+// KVT: the KV element type, T or (mma.sync kernel) an fp8 type widened to T in registers.
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER, class KVT = T>
 struct PrefillConfigCommon {
   using q_t = T;
-  using kv_t = T;
+  using kv_t = KVT;
   using o_t = T;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kRows = ROWS;
   static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
   static constexpr PrefillShape kShape =
-      HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS);
+      HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS, (int)sizeof(KVT));
   static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kShape.warp_rows;
   static constexpr int kWarpsQ = kShape.warps_q;
@@ -28,22 +30,24 @@ struct PrefillConfigCommon {
   static constexpr int kTile = kShape.tile;
   static constexpr int kWarpTokens = kTile / kWarpsKV;  // this warp's slice of a KV tile
   static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
-  static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per row
+  static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per (16-bit) Q row
+  static constexpr int kKVChunks = HEAD_DIM * (int)sizeof(KVT) / 16;  // and per K / V row
   static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of O
   static constexpr int kLoads =
-      kTile * kChunks / kThreads;              // 16-byte KV loads per thread per stage
+      kTile * kKVChunks / kThreads;            // 16-byte KV loads per thread per stage
   static constexpr int kLoaderThreadBase = 0;  // the KV loaders' threads are threadIdx.x - this
   static constexpr int kQBytes = kShape.q_bytes;
   static constexpr int kStageBytes = kShape.stage_bytes;  // K (or V) of one stage
   static constexpr int kStages = kShape.stages;
   static constexpr int kSmemBytes = kShape.smem_bytes;
 
-  static_assert(sizeof(T) == 2, "prefill takes 16-bit q, kv and out");
+  static_assert(sizeof(T) == 2 && (sizeof(KVT) == 2 || (is_fp8<KVT>() && !HOPPER)),
+                "prefill takes 16-bit q and out, 16-bit KV (fp8 KV: the mma.sync kernel)");
   static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV,
                 "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
   static_assert(kWarpTokens % 16 == 0, "a warp's KV slice is whole 16-token MMA k-steps");
-  static_assert(kTile * kChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
+  static_assert(kTile * kKVChunks % kThreads == 0 && ROWS * kChunks % kThreads == 0, "even loads");
 };
 
 }  // namespace flashkv

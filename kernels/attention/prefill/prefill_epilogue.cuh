@@ -97,12 +97,27 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
         lse2 = d > 0.f ? m + log2f(d) : neg_inf();
       }
       const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
+      if constexpr (is_fp8<typename C::kv_t>()) {
+        // The values are dequantized here (o times the value scale); n-tiles 2ch / 2ch + 1 hold
+        // chunk ch's even / odd columns: this thread's are 16ch + 4(lane%4) + {0, 1, 2, 3}.
+        inv *= kv_scale_v(p.scale, w.kv_head);
+#pragma unroll
+        for (int ch = 0; ch < C::kDTiles / 2; ++ch) {
+          const int col = ch * 16 + 4 * (lane % 4);
+          float v[4] = {st.o[r][2 * ch][2 * h] * inv, st.o[r][2 * ch + 1][2 * h] * inv,
+                        st.o[r][2 * ch][2 * h + 1] * inv, st.o[r][2 * ch + 1][2 * h + 1] * inv};
+          prefill_output_transform<C, 4>(p, w, row, col, dst.out != nullptr, v);
+          prefill_store<C, 4>(dst, col, v, lse2, ch == 0 && lane % 4 == 0);
+        }
+        continue;
+      } else {
 #pragma unroll
       for (int n = 0; n < C::kDTiles; ++n) {
         const int col = n * 8 + 2 * (lane % 4);
         float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
         prefill_output_transform<C, 2>(p, w, row, col, dst.out != nullptr, v);
         prefill_store<C, 2>(dst, col, v, lse2, n == 0 && lane % 4 == 0);
+      }
       }
     }
 }
@@ -126,10 +141,20 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
       md_sm[(warp * 16 + r) * 2] = st.m[0][h];
       md_sm[(warp * 16 + r) * 2 + 1] = d;
     }
+    if constexpr (is_fp8<typename C::kv_t>()) {  // columns in order (prefill_write_warp)
+#pragma unroll
+      for (int ch = 0; ch < C::kDTiles / 2; ++ch) {
+        float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + ch * 16 + 4 * (lane % 4);
+        *reinterpret_cast<float4*>(dst) =
+            make_float4(st.o[0][2 * ch][2 * h], st.o[0][2 * ch + 1][2 * h],
+                        st.o[0][2 * ch][2 * h + 1], st.o[0][2 * ch + 1][2 * h + 1]);
+      }
+    } else {
 #pragma unroll
     for (int n = 0; n < C::kDTiles; ++n) {
       float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + n * 8 + 2 * (lane % 4);
       *reinterpret_cast<float2*>(dst) = make_float2(st.o[0][n][2 * h], st.o[0][n][2 * h + 1]);
+    }
     }
   }
   __syncthreads();
@@ -151,6 +176,11 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += src[e];
       }
+      if constexpr (is_fp8<typename C::kv_t>()) {  // the values' dequantization
+        const float vs = kv_scale_v(p.scale, w.kv_head);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] *= vs;
+      }
       prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);
       prefill_store<C, 8>(dst, col, acc, 0.f, col == 0);
       continue;
@@ -167,7 +197,8 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
       }
     }
     const float f = prefill_fold_sink<C>(p, w, row, mm, dd);  // once, after the warps' ⊕
-    const float inv = softmax_inv(dd, f);
+    float inv = softmax_inv(dd, f);
+    if constexpr (is_fp8<typename C::kv_t>()) inv *= kv_scale_v(p.scale, w.kv_head);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
     prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);

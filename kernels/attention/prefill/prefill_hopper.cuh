@@ -42,6 +42,10 @@ struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, tr
   __device__ __forceinline__ static u32 smem_offset(int row, int chunk) {
     return sw128_offset<kTileRows>(row, chunk);
   }
+  // A K / V stage's (prefill_loader.cuh).
+  __device__ __forceinline__ static u32 kv_offset(int row, int chunk) {
+    return smem_offset<Base::kTile>(row, chunk);
+  }
 
   static_assert(Base::kWarps == 8 && Base::kRowTiles == 1 && Base::kWarpsKV == 1,
                 "two consumer warpgroups of 64 rows, a warp's 16 rows over the whole KV tile");

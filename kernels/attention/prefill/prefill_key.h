@@ -33,15 +33,20 @@ struct PrefillKernelKey {
   PrefillKV kv = PrefillKV::kPagedPow2;
   bool wgmma = false;     // the Hopper kernel (plain attention only)
   KernelVariant variant;  // the mma.sync kernel's variant
+  // e4m3 / e5m2: an fp8 cache, widened to `dtype` in the kernel (the mma.sync kernel); any other
+  // value: KV in `dtype`.
+  DType fp8_kv = DType::f32;
+  bool has_fp8_kv() const { return is_fp8_dtype(fp8_kv); }
   bool operator==(const PrefillKernelKey&) const = default;
 
   // PrefillConfig<T, HEAD_DIM, ROWS, KV_SOURCE> or PrefillHopperConfig<T, HEAD_DIM, KV_SOURCE>.
   std::string config_type() const {
     const std::string t = device_type_name(dtype, "q");
     const std::string hd = std::to_string(head_dim), src = std::to_string(static_cast<int>(kv));
+    const std::string kvt = has_fp8_kv() ? ", " + std::string(device_type_name(fp8_kv, "kv")) : "";
     return wgmma ? "flashkv::PrefillHopperConfig<" + t + ", " + hd + ", " + src + ">"
                  : "flashkv::PrefillConfig<" + t + ", " + hd + ", " + std::to_string(rows) + ", " +
-                       src + ">";
+                       src + kvt + ">";
   }
 
   // The mma.sync kernel: batch_prefill_kernel<config, variant>. The Hopper kernel has two
@@ -61,7 +66,9 @@ struct PrefillKernelKey {
   // The kernel cache's id, e.g. "prefill<f16,d128,r64,paged>" or "prefill_wgmma<bf16,d128,ragged>".
   std::string cache_id() const {
     static const char* kNames[] = {"ragged", "paged", "paged_any"};
-    const std::string head = std::string(dtype_name(dtype)) + ",d" + std::to_string(head_dim);
+    const std::string head = std::string(dtype_name(dtype)) +
+                             (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") +
+                             ",d" + std::to_string(head_dim);
     const char* src = kNames[static_cast<int>(kv)];
     if (wgmma) return "prefill_wgmma<" + head + "," + src + ">";
     return "prefill<" + head + ",r" + std::to_string(rows) + "," + src +
@@ -76,7 +83,8 @@ struct PrefillKernelKey {
   // The launch geometry, from the constexpr shape function the Config reads; the Hopper kernel
   // adds its producer warpgroup to the shape's two consumer warpgroups.
   LaunchGeometry geometry() const {
-    const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim) : prefill_shape(head_dim, rows);
+    const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim)
+                                 : prefill_shape(head_dim, rows, has_fp8_kv() ? 1 : 2);
     return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)),
             static_cast<unsigned>(s.smem_bytes)};
   }

@@ -53,11 +53,11 @@ struct PrefillTilePages {
 // the chunk (so the head and column offset) is the same for all its loads.
 template <class C>
 struct PrefillKVLoads {
-  static constexpr int kRowStep = C::kThreads / C::kChunks;
-  static_assert(C::kThreads % C::kChunks == 0, "a thread keeps one chunk column");
+  static constexpr int kRowStep = C::kThreads / C::kKVChunks;
+  static_assert(C::kThreads % C::kKVChunks == 0, "a thread keeps one chunk column");
   __device__ __forceinline__ static int tid() { return (int)threadIdx.x - C::kLoaderThreadBase; }
-  __device__ __forceinline__ static int row(int j) { return tid() / C::kChunks + j * kRowStep; }
-  __device__ __forceinline__ static int chunk() { return tid() % C::kChunks; }
+  __device__ __forceinline__ static int row(int j) { return tid() / C::kKVChunks + j * kRowStep; }
+  __device__ __forceinline__ static int chunk() { return tid() % C::kKVChunks; }
 };
 
 template <class C>
@@ -87,7 +87,8 @@ __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p,
                                                       u32 v_stage) {
   typedef typename C::kv_t kv_t;
   typedef PrefillKVLoads<C> L;
-  const int col = w.kv_head * p.head_stride + L::chunk() * 8;  // element offset within a token
+  constexpr int kChunkElems = 16 / (int)sizeof(kv_t);
+  const int col = w.kv_head * p.head_stride + L::chunk() * kChunkElems;  // within a token
   const kv_t* kg = static_cast<const kv_t*>(p.k) + col;
   const kv_t* vg = static_cast<const kv_t*>(p.v) + col;
 #pragma unroll
@@ -104,7 +105,7 @@ __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p,
       off = (long long)(valid ? a.page[j] : 0) * p.page_stride + slot * p.token_stride;
     }
     off = valid ? off : 0;
-    const u32 so = C::template smem_offset<C::kTile>(L::row(j), L::chunk());
+    const u32 so = C::kv_offset(L::row(j), L::chunk());
     cp_async_16(k_stage + so, kg + off, valid);
     cp_async_16(v_stage + so, vg + off, valid);
   }

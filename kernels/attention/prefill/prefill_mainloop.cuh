@@ -17,6 +17,67 @@ namespace flashkv {
 template <class C>
 struct PrefillWarpState : SoftmaxFragState<C::kRowTiles, C::kDTiles> {};
 
+// fp8 KV (the mma.sync kernel): K and V tiles stay fp8 in shared memory (half the bytes per
+// stage) and are widened to q's type as their fragments are read, with the column orders of the
+// tensor-core decode kernel (decode_tc.cuh says why they are what ldmatrix gives): Q's staged
+// columns permuted within each 16 (prefill_permute_q_fp8), and O's n-tiles 2ch / 2ch + 1 holding
+// chunk ch's even / odd columns (the epilogue writes them back in order: prefill_epilogue.cuh).
+
+// The staged Q tile permuted in place: within each 16 columns, position 2c + e holds column
+// 4c + e and position 8 + 2c + e column 4c + 2 + e. Every thread of the CTA calls it, after a
+// barrier that follows the Q tile's arrival.
+template <class C>
+__device__ __forceinline__ void prefill_permute_q_fp8(unsigned char* q_smem) {
+  constexpr int kPairs = C::kChunks / 2;
+  for (int idx = threadIdx.x; idx < C::kRows * kPairs; idx += C::kThreads) {
+    const int row = idx / kPairs, j = idx % kPairs;
+    uint4* lo = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, 2 * j));
+    uint4* hi = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, 2 * j + 1));
+    const uint4 a = *lo, b = *hi;  // words: columns (0,1) (2,3) (4,5) (6,7) | (8,9) ... (14,15)
+    *lo = make_uint4(a.x, a.z, b.x, b.z);
+    *hi = make_uint4(a.y, a.w, b.y, b.w);
+  }
+}
+
+// S from fp8 K rows (Q permuted): one ldmatrix of 16 tokens x 32 columns feeds two k-steps.
+template <class C>
+__device__ __forceinline__ void prefill_qk_fp8(u32 q_base, u32 k_base, int wq, int wk,
+                                               float (&s)[C::kRowTiles][C::kNT][4]) {
+  typedef typename C::q_t mma_t;
+  typedef typename C::kv_t kv_t;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kp = 0; kp < C::kHeadDim / 32; ++kp) {
+    u32 qa[2][C::kRowTiles][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int r = 0; r < C::kRowTiles; ++r) {
+        const int q_row = wq * C::kWarpRows + r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(qa[half][r], q_base + swizzled_offset<C::kChunks>(
+                                              q_row, 2 * (2 * kp + half) + lane / 16));
+      }
+#pragma unroll
+    for (int j = 0; j < C::kNT / 2; ++j) {
+      u32 kb[4];  // tokens 0-7 / 8-15 of KV chunk 2kp, then of chunk 2kp + 1
+      const int k_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+      ldmatrix_x4(kb, k_base + swizzled_offset<C::kKVChunks>(k_row, 2 * kp + lane / 16));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const u32 b0[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half]),
+                           fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half] >> 16)};
+        const u32 b1[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1]),
+                           fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1] >> 16)};
+#pragma unroll
+        for (int r = 0; r < C::kRowTiles; ++r) {
+          mma_m16n8k16<mma_t>(s[r][2 * j], qa[half][r], b0);
+          mma_m16n8k16<mma_t>(s[r][2 * j + 1], qa[half][r], b1);
+        }
+      }
+    }
+  }
+}
+
 // S[rows of warp row block wq][kWarpTokens] = Q · K(tokens of this warp's slice)ᵀ.
 template <class C>
 __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int wk,
@@ -28,6 +89,9 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
     for (int nt = 0; nt < C::kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[r][nt][e] = 0.f;
+  if constexpr (is_fp8<typename C::kv_t>()) {
+    prefill_qk_fp8<C>(q_base, k_base, wq, wk, s);
+  } else {
 #pragma unroll
   for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
     u32 qa[C::kRowTiles][4];
@@ -49,6 +113,7 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
         mma_m16n8k16<typename C::kv_t>(s[r][2 * j + 1], qa[r], b1);
       }
     }
+  }
   }
 }
 
@@ -87,12 +152,12 @@ __device__ __forceinline__ void prefill_pack_p(const float (&s)[C::kRowTiles][C:
                                                u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
 #pragma unroll
   for (int j = 0; j < C::kNT / 2; ++j) {
-    pa[r][j][0] = pack2<typename C::kv_t>(s[r][2 * j][0], s[r][2 * j][1]);  // row g, tok 0-7
-    pa[r][j][1] = pack2<typename C::kv_t>(s[r][2 * j][2], s[r][2 * j][3]);  // row g+8, tok 0-7
+    pa[r][j][0] = pack2<typename C::q_t>(s[r][2 * j][0], s[r][2 * j][1]);  // row g, tok 0-7
+    pa[r][j][1] = pack2<typename C::q_t>(s[r][2 * j][2], s[r][2 * j][3]);  // row g+8, tok 0-7
     pa[r][j][2] =
-        pack2<typename C::kv_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
+        pack2<typename C::q_t>(s[r][2 * j + 1][0], s[r][2 * j + 1][1]);  // row g, tok 8-15
     pa[r][j][3] =
-        pack2<typename C::kv_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
+        pack2<typename C::q_t>(s[r][2 * j + 1][2], s[r][2 * j + 1][3]);  // row g+8, tok 8-15
   }
 }
 
@@ -132,11 +197,48 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
   }
 }
 
+// O += P·V from fp8 V rows: one transposed ldmatrix of 16 tokens x 32 columns, each 32-bit
+// register split by a byte permute into the B fragments of chunk ch's even columns (n-tile 2ch)
+// and odd ones (2ch + 1).
+template <class C>
+__device__ __forceinline__ void prefill_pv_fp8(PrefillWarpState<C>& st,
+                                               const u32 (&pa)[C::kRowTiles][C::kNT / 2][4],
+                                               u32 v_base, int wk) {
+  typedef typename C::q_t mma_t;
+  typedef typename C::kv_t kv_t;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < C::kNT / 2; ++j) {
+    const int v_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+    for (int jp = 0; jp < C::kHeadDim / 32; ++jp) {
+      u32 vb[4];  // tokens 0-7 / 8-15 of chunk 2jp, then of chunk 2jp + 1
+      ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kKVChunks>(v_row, 2 * jp + lane / 16));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int ch = 2 * jp + half;
+        const u32 even[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0020)),
+                             fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0020))};
+        const u32 odd[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0031)),
+                            fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0031))};
+#pragma unroll
+        for (int r = 0; r < C::kRowTiles; ++r) {
+          mma_m16n8k16<mma_t>(st.o[r][2 * ch], pa[r][j], even);
+          mma_m16n8k16<mma_t>(st.o[r][2 * ch + 1], pa[r][j], odd);
+        }
+      }
+    }
+  }
+}
+
 // O += P·V over this warp's token slice: V rows are tokens, so ldmatrix.trans gives B fragments.
 template <class C>
 __device__ __forceinline__ void prefill_pv(PrefillWarpState<C>& st,
                                            const u32 (&pa)[C::kRowTiles][C::kNT / 2][4], u32 v_base,
                                            int wk) {
+  if constexpr (is_fp8<typename C::kv_t>()) {
+    prefill_pv_fp8<C>(st, pa, v_base, wk);
+  } else {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int j = 0; j < C::kNT / 2; ++j) {
@@ -153,6 +255,7 @@ __device__ __forceinline__ void prefill_pv(PrefillWarpState<C>& st,
         mma_m16n8k16<typename C::kv_t>(st.o[r][2 * dd + 1], pa[r][j], b1);
       }
     }
+  }
   }
 }
 

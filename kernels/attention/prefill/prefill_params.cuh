@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attention/prefill/prefill_plan.cuh"
+#include "kv/kv_scale.cuh"
 #include "primitives/tma_desc.cuh"
 #include "variants/variant_args.cuh"
 
@@ -47,6 +48,7 @@ struct PrefillParams {
   int kv_tma;
   int q_tma_tokens;
   TmaDesc k_tma, v_tma, k1_tma, v1_tma, q_tma;
+  KVScaleParams scale;  // an fp8 cache's dequantization scales (16-bit KV: unused)
 };
 
 }  // namespace flashkv

@@ -25,7 +25,8 @@ struct PrefillShape {
   int q_buffers;    // query tiles in shared memory: 2 lets the next work item's load start early
 };
 
-constexpr PrefillShape prefill_shape(int head_dim, int rows) {
+// kv_elem_bytes: the KV element size (1: fp8, whose stages are half the bytes, so more fit).
+constexpr PrefillShape prefill_shape(int head_dim, int rows, int kv_elem_bytes = 2) {
   PrefillShape s{};
   // Two 16-row MMA tiles per warp in the 128-row tile: each K/V fragment read from shared memory
   // then feeds two MMAs (shared-memory bandwidth, not the tensor cores, bounds one row tile per
@@ -42,7 +43,7 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows) {
   // next to 128 output accumulators).
   s.tile = tuning::sm90::prefill_kv_tile(head_dim, s.warps_kv);
   s.q_bytes = rows * head_dim * 2;
-  s.stage_bytes = s.tile * head_dim * 2;
+  s.stage_bytes = s.tile * head_dim * kv_elem_bytes;
   // Pipeline depth: as many KV tiles in flight as fit two CTAs per SM (<= 112 KB each); a CTA of
   // 8 warps runs alone on its SM (registers) and takes 4.
   s.stages = tuning::sm90::prefill_stages(s.q_bytes, s.stage_bytes, s.threads);

@@ -59,10 +59,10 @@ template <class C, bool kMask>
 __device__ __forceinline__ void prefill_softmax_variant(
     const PrefillParams& p, const PrefillWorkItem& w, PrefillWarpState<C>& st,
     float (&s)[C::kRowTiles][C::kNT][4], int pos0, const int (&lim)[C::kRowTiles][2],
-    const PrefillRowPos<C>& rp, u32 (&pa)[C::kRowTiles][C::kNT / 2][4]) {
+    const PrefillRowPos<C>& rp, u32 (&pa)[C::kRowTiles][C::kNT / 2][4], float sm_scale_log2) {
   typedef typename C::Traits Tr;
   const auto& va = variant_args<typename C::Variant>(p.variant);
-  const float dot_scale = Tr::dot_scale(p.sm_scale_log2);
+  const float dot_scale = Tr::dot_scale(sm_scale_log2);
 #pragma unroll
   for (int r = 0; r < C::kRowTiles; ++r) {
 #pragma unroll

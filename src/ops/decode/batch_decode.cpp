@@ -13,6 +13,7 @@
 #include "flashkv/error.h"
 #include "flashkv/plan_checks.h"
 #include "ops/common/kernel_memo.h"
+#include "ops/common/kv_scale_params.h"
 #include "ops/common/plan_lifecycle.h"
 #include "ops/common/run_checks.h"
 #include "ops/decode/decode_shape_choice.h"
@@ -155,6 +156,10 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
   // kernel's key.
   const Variant kernel_variant = ops::decode_kernel_variant(opts.variant);
   ops::VariantJit vj = ops::variant_jit(kernel_variant);
+  check(!(is_fp8_dtype(sh.kv_dtype) && vj.transforms_qk), "DecodePlanOptions.variant.rope: ",
+        "the fused-RoPE variant rotates keys in the staged tile, which an fp8 cache (",
+        dtype_name(sh.kv_dtype), ") does not support; use the fused decode step (run_step) or ",
+        "apply_rope before the append");
   // The variant's arguments, checked and packed now (a bad one fails plan(), not every run()).
   const VariantArgsBlock variant_args = ops::pack_variant_args(
       kernel_variant, {"BatchDecode::plan", Device::cuda(m.cfg.device), b.batch_size, b.batch_size,
@@ -277,6 +282,7 @@ DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
   in.fixed_split_size = o.fixed_split_size;
   in.tc_stages = o.tc_stages;
   in.tc_warps = o.tc_warps;
+  in.kv_bytes = static_cast<int>(dtype_size(sh.kv_dtype));
   const ops::DecodeShapeChoice shape = ops::choose_decode_shape(in);
   const bool tc_ok = decode_tc_supported(sh.head_dim, group);
   check(o.backend != DecodeBackend::kTensorCores || tc_ok,
@@ -413,6 +419,7 @@ void BatchDecode::run_step(const TensorView& q, const TensorView& new_k, const T
   shape.head_dim = m.shape.head_dim;
   shape.device = m.cfg.device;
   shape.kv_dtype = m.shape.kv_dtype;
+  shape.q_dtype = m.shape.q_dtype;
   shape.min_kv_len = m.min_kv_len;
   shape.max_kv_len = m.max_kv_len;
   shape.graph = m.opts.enable_cuda_graph;
@@ -492,6 +499,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv, cons
   p.sm_scale_log2 = static_cast<float>(m.sm_scale * kLog2e);
   p.plan = m.ws.plan_ptrs();
   p.plan.ctas_per_unit = m.ctas_per_unit;
+  p.scale = ops::kv_scale_params(kv.scale);  // checked by check_planned_paged_kv
   p.step = step;
   p.variant = variant_args;
   void* args[] = {&p};

@@ -98,6 +98,7 @@ void single_decode(const TensorView& q, const TensorView& k, const TensorView& v
                     nhd ? strides_nhd : strides_hnd, k.device());
   kv.v = TensorView(v.data(), v.dtype(), 4, nhd ? shape_nhd : shape_hnd,
                     nhd ? strides_nhd : strides_hnd, v.device());
+  kv.scale = opts.kv_scale;
   const int32_t indptr[2] = {0, static_cast<int32_t>(kv_len)}, last[1] = {1};
   kv.indices = TensorView(c.arange.data(), DType::i32, {pages}, Device::cuda(device));
   // indptr / last_page_len are read on the host by plan(); their views only carry the batch size.
@@ -129,6 +130,8 @@ void batch_decode(const TensorView& q, const PagedKVCache& kv, const TensorView&
   check_defined(q, "q");
   if (q.device().is_cpu()) return reference::batch_decode(q, kv, out, lse, opts);
   check_ndim(q, "q", 3);
+  check(opts.kv_scale.is_identity(), "opts.kv_scale: the paged ops take the cache's scales ",
+        "(paged_kv.scale)");
   check(kv.indptr.device().is_cpu() && kv.last_page_len.device().is_cpu(),
         "paged_kv.indptr / paged_kv.last_page_len: batch_decode plans on every call and reads them "
         "on the "

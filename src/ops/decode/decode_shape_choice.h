@@ -23,6 +23,7 @@ struct DecodeShapeInputs {
   bool enable_cuda_graph = false;
   int fixed_split_size = 0;
   int tc_stages = 0, tc_warps = 0;  // DecodePlanOptions (0: default)
+  int kv_bytes = 2;                 // the KV element size (1: fp8)
 };
 
 struct DecodeShapeChoice {

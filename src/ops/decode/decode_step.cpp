@@ -39,7 +39,7 @@ void check_new_rows(const TensorView& t, const char* name, const DecodeStepShape
   const Device dev = Device::cuda(s.device);
   check_defined(t, name);
   check_device(t, name, dev);
-  check_dtype(t, name, s.kv_dtype);
+  check_dtype(t, name, is_fp8_dtype(s.kv_dtype) ? s.q_dtype : s.kv_dtype);
   check_ndim(t, name, 3);
   if (s.graph ? t.size(0) < s.batch : t.size(0) != s.batch) {
     fail(name, ": expected ", s.graph ? "at least " : "", s.batch,

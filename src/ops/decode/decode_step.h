@@ -14,6 +14,7 @@ namespace flashkv::ops {
 struct DecodeStepShape {
   int batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, device = 0;
   DType kv_dtype{};
+  DType q_dtype{};  // an fp8 cache takes its new rows in q's dtype (quantized by the kernel)
   int64_t min_kv_len = 0, max_kv_len = 0;  // over the plan's requests
   bool graph = false;  // enable_cuda_graph: tensors may hold more rows than the batch
 };

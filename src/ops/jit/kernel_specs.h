@@ -54,8 +54,9 @@ std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool pl
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);
-// The append kernel (kv/append.cuh) for element type `t`: both vector widths.
-KernelSpec kv_append_kernel_spec(DType t);
+// The append kernel (kv/append.cuh) for rows of `src` into a cache of `cache` (equal: the copy
+// kernel; an fp8 cache and wider rows: the quantizing one): both vector widths.
+KernelSpec kv_append_kernel_spec(DType cache, DType src);
 // get_batch_indices_positions' kernel (kv/append.cuh; no element type).
 KernelSpec batch_indices_positions_kernel_spec();
 

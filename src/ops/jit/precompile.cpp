@@ -91,7 +91,7 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
     } else if (op == "kv") {  // RoPE, KV append, get_batch_indices_positions
       for (DType t : opts.dtypes) {
         specs.push_back(ops::rope_kernel_spec(t));
-        specs.push_back(ops::kv_append_kernel_spec(t));
+        specs.push_back(ops::kv_append_kernel_spec(t, t));
       }
       specs.push_back(ops::batch_indices_positions_kernel_spec());
     } else {

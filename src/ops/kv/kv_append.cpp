@@ -9,6 +9,7 @@
 #include "flashkv/kv_ops.h"
 #include "flashkv/reference_kv_ops.h"
 #include "kv/append_params.cuh"
+#include "ops/common/kv_scale_params.h"
 #include "ops/jit/jit_util.h"
 #include "ops/jit/kernel_specs.h"
 #include "ops/kv/kv_gpu.h"
@@ -22,9 +23,16 @@ namespace {
 
 constexpr unsigned kBatchPositionsThreads = 256;
 
-std::string append_kernel_name(DType t, int vec) {
-  return std::string("flashkv::append_kernel<") + ops::device_type_name(t, "paged_kv.k") + ", " +
-         std::to_string(vec) + ">";
+// The copy kernel (rows in the cache's dtype) or, for rows of another dtype into an fp8 cache,
+// the quantizing one.
+std::string append_kernel_name(DType cache, DType src, int vec) {
+  if (src == cache) {
+    return std::string("flashkv::append_kernel<") + ops::device_type_name(cache, "paged_kv.k") +
+           ", " + std::to_string(vec) + ">";
+  }
+  return std::string("flashkv::append_quantize_kernel<") +
+         ops::device_type_name(src, "append_key") + ", " +
+         ops::device_type_name(cache, "paged_kv.k") + ", " + std::to_string(vec) + ">";
 }
 
 void gpu_append(const TensorView& append_key, const TensorView& append_value,
@@ -39,11 +47,13 @@ void gpu_append(const TensorView& append_key, const TensorView& append_value,
   if (nnz == 0) return;
   const int device = kv.k.device().index;
   const DType dt = kv.k.dtype();
+  const DType src = append_key.dtype();  // dt, or a wider type an fp8 cache quantizes
   const int heads = kv.num_kv_heads(), dim = kv.head_dim(), page_size = kv.page_size();
   // Strides of dimensions of size 1 are never stepped over: they need not divide the vector.
   auto step = [](int64_t size, int64_t stride) { return size > 1 ? stride : 0; };
+  // Vectors of 16 bytes of the rows (the quantizing kernel then writes 4 or 8 bytes).
   const int vec =
-      ops::vector_width(dt, {&append_key, &append_value, &kv.k, &kv.v},
+      ops::vector_width(src, {&append_key, &append_value, &kv.k, &kv.v},
                         {dim, step(nnz, append_key.stride(0)), step(heads, append_key.stride(1)),
                          step(nnz, append_value.stride(0)), step(heads, append_value.stride(1)),
                          step(kv.num_pages(), kv.page_stride()), step(page_size, kv.token_stride()),
@@ -73,6 +83,7 @@ void gpu_append(const TensorView& append_key, const TensorView& append_value,
   p.page_size = page_size;
   p.num_heads = heads;
   p.head_dim = dim;
+  p.scale = ops::kv_scale_params(kv.scale);  // checked by validate_shapes
   // One token's rows are heads * dim / vec vectors (of k, and as many of v); tokens whose rows
   // are short share a CTA.
   const int64_t row_units = static_cast<int64_t>(heads) * (dim / vec);
@@ -81,12 +92,12 @@ void gpu_append(const TensorView& append_key, const TensorView& append_value,
   const int64_t ctas = (nnz + tokens_per_cta - 1) / tokens_per_cta;
   check(ctas <= INT32_MAX, "append_paged_kv_cache: ", nnz, " tokens are too many for one launch");
 
-  const ops::KernelSpec ks = ops::kv_append_kernel_spec(dt);
+  const ops::KernelSpec ks = ops::kv_append_kernel_spec(dt, src);
   const auto& mod = runtime::KernelCache::instance().module(ks.id, device, ks.make);
   p.error = runtime::device_error_record(device);
   runtime::ensure_context(device);  // a cached module may have been loaded by another thread
   void* args[] = {&p};
-  runtime::launch(mod.function(append_kernel_name(dt, vec)),
+  runtime::launch(mod.function(append_kernel_name(dt, src, vec)),
                   {static_cast<unsigned>(ctas), 1, 1,
                    static_cast<unsigned>(tokens_per_cta * p.threads_per_token), 1, 1, 0},
                   stream, args, "append_paged_kv_cache");
@@ -129,10 +140,12 @@ void gpu_batch_indices_positions(const TensorView& append_indptr, const TensorVi
 }  // namespace
 
 namespace ops {
-KernelSpec kv_append_kernel_spec(DType t) {
-  const std::string id = std::string("kv_append<") + dtype_name(t) + ">";
-  const int vec = 16 / static_cast<int>(dtype_size(t));
-  std::vector<std::string> names = {append_kernel_name(t, vec), append_kernel_name(t, 1)};
+KernelSpec kv_append_kernel_spec(DType cache, DType src) {
+  const std::string id = std::string("kv_append<") + dtype_name(cache) +
+                         (src == cache ? std::string() : std::string(",") + dtype_name(src)) + ">";
+  const int vec = 16 / static_cast<int>(dtype_size(src));
+  std::vector<std::string> names = {append_kernel_name(cache, src, vec),
+                                    append_kernel_name(cache, src, 1)};
   return {id, [id, names] { return make_request(id, "kv/append.cuh", names); }};
 }
 

@@ -3,6 +3,7 @@
 // (ops/prefill/prefill_core.h).
 #include "flashkv/error.h"
 #include "flashkv/prefill.h"
+#include "ops/common/kv_scale_params.h"
 #include "ops/common/run_checks.h"
 #include "ops/prefill/prefill_core.h"
 
@@ -84,6 +85,7 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   p.token_stride = static_cast<int>(kv.token_stride());
   p.head_stride = static_cast<int>(kv.head_stride());
   p.num_pages = static_cast<int>(kv.num_pages());
+  p.scale = ops::kv_scale_params(kv.scale);  // checked by check_planned_paged_kv
   c.set_tma(p, q,
             {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, kv.page_size(),
              kv.num_pages(), kv.page_stride(), kv.token_stride(), kv.head_stride()});
@@ -117,6 +119,12 @@ void BatchPrefillRagged::plan(const PrefillBatch& batch, const AttentionShape& s
 
 void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const TensorView& v,
                              const TensorView& out, const TensorView& lse, Stream stream) {
+  run(q, k, v, out, lse, KVScale{}, stream);
+}
+
+void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& lse, const KVScale& scale,
+                             Stream stream) {
   detail::PrefillCore& c = *core_;
   PrefillParams p{};
   c.check_io(q, out, lse, p);
@@ -140,6 +148,8 @@ void BatchPrefillRagged::run(const TensorView& q, const TensorView& k, const Ten
   p.token_stride = static_cast<int>(k.stride(0));
   p.head_stride = static_cast<int>(k.stride(1));
   p.num_pages = 0;
+  check_kv_scale(scale, c.shape.kv_dtype, c.shape.num_kv_heads, dev, true, "scale");
+  p.scale = ops::kv_scale_params(scale);
   c.set_tma(p, q,
             {p.k, p.v, c.shape.kv_dtype, c.shape.head_dim, c.shape.num_kv_heads, 0, k.size(0), 0,
              k.stride(0), k.stride(1)});

@@ -85,7 +85,7 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
               .kv_dtype = k.dtype(),
               .o_dtype = out.dtype()},
              po, stream);
-  c.op->run(q, as_nhd(k), as_nhd(v), out, lse, stream);
+  c.op->run(q, as_nhd(k), as_nhd(v), out, lse, opts.kv_scale, stream);
 }
 
 }  // namespace flashkv

@@ -210,8 +210,14 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
     arch = runtime::device_arch(cfg.device);
     max_smem = device_info(cfg.device).max_smem_per_block;
   }
+  const bool fp8 = is_fp8_dtype(sh.kv_dtype);
+  check(!(fp8 && vj.transforms_qk), "PrefillPlanOptions.variant.rope: the fused-RoPE variant ",
+        "rotates keys in the staged tile, which an fp8 cache (", dtype_name(sh.kv_dtype),
+        ") does not support; apply_rope before the append instead");
+  // fp8 KV runs on the mma.sync kernel (the wgmma kernel reads 16-bit K and V tiles).
   const std::string why_not =
-      ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), sh.head_dim, max_smem);
+      fp8 ? "fp8 KV (" + std::string(dtype_name(sh.kv_dtype)) + ") runs on the mma.sync kernel"
+          : ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), sh.head_dim, max_smem);
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   PrefillKernelKey key;
@@ -221,6 +227,7 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
   key.kv = prefill_kv_source(paged, b.page_size);
   key.wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
   key.variant = vj.kernel();
+  key.fp8_kv = fp8 ? sh.kv_dtype : DType::f32;
   if (!load_kernel(key)) {
     check(o.backend != PrefillBackend::kWgmma,
           "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ",
