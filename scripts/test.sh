@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds flashkv and runs the test suite: CPU tests everywhere; GPU tests run where a CUDA GPU is
 # present and skip cleanly otherwise. The Python package is built in the same build dir
-# (flashkv._C, -DFLASHKV_PYTHON=ON, against a venv at $BUILD/pyenv with nanobind, numpy and
-# pytest from PyPI) and its pytest suite runs (its GPU tests skip without torch and a GPU);
+# (flashkv._C, -DFLASHKV_PYTHON=ON, against a venv at $BUILD/pyenv with nanobind, numpy, pytest
+# and ml_dtypes (NumPy's float8 arrays, for the fp8 KV tests) from PyPI) and its pytest suite runs
+# (its GPU tests skip without torch and a GPU);
 # FLASHKV_PYTHON_TESTS=0 skips that part. Then checks that an installed flashkv works from a
 # consumer project through find_package(flashkv), and builds and runs examples/user_variant.
 # The kernel cache of every test is $FLASHKV_CACHE_DIR, a fresh temp dir (removed at the end)
@@ -27,7 +28,7 @@ if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
   mkdir -p "$BUILD"
   VENV="$(cd "$BUILD" && pwd)/pyenv"  # absolute: CMake's FindPython ignores a relative one
   [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest ml_dtypes
   PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")
 fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHKV_WERROR="$WERROR" \

@@ -5,6 +5,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "flashkv/error.h"
 
@@ -31,7 +32,8 @@ DType dtype_of(dl::dtype t, const char* name) {
     if (t.code == 12 && t.bits == 8) return DType::e5m2;
   }
   throw nb::type_error((std::string(name) + ": unsupported dtype " + dtype_str(t) +
-                        "; expected float16, bfloat16, float32 or int32")
+                        "; expected float16, bfloat16, float32, float8_e4m3fn, float8_e5m2 or "
+                        "int32")
                            .c_str());
 }
 
@@ -91,6 +93,41 @@ TensorView view_of(const std::optional<OutArray>& a, const char* name) {
 }
 TensorView view_of(const std::optional<InArray>& a, const char* name) {
   return a ? make_view(*a, name) : TensorView();
+}
+
+KVScale kv_scale_of(float k, float v, const std::optional<InArray>& k_tensor,
+                    const std::optional<InArray>& v_tensor) {
+  KVScale s;
+  s.k = k;
+  s.v = v;
+  s.k_tensor = view_of(k_tensor, "k_scale");
+  s.v_tensor = view_of(v_tensor, "v_scale");
+  return s;
+}
+
+nb::ndarray<> fp8_view(const InArray& a, const std::string& dtype) {
+  const DType t = parse_dtype(dtype);
+  check(is_fp8_dtype(t), "fp8_view: expected dtype e4m3 or e5m2, got ", dtype);
+  const dl::dtype in = a.dtype();
+  const auto code = static_cast<dl::dtype_code>(in.code);
+  check(in.bits == 8 && in.lanes == 1 &&
+            (code == dl::dtype_code::UInt || code == dl::dtype_code::Int),
+        "fp8_view: expected an 8-bit integer array (the fp8 array's bytes), got ", dtype_str(in));
+  const size_t ndim = a.ndim();
+  std::vector<size_t> shape(ndim);
+  std::vector<int64_t> strides(ndim);
+  int64_t contiguous = 1;
+  for (size_t i = ndim; i-- > 0;) {
+    shape[i] = a.shape(i);
+    strides[i] = a.stride_ptr() != nullptr ? a.stride(i) : contiguous;
+    contiguous *= static_cast<int64_t>(shape[i]);
+  }
+  // The owner holds a reference to `a`'s DLPack tensor (and so its memory) for the view's life.
+  auto* keep = new InArray(a);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<InArray*>(p); });
+  const dl::dtype fp8{static_cast<uint8_t>(t == DType::e4m3 ? 10 : 12), 8, 1};
+  return nb::ndarray<>(const_cast<void*>(a.data()), ndim, shape.data(), owner, strides.data(), fp8,
+                       a.device_type(), a.device_id());
 }
 
 const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len) {

@@ -32,11 +32,18 @@ TensorView view_of(const OutArray& a, const char* name);
 TensorView view_of(const std::optional<OutArray>& a, const char* name);
 TensorView view_of(const std::optional<InArray>& a, const char* name);
 
-// A paged cache of k/v arrays and its page table. KV: InArray for the attention ops (read),
-// OutArray for the append (written).
+// The dequantization scales of an fp8 KV cache (attention.h: KVScale), as the wrappers pass
+// FlashInfer's k_scale / v_scale: a float each and, optionally, an f32 tensor each ([1] or
+// [num_kv_heads], on the cache's device). Checked by the op that reads them.
+KVScale kv_scale_of(float k, float v, const std::optional<InArray>& k_tensor,
+                    const std::optional<InArray>& v_tensor);
+
+// A paged cache of k/v arrays, its page table and its scales. KV: InArray for the attention ops
+// (read), OutArray for the append (written).
 template <class KV>
 PagedKVCache paged_cache(const KV& k, const KV& v, const std::string& layout, const InArray& indptr,
-                         const InArray& indices, const InArray& last_page_len) {
+                         const InArray& indices, const InArray& last_page_len,
+                         const KVScale& scale = {}) {
   PagedKVCache kv;
   kv.k = view_of(k, "paged_kv.k");
   kv.v = view_of(v, "paged_kv.v");
@@ -44,8 +51,16 @@ PagedKVCache paged_cache(const KV& k, const KV& v, const std::string& layout, co
   kv.indptr = view_of(indptr, "paged_kv.indptr");
   kv.indices = view_of(indices, "paged_kv.indices");
   kv.last_page_len = view_of(last_page_len, "paged_kv.last_page_len");
+  kv.scale = scale;
   return kv;
 }
+
+// `a` (8-bit: a uint8 view of an fp8 array) as an fp8 array of `dtype` ("e4m3" / "e5m2"): the
+// same memory, shape, strides and device, DLPack dtype code 10 / 12, keeping `a` alive. DLPack
+// exports of float8 are refused by PyTorch releases that predate DLPack 1.1's float8 codes, and
+// NumPy has no float8 (ml_dtypes' arrays do not export it): the wrappers pass every fp8 array
+// through here (flashkv._C.fp8_view) as a uint8 view and its dtype.
+nb::ndarray<> fp8_view(const InArray& a, const std::string& dtype);
 
 // A host int32 index array of at least `min_len` entries, contiguous (the plan() arrays).
 const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len);

@@ -30,12 +30,19 @@ void without_gil(F&& f) {
   f();
 }
 
-AttentionOptions attention_options(float sm_scale, bool causal) {
+AttentionOptions attention_options(float sm_scale, bool causal, const KVScale& kv_scale = {}) {
   AttentionOptions o;
   o.sm_scale = sm_scale;
   o.causal = causal;
+  o.kv_scale = kv_scale;
   return o;
 }
+
+// The keyword arguments of FlashInfer's k_scale / v_scale (array_view.h: kv_scale_of) that every
+// op reading or writing a KV cache takes after its others.
+#define FLASHKV_KV_SCALE_ARGS                                                              \
+  arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("k_scale_tensor").none() = nb::none(), \
+  arg("v_scale_tensor").none() = nb::none()
 
 RopeOptions llama_rope(int rotary_dim, bool interleave, double rope_scale, double rope_theta) {
   RopeOptions o;
@@ -185,9 +192,12 @@ class PyBatchDecode {
 
   void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
            const InArray& indptr, const InArray& indices, const InArray& last_page_len,
-           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+           const OutArray& out, const LseArg& lse, uintptr_t stream, float k_scale, float v_scale,
+           const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
     const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    const PagedKVCache kv =
+        paged_cache(k, v, layout, indptr, indices, last_page_len,
+                    kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
     without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
   }
 
@@ -200,11 +210,14 @@ class PyBatchDecode {
                 const LseArg& lse, const std::string& rope, int rotary_dim, bool interleave,
                 double rope_scale, double rope_theta, double low_freq_factor,
                 double high_freq_factor, double old_context_len, const OptionalIn& cos_sin_cache,
-                bool is_neox, const OptionalIn& pos_ids, uintptr_t stream) {
+                bool is_neox, const OptionalIn& pos_ids, uintptr_t stream, float k_scale,
+                float v_scale, const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
     const TensorView qv = view_of(q, "q"), kn = view_of(k_new, "k_new"),
                      vn = view_of(v_new, "v_new"), ov = view_of(out, "out"),
                      lv = view_of(lse, "lse");
-    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    const PagedKVCache kv =
+        paged_cache(k, v, layout, indptr, indices, last_page_len,
+                    kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
     DecodeStepOptions step;
     step.rope = parse_step_rope(rope);
     step.llama = llama_rope(rotary_dim, interleave, rope_scale, rope_theta);
@@ -352,9 +365,12 @@ class PyBatchPrefillPaged : public PyBatchPrefill<BatchPrefillPaged> {
 
   void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
            const InArray& indptr, const InArray& indices, const InArray& last_page_len,
-           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+           const OutArray& out, const LseArg& lse, uintptr_t stream, float k_scale, float v_scale,
+           const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
     const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-    const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+    const PagedKVCache kv =
+        paged_cache(k, v, layout, indptr, indices, last_page_len,
+                    kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
     without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
   }
 };
@@ -393,10 +409,12 @@ class PyBatchPrefillRagged : public PyBatchPrefill<BatchPrefillRagged> {
   }
 
   void run(const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-           const LseArg& lse, uintptr_t stream) {
+           const LseArg& lse, uintptr_t stream, float k_scale, float v_scale,
+           const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
     const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
                      ov = view_of(out, "out"), lv = view_of(lse, "lse");
-    without_gil([&] { op_->run(qv, kv, vv, ov, lv, stream_of(stream)); });
+    const KVScale scale = kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor);
+    without_gil([&] { op_->run(qv, kv, vv, ov, lv, scale, stream_of(stream)); });
   }
 };
 
@@ -616,6 +634,7 @@ void bind_module(nb::module_& m) {
   bind_plan_checks(m);
 
   bind_variants(m);
+  m.def("fp8_view", &fp8_view, arg("array"), arg("dtype"));
   m.def("cuda_available", &cuda_available);
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason);
   m.def("cuda_device_count", &cuda_device_count);
@@ -627,77 +646,85 @@ void bind_module(nb::module_& m) {
   m.def(
       "single_decode",
       [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
-         const LseArg& lse, const std::string& layout, float sm_scale, uintptr_t stream) {
+         const LseArg& lse, const std::string& layout, float sm_scale, uintptr_t stream,
+         float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
         const KVLayout l = parse_kv_layout(layout);
-        without_gil([&] {
-          single_decode(qv, kv, vv, ov, lv, l, attention_options(sm_scale, false),
-                        stream_of(stream));
-        });
+        const AttentionOptions o = attention_options(
+            sm_scale, false, kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+        without_gil([&] { single_decode(qv, kv, vv, ov, lv, l, o, stream_of(stream)); });
       },
       arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("sm_scale"),
-      arg("stream"));
+      arg("stream"), FLASHKV_KV_SCALE_ARGS);
   m.def(
       "single_prefill",
       [](const InArray& q, const InArray& k, const InArray& v, const OutArray& out,
          const LseArg& lse, const std::string& layout, bool causal, float sm_scale,
-         uintptr_t stream) {
+         uintptr_t stream, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
         const KVLayout l = parse_kv_layout(layout);
-        without_gil([&] {
-          single_prefill(qv, kv, vv, ov, lv, l, attention_options(sm_scale, causal),
-                         stream_of(stream));
-        });
+        const AttentionOptions o = attention_options(
+            sm_scale, causal, kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+        without_gil([&] { single_prefill(qv, kv, vv, ov, lv, l, o, stream_of(stream)); });
       },
       arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(), arg("layout"), arg("causal"),
-      arg("sm_scale"), arg("stream"));
+      arg("sm_scale"), arg("stream"), FLASHKV_KV_SCALE_ARGS);
 
   // --- batch ops on host arrays: the CPU reference (the Batch* objects below need a GPU) ---
   m.def(
       "reference_batch_decode",
       [](const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
          const InArray& indptr, const InArray& indices, const InArray& last_page_len,
-         const OutArray& out, const LseArg& lse, float sm_scale) {
+         const OutArray& out, const LseArg& lse, float sm_scale, float k_scale, float v_scale,
+         const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        const PagedKVCache kv =
+            paged_cache(k, v, layout, indptr, indices, last_page_len,
+                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
         without_gil(
             [&] { reference::batch_decode(qv, kv, ov, lv, attention_options(sm_scale, false)); });
       },
       arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
-      arg("last_page_len"), arg("out"), arg("lse").none(), arg("sm_scale"));
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("sm_scale"), FLASHKV_KV_SCALE_ARGS);
   m.def(
       "reference_batch_prefill_paged",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
          const std::string& layout, const InArray& indptr, const InArray& indices,
          const InArray& last_page_len, const OutArray& out, const LseArg& lse, bool causal,
-         float sm_scale) {
+         float sm_scale, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        const PagedKVCache kv =
+            paged_cache(k, v, layout, indptr, indices, last_page_len,
+                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
         without_gil([&] {
           reference::batch_prefill_paged(qv, qi, kv, ov, lv, attention_options(sm_scale, causal));
         });
       },
       arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
-      arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"), arg("sm_scale"));
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"), arg("sm_scale"),
+      FLASHKV_KV_SCALE_ARGS);
   m.def(
       "reference_batch_prefill_ragged",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
          const InArray& kv_indptr, const OutArray& out, const LseArg& lse, bool causal,
-         float sm_scale) {
+         float sm_scale, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
                          kv = view_of(k, "k"), vv = view_of(v, "v"),
                          ki = view_of(kv_indptr, "kv_indptr"), ov = view_of(out, "out"),
                          lv = view_of(lse, "lse");
-        without_gil([&] {
-          reference::batch_prefill_ragged(qv, qi, kv, vv, ki, ov, lv,
-                                          attention_options(sm_scale, causal));
-        });
+        const AttentionOptions o = attention_options(
+            sm_scale, causal, kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+        without_gil([&] { reference::batch_prefill_ragged(qv, qi, kv, vv, ki, ov, lv, o); });
       },
       arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("kv_indptr"), arg("out"),
-      arg("lse").none(), arg("causal"), arg("sm_scale"));
+      arg("lse").none(), arg("causal"), arg("sm_scale"), FLASHKV_KV_SCALE_ARGS);
 
   // --- ⊕ (natural-log LSE) ---
   m.def(
@@ -735,16 +762,20 @@ void bind_module(nb::module_& m) {
       [](const InArray& append_key, const InArray& append_value, const InArray& batch_indices,
          const InArray& positions, const OutArray& k, const OutArray& v, const std::string& layout,
          const InArray& indptr, const InArray& indices, const InArray& last_page_len,
-         uintptr_t stream) {
+         uintptr_t stream, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView ak = view_of(append_key, "append_key"),
                          av = view_of(append_value, "append_value"),
                          bi = view_of(batch_indices, "batch_indices"),
                          pos = view_of(positions, "positions");
-        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        const PagedKVCache kv =
+            paged_cache(k, v, layout, indptr, indices, last_page_len,
+                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
         without_gil([&] { append_paged_kv_cache(ak, av, bi, pos, kv, stream_of(stream)); });
       },
       arg("append_key"), arg("append_value"), arg("batch_indices"), arg("positions"), arg("k"),
-      arg("v"), arg("layout"), arg("indptr"), arg("indices"), arg("last_page_len"), arg("stream"));
+      arg("v"), arg("layout"), arg("indptr"), arg("indices"), arg("last_page_len"), arg("stream"),
+      FLASHKV_KV_SCALE_ARGS);
   m.def(
       "get_batch_indices_positions",
       [](const InArray& append_indptr, const InArray& seq_lens, const OutArray& batch_indices,
@@ -854,13 +885,14 @@ void bind_module(nb::module_& m) {
            arg("o_dtype"), arg("sm_scale"), arg("enable_cuda_graph"), arg("fixed_split_size"),
            arg("disable_split_kv"), arg("variant").none(), arg("stream"))
       .def("run", &PyBatchDecode::run, arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"),
-           arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("stream"))
+           arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(), arg("stream"),
+           FLASHKV_KV_SCALE_ARGS)
       .def("run_step", &PyBatchDecode::run_step, arg("q"), arg("k_new"), arg("v_new"), arg("k"),
            arg("v"), arg("layout"), arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"),
            arg("lse").none(), arg("rope"), arg("rotary_dim"), arg("interleave"), arg("rope_scale"),
            arg("rope_theta"), arg("low_freq_factor"), arg("high_freq_factor"),
            arg("old_context_len"), arg("cos_sin_cache").none(), arg("is_neox"),
-           arg("pos_ids").none(), arg("stream"))
+           arg("pos_ids").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS)
       .def("forget_captured_graphs", &PyBatchDecode::forget_captured_graphs)
       .def("plan_info", &PyBatchDecode::plan_info);
 
@@ -875,7 +907,7 @@ void bind_module(nb::module_& m) {
            arg("stream"))
       .def("run", &PyBatchPrefillPaged::run, arg("q"), arg("k"), arg("v"), arg("layout"),
            arg("indptr"), arg("indices"), arg("last_page_len"), arg("out"), arg("lse").none(),
-           arg("stream"));
+           arg("stream"), FLASHKV_KV_SCALE_ARGS);
 
   nb::class_<PyBatchPrefillRagged> ragged(m, "BatchPrefillRagged");
   bind_prefill_common(ragged);
@@ -886,7 +918,7 @@ void bind_module(nb::module_& m) {
            arg("enable_cuda_graph"), arg("fixed_split_size"), arg("disable_split_kv"),
            arg("tile_rows"), arg("variant").none(), arg("backend"), arg("stream"))
       .def("run", &PyBatchPrefillRagged::run, arg("q"), arg("k"), arg("v"), arg("out"),
-           arg("lse").none(), arg("stream"));
+           arg("lse").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS);
 
   nb::class_<PyMultiLevelCascade>(m, "MultiLevelCascade")
       .def(nb::init<OutArray, int, int64_t, int64_t, int, int, int, int>(), arg("workspace"),

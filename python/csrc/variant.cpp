@@ -168,14 +168,19 @@ void bind_variants(nb::module_& m) {
       "reference_batch_decode_variant",
       [](const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
          const InArray& indptr, const InArray& indices, const InArray& last_page_len,
-         const OutArray& out, const LseArg& lse, const PyVariant& variant) {
+         const OutArray& out, const LseArg& lse, const PyVariant& variant, float k_scale,
+         float v_scale, const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        const PagedKVCache kv =
+            paged_cache(k, v, layout, indptr, indices, last_page_len,
+                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
         const AttentionVariant& av = builtin_of(variant);
         without_gil([&] { reference::batch_decode_variant(qv, kv, ov, lv, av); });
       },
       arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
-      arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"), arg("k_scale") = 1.0f,
+      arg("v_scale") = 1.0f, arg("k_scale_tensor").none() = nb::none(),
+      arg("v_scale_tensor").none() = nb::none());
   // Single decode and single prefill share one signature: one binding body for both.
   using SingleVariantFn =
       void (*)(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
@@ -199,15 +204,20 @@ void bind_variants(nb::module_& m) {
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,
          const std::string& layout, const InArray& indptr, const InArray& indices,
          const InArray& last_page_len, const OutArray& out, const LseArg& lse,
-         const PyVariant& variant) {
+         const PyVariant& variant, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv = paged_cache(k, v, layout, indptr, indices, last_page_len);
+        const PagedKVCache kv =
+            paged_cache(k, v, layout, indptr, indices, last_page_len,
+                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
         const AttentionVariant& av = builtin_of(variant);
         without_gil([&] { reference::batch_prefill_paged_variant(qv, qi, kv, ov, lv, av); });
       },
       arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
-      arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"));
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("variant"), arg("k_scale") = 1.0f,
+      arg("v_scale") = 1.0f, arg("k_scale_tensor").none() = nb::none(),
+      arg("v_scale_tensor").none() = nb::none());
   m.def(
       "reference_batch_prefill_ragged_variant",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,

@@ -33,9 +33,22 @@ prefill functions take FlashInfer's ``pos_encoding_mode`` / ``window_left`` / ``
 / ``rope_scale`` / ``rope_theta`` (prefill also ``custom_mask`` / ``packed_custom_mask``),
 flashkv's ``sinks`` / ``alibi_slopes`` / ``sigmoid``, and user variants (:class:`Variant`, device
 C++ compiled into the kernels; GPU only). Arguments flashkv does not implement yet (variants in
-cascades, FP8 scales) raise ``NotImplementedError`` naming the argument. Bad inputs raise ``ValueError``
-(``TypeError`` for an unsupported dtype or device) with the C++ library's message; failures of
-CUDA or NVRTC raise ``RuntimeError``.
+cascades, query scales) raise ``NotImplementedError`` naming the argument. Bad inputs raise
+``ValueError`` (``TypeError`` for an unsupported dtype or device) with the C++ library's message;
+failures of CUDA or NVRTC raise ``RuntimeError``.
+
+FP8 KV caches: the decode and prefill wrappers, single_decode_with_kv_cache,
+single_prefill_with_kv_cache, append_paged_kv_cache, run_step and
+MultiLevelCascadeAttentionWrapper take ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` caches
+(q and out float16 or bfloat16; plan()'s ``kv_data_type`` a torch dtype or its name; on the host
+also NumPy arrays of ml_dtypes' float8 types) with FlashInfer's ``k_scale`` / ``v_scale`` (the
+dequantization scales: real key = stored key * k_scale): None, a float, or (flashkv extension) a
+float32 tensor of 1 or num_kv_heads elements on the cache's device, which the kernels read when
+they run (CUDA graphs replay with its current value). append_paged_kv_cache and run_step
+quantize float16 / bfloat16 / float32 rows into an fp8 cache with the same keyword-only
+``k_scale`` / ``v_scale`` (round to nearest even, saturating). A 16-bit cache takes only None or
+1.0 (``ValueError`` otherwise: fold the scale into ``sm_scale``); ``q_scale`` other than None or
+1.0 raises ``NotImplementedError``.
 """
 
 # The built extension may live in another directory than these sources (a CMake build dir on

@@ -4,13 +4,16 @@ allocate outputs beside it, and which CUDA stream its framework is using.
 flashkv never imports torch or cupy itself: an array of theirs can only exist once they are
 imported, so the helpers import them lazily, for arrays of theirs only.
 
-This module imports no other flashkv module. The modules the torch custom ops are built on
-(_common, _eager) import the helpers from here; everything else uses them through
-:mod:`flashkv._arrays`, which re-exports them beside the route to the torch custom ops (so
-_arrays can load _torch_ops without an import cycle; python/tests/test_import_graph.py checks).
+This module imports no other flashkv module but the extension flashkv._C (which imports none:
+dl() hands fp8 arrays to _C.fp8_view). The modules the torch custom ops are built on (_common,
+_eager) import the helpers from here; everything else uses them through :mod:`flashkv._arrays`,
+which re-exports them beside the route to the torch custom ops (so _arrays can load _torch_ops
+without an import cycle; python/tests/test_import_graph.py checks).
 """
 
 import numpy as np
+
+from . import _C
 
 LOG2E = 1.4426950408889634  # log2(e): natural-log LSE -> base 2 (FlashInfer's)
 LN2 = 0.6931471805599453  # ln(2): base-2 LSE -> natural log (flashkv's C++ API)
@@ -26,6 +29,11 @@ _DTYPE_ALIASES = {
     "float8_e5m2": "e5m2", "e5m2": "e5m2", "fp8_e5m2": "e5m2",
 }
 _NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "i32": np.int32}
+FP8_DTYPES = ("e4m3", "e5m2")
+# The fp8 arrays dl() passes as a uint8 view and their dtype: torch's float8 tensors (by str() of
+# their dtype) and NumPy arrays of ml_dtypes' float8 types (by dtype name).
+_FP8_ARRAY_DTYPES = {"torch.float8_e4m3fn": "e4m3", "torch.float8_e5m2": "e5m2",
+                     "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
 def framework(x) -> str:
@@ -69,7 +77,8 @@ def dtype_name(dtype) -> str:
         return _DTYPE_ALIASES[key.lower()]
     except KeyError:
         raise ValueError(
-            f"unsupported data type {dtype!r}: expected float16, bfloat16 or float32") from None
+            f"unsupported data type {dtype!r}: expected float16, bfloat16, float32, "
+            f"float8_e4m3fn or float8_e5m2 (fp8: KV caches only)") from None
 
 
 def array_dtype(x) -> str:
@@ -229,9 +238,23 @@ def dl(x):
     """x as flashkv._C receives it: a torch tensor as a DLPack capsule taken with stream=-1 (no
     synchronization: torch's __dlpack__() without a stream makes its default stream wait on the
     current one, an extra dependency that is illegal while a CUDA graph is being captured);
-    anything else unchanged (nanobind imports it through DLPack or the buffer protocol)."""
-    if framework(x) == "torch" and hasattr(x, "__dlpack__"):
+    anything else unchanged (nanobind imports it through DLPack or the buffer protocol).
+
+    fp8 arrays (torch float8_e4m3fn / float8_e5m2 tensors, NumPy arrays of ml_dtypes' float8
+    types) go as a uint8 view retyped by flashkv._C.fp8_view (DLPack codes 10 / 12): PyTorch
+    releases before DLPack 1.1 refuse to export float8, and NumPy cannot; no copy either way."""
+    fw = framework(x)
+    if fw == "torch" and hasattr(x, "__dlpack__"):
+        fp8 = _FP8_ARRAY_DTYPES.get(str(x.dtype))
+        if fp8 is not None:
+            import torch
+
+            return _C.fp8_view(x.detach().view(torch.uint8).__dlpack__(stream=-1), fp8)
         return x.detach().__dlpack__(stream=-1)
+    if fw == "numpy" and isinstance(x, np.ndarray):
+        fp8 = _FP8_ARRAY_DTYPES.get(x.dtype.name)
+        if fp8 is not None:
+            return _C.fp8_view(x.view(np.uint8), fp8)
     return x
 
 

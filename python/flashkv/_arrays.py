@@ -46,11 +46,12 @@ def load_torch_ops():
     return _torch_ops
 
 
-def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse):
+def dispatch_run(wrapper, op_name, q, k, v, out, lse, return_lse, scale=C.NO_SCALE):
     """The wrappers' run(): after plan(), torch CUDA tensors go through the torch custom op
-    ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``."""
+    ``flashkv::<op_name>`` (which torch.compile captures), everything else to ``wrapper._run``.
+    `scale`: the KV cache's dequantization scales (_common.KVScale)."""
     C.require_plan(wrapper._plan)
     ops = torch_ops(q)
     if ops is not None:
-        return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse)
-    return wrapper._run(q, k, v, out, lse, return_lse)
+        return ops.wrapper_run(op_name, wrapper, q, k, v, out, lse, return_lse, scale)
+    return wrapper._run(q, k, v, out, lse, return_lse, scale)

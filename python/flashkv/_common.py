@@ -1,8 +1,12 @@
 """Argument handling the FlashInfer-shaped wrappers share: the arguments flashkv does not
-implement yet, paged-cache unpacking, plan/run consistency checks on the CPU path, outputs."""
+implement yet, paged-cache unpacking, the KV caches' dequantization scales, plan/run consistency
+checks on the CPU path, outputs."""
 
 import itertools
+import math
+import numbers
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,8 +23,7 @@ def not_implemented(name: str, value, expected: str):
     raise NotImplementedError(
         f"{name}={value!r}: not supported here by flashkv yet (expected {expected}); attention "
         f"variants (RoPE, sliding window, soft-capping, sinks, custom masks, user variants) are "
-        f"supported by the decode and prefill functions, not by the cascade wrappers; FP8 "
-        f"scales are a later issue")
+        f"supported by the decode and prefill functions, not by the cascade wrappers")
 
 
 def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, **absent):
@@ -64,14 +67,128 @@ def require_plan(plan, window_left=None):
                          f"plan, so pass it to plan()")
 
 
-def check_run_extras(args, q_scale=None, k_scale=None, v_scale=None, window_left=None):
+def check_run_extras(args, q_scale=None, window_left=None, q_scale_name="q_scale"):
+    """run()'s arguments flashkv does not implement: extra positional (variant) arguments, a
+    query scale (fp8 queries), a window given to run()."""
     if args:
         not_implemented("*args", args, "no extra positional arguments (variant parameters)")
-    for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if value is not None and value != 1.0:
-            not_implemented(name, value, "None or 1.0")
+    if q_scale is not None and (not isinstance(q_scale, numbers.Real) or q_scale != 1.0):
+        not_implemented(q_scale_name, q_scale if isinstance(q_scale, numbers.Real)
+                        else type(q_scale).__name__,
+                        "None or 1.0 (flashkv's queries are float16 / bfloat16; k_scale and "
+                        "v_scale dequantize an fp8 KV cache)")
     if window_left is not None and window_left >= 0:
         not_implemented("window_left", window_left, "None or -1")
+
+
+# --- the dequantization scales of an fp8 KV cache (FlashInfer's k_scale / v_scale) -------------
+
+
+class KVScale(NamedTuple):
+    """The C++ KVScale (flashkv/attention.h): the real key is the stored one times k (a float) times
+    k_tensor (when given: float32 [1] or [num_kv_heads] on the cache's device, read by the kernel
+    when it runs, so a CUDA graph replays with its current value); the same for values."""
+
+    k: float = 1.0
+    v: float = 1.0
+    k_tensor: object = None
+    v_tensor: object = None
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of flashkv._C's ops that read or write a KV cache."""
+        return dict(k_scale=self.k, v_scale=self.v, k_scale_tensor=self.k_tensor,
+                    v_scale_tensor=self.v_tensor)
+
+    @property
+    def is_identity(self) -> bool:
+        return (self.k == 1.0 and self.v == 1.0 and self.k_tensor is None
+                and self.v_tensor is None)
+
+
+NO_SCALE = KVScale()
+
+
+def kv_heads(k, kv_layout, paged=True):
+    """num_kv_heads of a k cache (paged [pages, page, H, D] NHD / [pages, H, page, D] HND, or
+    contiguous [L, H, D] NHD / [H, L, D] HND); None for a shape that is neither (the C++ op
+    names the shape)."""
+    shape = tuple(k.shape)
+    if len(shape) != (4 if paged else 3):
+        return None
+    nhd = kv_layout == "NHD"
+    if paged:
+        return int(shape[2] if nhd else shape[1])
+    return int(shape[1] if nhd else shape[0])
+
+
+def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale")) -> KVScale:
+    """FlashInfer's k_scale / v_scale for KV cache `cache` (the k array: its dtype and device) of
+    `num_kv_heads` heads (None: not known here) as a KVScale. Each scale: None (1), a float > 0,
+    or a float32 array of 1 or num_kv_heads elements (flashkv extension: per KV head; a 0-d array
+    counts as [1]) on the cache's device. A 16-bit (or float32) cache takes only None or 1.0:
+    the kernels dequantize fp8 caches only, and a scale of another cache belongs in sm_scale.
+    ValueError naming the argument otherwise."""
+    if k_scale is None and v_scale is None:
+        return NO_SCALE
+    try:
+        dtype = A.array_dtype(cache)
+    except ValueError:  # a cache dtype flashkv does not take: the op says so
+        dtype = str(getattr(cache, "dtype", "?"))
+    fp8 = dtype in A.FP8_DTYPES
+    kf, kt = _scale(names[0], k_scale, "k", fp8, dtype, cache, num_kv_heads)
+    vf, vt = _scale(names[1], v_scale, "v", fp8, dtype, cache, num_kv_heads)
+    return KVScale(kf, vf, kt, vt)
+
+
+def _where(x) -> str:
+    return f"cuda:{A.device_index(x)}" if A.is_cuda(x) else "the host"
+
+
+def _scale(name, s, which, fp8, dtype, cache, num_kv_heads):
+    """(float, array or None) of one scale argument (kv_scales)."""
+    if s is None:
+        return 1.0, None
+    if isinstance(s, numbers.Real) and not isinstance(s, bool):
+        f = float(s)
+        if not (math.isfinite(f) and f > 0.0):
+            raise ValueError(f"{name}: expected a finite scale > 0, got {s!r}")
+        if f != 1.0 and not fp8:
+            _not_fp8(name, repr(s), which, dtype)
+        return f, None
+    if not (hasattr(s, "shape") and hasattr(s, "dtype")):
+        raise ValueError(f"{name}: expected None, a float or a float32 array of 1 or "
+                         f"num_kv_heads elements, got {type(s).__name__}")
+    if not fp8:
+        _not_fp8(name, "<array>", which, dtype)
+    try:
+        s_dtype = A.array_dtype(s)
+    except ValueError:
+        s_dtype = str(s.dtype)
+    if s_dtype != "f32":
+        raise ValueError(f"{name}: expected a float32 array, got dtype {s.dtype}")
+    shape = tuple(int(n) for n in s.shape)
+    if not shape:
+        s, shape = s.reshape(1), (1,)
+    heads = "num_kv_heads" if num_kv_heads is None else f"{num_kv_heads} (num_kv_heads)"
+    if len(shape) != 1 or (shape[0] != 1 and num_kv_heads is not None
+                           and shape[0] != num_kv_heads):
+        raise ValueError(f"{name}: expected shape [1] or [{heads}], got {list(shape)}")
+    if A.is_cuda(s) != A.is_cuda(cache) or A.device_index(s) != A.device_index(cache):
+        raise ValueError(f"{name}: expected an array on {_where(cache)} (the KV cache's device; "
+                         f"the kernels read it when they run), got one on {_where(s)}")
+    if shape[0] > 1:
+        step = s.stride(0) if A.framework(s) == "torch" else s.strides[0] // s.itemsize
+        if step != 1:
+            raise ValueError(f"{name}: expected a contiguous array, got stride {step}")
+    return 1.0, s
+
+
+def _not_fp8(name, value, which, dtype):
+    fold = ("fold it into sm_scale (plan()'s, for a wrapper): sm_scale * k_scale" if which == "k"
+            else "multiply the output by it (attention is linear in the values)")
+    raise ValueError(
+        f"{name}={value}: flashkv dequantizes fp8 KV caches (float8_e4m3fn, float8_e5m2) only, "
+        f"and this cache is {dtype}: pass None or 1.0 and {fold}")
 
 
 def sm_scale_arg(sm_scale) -> float:
@@ -100,6 +217,14 @@ def host_kv_lens(indptr, last_page_len, page_size):
     0 for a request without pages."""
     pages = indptr[1:].astype(np.int64) - indptr[:-1]
     return np.where(pages > 0, (pages - 1) * int(page_size) + last_page_len, 0)
+
+
+def token_pages(k, v, kv_layout):
+    """Contiguous k, v of one request as a paged cache of one-token pages, token t in page t:
+    NHD [L, H, D] -> [L, 1, H, D], HND [H, L, D] -> [L, H, 1, D] (views). Returns (k, v, L)."""
+    if kv_layout == "NHD":
+        return k[:, None], v[:, None], int(k.shape[0])
+    return A.swap01(k)[:, :, None], A.swap01(v)[:, :, None], int(k.shape[1])
 
 
 def unpack_paged_kv_cache(paged_kv_cache):
@@ -179,12 +304,12 @@ def run_outputs(wrapper, q, k, out, lse, return_lse, indices_name=None):
     return outputs(q, q.shape[:2], plan["head_dim"], plan["o_dtype"], out, lse, return_lse)
 
 
-def launch_paged(wrapper, q, k, v, out, lse):
-    """The GPU run of a paged plan: the C++ op's run() with the plan's device page table, on q's
-    stream."""
+def launch_paged(wrapper, q, k, v, out, lse, scale=NO_SCALE):
+    """The GPU run of a paged plan: the C++ op's run() with the plan's device page table and the
+    cache's scales (KVScale), on q's stream."""
     plan = wrapper._plan
     A.call(wrapper._slot.op.run, q, k, v, wrapper._kv_layout, plan["run_indptr"], plan["indices"],
-           plan["run_last_page_len"], out, lse, A.cuda_stream(q))
+           plan["run_last_page_len"], out, lse, A.cuda_stream(q), **scale.kwargs())
 
 
 class PagedRun:
@@ -194,19 +319,20 @@ class PagedRun:
 
     _indices_name = "indices"  # how a bad host page id is named (the wrapper's plan() argument)
 
-    def _run(self, q, k, v, out, lse, return_lse):
-        """run() on the planned batch, eager (also the body of the torch custom op)."""
+    def _run(self, q, k, v, out, lse, return_lse, scale=NO_SCALE):
+        """run() on the planned batch, eager (also the body of the torch custom op); `scale`: the
+        cache's KVScale (kv_scales)."""
         plan = self._plan
         require_plan(plan)
         out, lse = run_outputs(self, q, k, out, lse, return_lse, self._indices_name)
         if self._on_gpu:
-            launch_paged(self, q, k, v, out, lse)
+            launch_paged(self, q, k, v, out, lse, scale)
         else:
             check_planned_host(q, k, plan, self._kv_layout)
-            self._reference_run(q, k, v, out, lse)
+            self._reference_run(q, k, v, out, lse, scale)
         return finish(out, lse, return_lse)
 
-    def _reference_run(self, q, k, v, out, lse):
+    def _reference_run(self, q, k, v, out, lse, scale):
         raise NotImplementedError
 
 

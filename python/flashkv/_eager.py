@@ -51,13 +51,16 @@ def _merge_states(v, s, stream=None):
 
 
 def _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream=None):
+                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream=None,
+                           scale=C.NO_SCALE):
+    """`scale`: the cache's _common.KVScale (an fp8 cache quantizes with it)."""
     k, v = C.unpack_paged_kv_cache(paged_kv_cache)
     A.call(_C.append_paged_kv_cache, append_key, append_value,
            A.index_i32(batch_indices, "batch_indices"), A.index_i32(positions, "positions"), k,
            v, kv_layout, A.index_i32(kv_indptr, "kv_indptr"),
            A.index_i32(kv_indices, "kv_indices"),
-           A.index_i32(kv_last_page_len, "kv_last_page_len"), A.cuda_stream(k, stream))
+           A.index_i32(kv_last_page_len, "kv_last_page_len"), A.cuda_stream(k, stream),
+           **scale.kwargs())
 
 
 # --- RoPE with per-token positions (flashkv.rope) ---

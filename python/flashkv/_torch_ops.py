@@ -12,19 +12,24 @@ flashkv module (python/tests/test_import_graph.py checks).
 
 Ops (``torch.ops.flashkv.*``):
   batch_decode_run, batch_prefill_paged_run, batch_prefill_ragged_run
-      (q, k, v, handle, o_dtype, return_lse) -> (out, lse)
+      (q, k, v, handle, o_dtype, return_lse, *SCALES) -> (out, lse)
   batch_decode_run_out, batch_prefill_paged_run_out, batch_prefill_ragged_run_out
-      (q, k, v, out!, lse!?, handle) -> ()
+      (q, k, v, out!, lse!?, handle, *SCALES) -> ()
   merge_state(v_a, s_a, v_b, s_b) -> (v, s); merge_states(v, s) -> (v, s);
   merge_state_in_place(v!, s!, v_other, s_other) -> ()
   append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_cache!, v_cache!?,
-      kv_indices, kv_indptr, kv_last_page_len, kv_layout) -> ()   (v_cache None: k_cache is the
-      interleaved [num_pages, 2, ...] cache)
+      kv_indices, kv_indptr, kv_last_page_len, kv_layout, *SCALES) -> ()   (v_cache None: k_cache
+      is the interleaved [num_pages, 2, ...] cache)
   rope_pos_ids(q, k, pos_ids, kind, rotary_dim, interleave, rope_scale, rope_theta,
       low_freq_factor, high_freq_factor, old_context_len) -> (q_rope, k_rope);
   rope_pos_ids_(q!, k!, pos_ids, ...) -> ()   (kind "llama" or "llama31")
-LSE is base 2, as everywhere in the Python API. With return_lse False the run ops return an
-empty ``[0]`` float32 lse (custom ops have no optional outputs).
+*SCALES, last in every op that reads or writes a KV cache, are the cache's dequantization scales
+(FlashInfer's k_scale / v_scale, _common.KVScale): ``k_scale: float = 1, v_scale: float = 1,
+k_scale_tensor: Tensor? = None, v_scale_tensor: Tensor? = None`` (a float scale is a float, a
+tensor scale float32 [1] or [num_kv_heads] on the cache's device; the kernels read tensors when
+they run, so a CUDA graph replays with their current values). LSE is base 2, as everywhere in the
+Python API. With return_lse False the run ops return an empty ``[0]`` float32 lse (custom ops
+have no optional outputs).
 
 Plans stay outside the graph. plan() is plain Python that reads host page tables and writes the
 wrapper's plan; a run op names its wrapper by an int ``handle`` and runs the plan that wrapper
@@ -71,30 +76,42 @@ def _no_lse(q):
 # --- the wrappers' run(): decode, paged prefill, ragged prefill ---
 
 
+def _scale_args(scale):
+    """The *SCALES arguments of the ops for a _common.KVScale."""
+    return scale.k, scale.v, scale.k_tensor, scale.v_tensor
+
+
 def _define_run(name):
     """flashkv::<name> (functional) and flashkv::<name>_out (writes out / lse) for a wrapper whose
-    eager body is wrapper._run(q, k, v, out, lse, return_lse)."""
+    eager body is wrapper._run(q, k, v, out, lse, return_lse, scale)."""
 
     @torch.library.custom_op(f"flashkv::{name}", mutates_args=())
-    def run(q: Tensor, k: Tensor, v: Tensor, handle: int, o_dtype: torch.dtype,
-            return_lse: bool) -> tuple[Tensor, Tensor]:
+    def run(q: Tensor, k: Tensor, v: Tensor, handle: int, o_dtype: torch.dtype, return_lse: bool,
+            k_scale: float = 1.0, v_scale: float = 1.0, k_scale_tensor: Optional[Tensor] = None,
+            v_scale_tensor: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         out = q.new_empty(q.shape, dtype=o_dtype)
         lse = q.new_empty(q.shape[:2], dtype=F32) if return_lse else None
-        C.object_of(handle)._run(q, k, v, out, lse, return_lse)
+        scale = C.KVScale(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+        C.object_of(handle)._run(q, k, v, out, lse, return_lse, scale)
         return out, (lse if return_lse else _no_lse(q))
 
     @run.register_fake
-    def _(q, k, v, handle, o_dtype, return_lse):
+    def _(q, k, v, handle, o_dtype, return_lse, k_scale=1.0, v_scale=1.0, k_scale_tensor=None,
+          v_scale_tensor=None):
         lse = q.new_empty(q.shape[:2], dtype=F32) if return_lse else _no_lse(q)
         return q.new_empty(q.shape, dtype=o_dtype), lse
 
     @torch.library.custom_op(f"flashkv::{name}_out", mutates_args=("out", "lse"))
     def run_out(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
-                handle: int) -> None:
-        C.object_of(handle)._run(q, k, v, out, lse, lse is not None)
+                handle: int, k_scale: float = 1.0, v_scale: float = 1.0,
+                k_scale_tensor: Optional[Tensor] = None,
+                v_scale_tensor: Optional[Tensor] = None) -> None:
+        scale = C.KVScale(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+        C.object_of(handle)._run(q, k, v, out, lse, lse is not None, scale)
 
     @run_out.register_fake
-    def _(q, k, v, out, lse, handle):
+    def _(q, k, v, out, lse, handle, k_scale=1.0, v_scale=1.0, k_scale_tensor=None,
+          v_scale_tensor=None):
         return None
 
     return run, run_out
@@ -104,21 +121,22 @@ RUN_OPS = {name: _define_run(name) for name in
            ("batch_decode_run", "batch_prefill_paged_run", "batch_prefill_ragged_run")}
 
 
-def wrapper_run(name, wrapper, q, k, v, out, lse, return_lse):
+def wrapper_run(name, wrapper, q, k, v, out, lse, return_lse, scale=C.NO_SCALE):
     """A wrapper's run() through flashkv::<name>: the functional op when the caller passes no
-    output arrays, else the _out op (allocating the one not given). FlashInfer's return value."""
+    output arrays, else the _out op (allocating the one not given). FlashInfer's return value.
+    `scale`: the cache's _common.KVScale."""
     run, run_out = RUN_OPS[name]
     o_dtype = DTYPES.get(wrapper._plan["o_dtype"])
     if o_dtype is None:  # an output dtype these ops do not name: the eager path
-        return wrapper._run(q, k, v, out, lse, return_lse)
+        return wrapper._run(q, k, v, out, lse, return_lse, scale)
     if out is None and lse is None:
-        out, lse = run(q, k, v, wrapper._handle, o_dtype, return_lse)
+        out, lse = run(q, k, v, wrapper._handle, o_dtype, return_lse, *_scale_args(scale))
         return (out, lse) if return_lse else out
     if out is None:
         out = q.new_empty(q.shape, dtype=o_dtype)
     if lse is None and return_lse:
         lse = q.new_empty(q.shape[:2], dtype=F32)
-    run_out(q, k, v, out, lse, wrapper._handle)
+    run_out(q, k, v, out, lse, wrapper._handle, *_scale_args(scale))
     return (out, lse) if return_lse else out
 
 
@@ -165,22 +183,27 @@ def _(v, s):
 @torch.library.custom_op("flashkv::append_paged_kv_cache", mutates_args=("k_cache", "v_cache"))
 def _append(append_key: Tensor, append_value: Tensor, batch_indices: Tensor, positions: Tensor,
             k_cache: Tensor, v_cache: Optional[Tensor], kv_indices: Tensor, kv_indptr: Tensor,
-            kv_last_page_len: Tensor, kv_layout: str) -> None:
+            kv_last_page_len: Tensor, kv_layout: str, k_scale: float = 1.0,
+            v_scale: float = 1.0, k_scale_tensor: Optional[Tensor] = None,
+            v_scale_tensor: Optional[Tensor] = None) -> None:
     cache = k_cache if v_cache is None else (k_cache, v_cache)
     E._append_paged_kv_cache(append_key, append_value, batch_indices, positions, cache,
-                             kv_indices, kv_indptr, kv_last_page_len, kv_layout)
+                             kv_indices, kv_indptr, kv_last_page_len, kv_layout,
+                             scale=C.KVScale(k_scale, v_scale, k_scale_tensor, v_scale_tensor))
 
 
 @_append.register_fake
 def _(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
-      kv_last_page_len, kv_layout):
+      kv_last_page_len, kv_layout, k_scale=1.0, v_scale=1.0, k_scale_tensor=None,
+      v_scale_tensor=None):
     return None
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout):
-    """flashkv.append_paged_kv_cache through the op; NotImplemented when an argument is not a
-    torch tensor (the caller then runs the eager path)."""
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout, scale=C.NO_SCALE):
+    """flashkv.append_paged_kv_cache through the op (`scale`: the cache's _common.KVScale);
+    NotImplemented when an argument is not a torch tensor (the caller then runs the eager
+    path)."""
     if isinstance(paged_kv_cache, (tuple, list)):
         k_cache, v_cache = C.unpack_paged_kv_cache(paged_kv_cache)
     else:
@@ -192,7 +215,7 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     if v_cache is not None and not isinstance(v_cache, torch.Tensor):
         return NotImplemented
     _append(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices,
-            kv_indptr, kv_last_page_len, kv_layout)
+            kv_indptr, kv_last_page_len, kv_layout, *_scale_args(scale))
     return None
 
 

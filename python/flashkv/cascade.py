@@ -87,7 +87,9 @@ class MultiLevelCascadeAttentionWrapper:
     ``use_cuda_graph``: the four ``*_buf_arr`` lists (one buffer per level, as the paged prefill
     wrapper's buffers) are required. Host workspaces run the CPU reference. flashkv extensions to
     run(): keyword-only ``out``, ``lse`` and ``return_lse`` (lse base 2); FlashInfer's run()
-    returns out only, as this one does by default.
+    returns out only, as this one does by default. FP8 caches: plan with an fp8
+    ``kv_data_type`` (as the paged prefill wrapper) and give run() the cache's ``k_scale`` /
+    ``v_scale`` (keyword-only, flashkv extension; every level reads the cache with them).
     """
 
     def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
@@ -159,19 +161,24 @@ class MultiLevelCascadeAttentionWrapper:
 
     begin_forward = plan
 
-    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False, k_scale=None,
+            v_scale=None):
         """Cascade attention: q ``[nnz_qo, num_qo_heads, head_dim]`` (the levels' row order),
         paged_kv_cache a ``(k_cache, v_cache)`` tuple or one ``[num_pages, 2, ...]`` array.
-        Returns out, or (out, lse) with ``return_lse`` (base 2)."""
-        # Every level's page ids against the cache before the first level writes out.
+        Returns out, or (out, lse) with ``return_lse`` (base 2). ``k_scale`` / ``v_scale``: an
+        fp8 cache's dequantization scales, as the paged prefill wrapper's run() takes them."""
+        # Every level's page ids (and the scales) against the cache before the first level
+        # writes out.
         k, _ = C.unpack_paged_kv_cache(paged_kv_cache)
         for level, wrapper in enumerate(self._batch_prefill_wrappers):
             C.require_plan(wrapper._plan)
             C.check_page_ids_fit(wrapper._plan, k, f"paged_kv_indices_arr[{level}]")
+        C.kv_scales(k_scale, v_scale, k, self._batch_prefill_wrappers[0]._plan["num_kv_heads"])
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
         out, lse = self._batch_prefill_wrappers[-1].run(q, paged_kv_cache, out=out, lse=lse,
-                                                        return_lse=True)
+                                                        return_lse=True, **scales)
         for wrapper in self._batch_prefill_wrappers[:-1]:
-            out_i, lse_i = wrapper.run(q, paged_kv_cache, return_lse=True)
+            out_i, lse_i = wrapper.run(q, paged_kv_cache, return_lse=True, **scales)
             merge_state_in_place(out, lse, out_i, lse_i)
         return (out, lse) if return_lse else out
 
@@ -237,7 +244,9 @@ class MultiLevelCascadeWrapper:
         are taken: detection compares page ids). ``causal`` (rows of prefill / append requests)
         aligns to the end of each request's KV; a request's rows use a shared prefix only if
         they all see it whole. q, kv and output share one dtype (float16 or bfloat16 on the
-        GPU). ``use_cascade``: "auto" (cost model), "always" (whenever a prefix is shared) or
+        GPU; an fp8 ``kv_data_type`` raises ValueError: flashkv's cascade does not read fp8
+        caches yet, FlashInfer's :class:`MultiLevelCascadeAttentionWrapper` here does).
+        ``use_cascade``: "auto" (cost model), "always" (whenever a prefix is shared) or
         "never"; ``min_group_size``: requests that must share a prefix to form a group.
         RoPE, windows and soft-capping raise NotImplementedError. Not during graph capture.
         The same C++ checks run on the host and the GPU path (page table, heads, head_dim 64,

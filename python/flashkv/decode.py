@@ -26,7 +26,14 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     q ``[num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
     ``[num_kv_heads, kv_len, head_dim]`` (HND); ``num_qo_heads`` a multiple of ``num_kv_heads``
     (GQA). ``sm_scale`` defaults to ``1/sqrt(head_dim)``. ``use_tensor_cores`` is accepted and
-    ignored (flashkv picks its kernel itself). FP8 scales raise NotImplementedError.
+    ignored (flashkv picks its kernel itself).
+
+    FP8 KV: k and v may be ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` (q float16 or
+    bfloat16; out has q's dtype; on the host also NumPy arrays of ml_dtypes' float8 types), with
+    FlashInfer's ``k_scale`` / ``v_scale``: the real key is the stored one times k_scale (None:
+    1; a float > 0; flashkv extension: a float32 tensor of 1 or num_kv_heads elements on k's
+    device, per KV head). A 16-bit cache takes k_scale / v_scale of None or 1.0 only (fold a key
+    scale into ``sm_scale``); ``q_scale`` other than None or 1.0 raises NotImplementedError.
 
     Variants (as :meth:`BatchDecodeWithPagedKVCacheWrapper.plan`): ``pos_encoding_mode``
     (``"NONE"``, ``"ROPE_LLAMA"``, ``"ALIBI"``; flashkv also takes ``"ROPE_LLAMA31"``) with
@@ -43,8 +50,9 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     output is zero and lse -inf. Host arrays run on the CPU reference; CUDA arrays on the GPU, on
     the caller's current stream (a library-owned workspace: not for CUDA-graph capture).
     """
-    C.check_run_extras((), q_scale, k_scale, v_scale)
+    C.check_run_extras((), q_scale)
     C.check_layout(kv_layout)
+    kvs = C.kv_scales(k_scale, v_scale, k, C.kv_heads(k, kv_layout, paged=False))
     on_gpu = A.is_cuda(q)
     scale = C.sm_scale_arg(sm_scale)
     cvar = V.plan_variant(
@@ -57,12 +65,19 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     V.check_lse_wanted(cvar, return_lse or lse is not None)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
     if cvar is None:
-        A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream))
-    elif not on_gpu:
+        A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream),
+               **kvs.kwargs())
+    elif not on_gpu and kvs.is_identity:
         A.call(_C.reference_single_decode_variant, q, k, v, out, lse, kv_layout, cvar)
+    elif not on_gpu:  # the contiguous-KV variant reference takes no scales: one-token pages
+        kp, vp, kv_len = C.token_pages(k, v, kv_layout)
+        A.call(_C.reference_batch_decode_variant, q[None], kp, vp, kv_layout,
+               np.array([0, kv_len], np.int32), np.arange(kv_len, dtype=np.int32),
+               np.ones(1, np.int32), out[None], None if lse is None else lse[None], cvar,
+               **kvs.kwargs())
     else:
         _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, scale, cvar,
-                                   A.cuda_stream(q, stream))
+                                   A.cuda_stream(q, stream), kvs)
     return C.finish(out, lse, return_lse)
 
 
@@ -71,7 +86,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
 # contiguous KV viewed as pages of one token, as the C++ single_decode does internally.
 
 
-def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, stream):
+def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, stream, kvs):
     hq, d = int(q.shape[0]), int(q.shape[1])
     nhd = kv_layout == "NHD"
     if len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
@@ -86,13 +101,11 @@ def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, str
     last = np.array([1], np.int32)
     # Kept until the next call: the kernel reads them asynchronously (maybe on another stream).
     slot.indices = A.to_device_like(np.arange(max(kv_len, 1), dtype=np.int32), q)
-    # Token t is page t: NHD [L, H, D] -> [L, 1, H, D]; HND [H, L, D] -> [L, H, 1, D].
-    kp, vp = ((k[:, None], v[:, None]) if nhd else
-              (A.swap01(k)[:, :, None], A.swap01(v)[:, :, None]))
+    kp, vp, _ = C.token_pages(k, v, kv_layout)
     A.call(op.plan, indptr, last, hq, hk, d, 1, A.array_dtype(q), A.array_dtype(k),
            A.array_dtype(out), sm_scale, False, 0, False, cvar, stream)
     A.call(op.run, q[None], kp, vp, kv_layout, indptr, slot.indices, last, out[None],
-           None if lse is None else lse[None], stream)
+           None if lse is None else lse[None], stream, **kvs.kwargs())
 
 
 class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
@@ -200,7 +213,10 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         Checks (the same C++ checks on the host and the GPU path, so a plan the GPU refuses is
         refused by a host wrapper too): page_size >= 1, num_qo_heads a multiple of num_kv_heads
         (a GQA group of at most 64), head_dim 64, 128 or 256, one dtype for q, kv and out
-        (float16 or bfloat16; a host wrapper also takes float32), indptr from 0 and
+        (float16 or bfloat16; a host wrapper also takes float32) or an fp8 KV cache
+        (``kv_data_type`` ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``, or the strings
+        ``"float8_e4m3fn"`` / ``"float8_e5m2"``, ``"e4m3"`` / ``"e5m2"``; q and out float16 or
+        bfloat16: run() takes its ``k_scale`` / ``v_scale``), indptr from 0 and
         non-decreasing, last_page_len in [1, page_size] for each request with pages; a host
         wrapper's workspace must not be empty. Page ids: with ``indices`` on the host, plan()
         checks each is >= 0 and keeps the largest, and run() raises ValueError naming the entry
@@ -312,7 +328,18 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         ``[num_pages, 2, ...]`` array. ``out`` / ``lse`` (float32 ``[batch, num_qo_heads]``) are
         written when given, else allocated in q's framework (torch.empty for torch tensors).
         Returns out, or (out, lse) with ``return_lse``; lse is **base 2** (FlashInfer's
-        convention; flashkv's C++ API is natural-log). GPU work goes on torch's current stream
+        convention; flashkv's C++ API is natural-log).
+
+        FP8 caches (a plan with an fp8 ``kv_data_type``): ``k_scale`` / ``v_scale`` are the
+        dequantization scales, FlashInfer's (the real key is the stored one times k_scale): None
+        (1), a float > 0, or (flashkv extension) a float32 tensor of 1 or num_kv_heads elements
+        on the cache's device, one scale per KV head. The kernel reads a tensor scale when it
+        runs, so a captured CUDA graph replays with the tensor's current value: scales may
+        change between replays without a new capture (a float is baked into the capture). A
+        16-bit cache takes only None or 1.0 (ValueError otherwise: fold a key scale into
+        ``sm_scale`` at plan()). ``q_scale`` other than None or 1.0 raises NotImplementedError.
+
+        GPU work goes on torch's current stream
         (or CuPy's); allocates nothing else and never synchronizes, so it can be captured in a
         CUDA graph in CUDA graph mode. ``enable_pdl`` is accepted and ignored. On torch CUDA
         tensors this is the torch custom op ``flashkv::batch_decode_run`` (``..._out`` with
@@ -321,32 +348,35 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         ValueError naming the entry, before anything is written (see :meth:`plan`).
         """
         C.require_plan(self._plan, window_left)
-        C.check_run_extras(args, q_scale, k_scale, v_scale)
+        C.check_run_extras(args, q_scale)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        return A.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse)
+        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"])
+        return A.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse, scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _reference_run(self, q, k, v, out, lse):
+    def _reference_run(self, q, k, v, out, lse, scale):
         plan = self._plan
         self._reference_decode(q, k, v, plan["indptr"], plan["indices"], plan["last_page_len"],
-                               out, lse)
+                               out, lse, scale)
 
-    def _reference_decode(self, q, k, v, indptr, indices, last_page_len, out, lse):
-        """The CPU reference of the plan (its built-in variant, if any)."""
+    def _reference_decode(self, q, k, v, indptr, indices, last_page_len, out, lse, scale):
+        """The CPU reference of the plan (its built-in variant, if any); `scale` the cache's
+        KVScale."""
         plan = self._plan
         if plan["variant"] is None:
             A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, indptr, indices,
-                   last_page_len, out, lse, plan["sm_scale"])
+                   last_page_len, out, lse, plan["sm_scale"], **scale.kwargs())
         else:
             A.call(_C.reference_batch_decode_variant, q, k, v, self._kv_layout, indptr, indices,
-                   last_page_len, out, lse, plan["variant"])
+                   last_page_len, out, lse, plan["variant"], **scale.kwargs())
 
     def run_step(self, q, k_new, v_new, paged_kv_cache, *, rope="none", pos_ids=None,
                  rotary_dim=None, interleave=False, rope_scale=None, rope_theta=None,
                  low_freq_factor=1.0, high_freq_factor=4.0, old_context_len=8192,
-                 cos_sin_cache=None, is_neox=True, out=None, lse=None, return_lse=False):
+                 cos_sin_cache=None, is_neox=True, out=None, lse=None, return_lse=False,
+                 k_scale=None, v_scale=None):
         """The fused decode step (flashkv extension; FlashInfer has no counterpart): RoPE on q and
         the new keys, the append of every request's new token into the cache, and decode
         attention over the updated cache, in one launch per layer on the GPU.
@@ -363,6 +393,13 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         allocated). q ``[batch, num_qo_heads, head_dim]`` is read, not modified; k_new, v_new
         ``[batch, num_kv_heads, head_dim]`` (the cache's dtype, last dimension contiguous,
         16-byte aligned rows); paged_kv_cache as in :meth:`run` (written: the new tokens).
+
+        FP8 caches: k_new / v_new are in q's dtype (float16 / bfloat16) and are quantized into
+        the cache with ``k_scale`` / ``v_scale`` (keyword-only; as :meth:`run`'s: None, a float
+        or a float32 tensor of 1 or num_kv_heads elements on the device), exactly as
+        :func:`flashkv.append_paged_kv_cache` quantizes, and attention reads the cache with the
+        same scales: equal to append_paged_kv_cache(..., k_scale=, v_scale=) followed by
+        run(..., k_scale=, v_scale=).
 
         ``rope``: ``"none"`` (or None; q and k_new already rotated), ``"llama"``
         (:func:`flashkv.apply_rope_pos_ids`: ``rope_scale`` default 1, ``rope_theta`` 1e4),
@@ -399,6 +436,7 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         theta = float((5e5 if llama31 else 1e4) if rope_theta is None else rope_theta)
         rd = 0 if rotary_dim is None else int(rotary_dim)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        kvs = C.kv_scales(k_scale, v_scale, k, plan["num_kv_heads"])
         out, lse = C.run_outputs(self, q, k, out, lse, return_lse, "indices")
         if self._on_gpu:
             pos = None if pos_ids is None else (
@@ -408,7 +446,7 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                    plan["run_indptr"], plan["indices"], plan["run_last_page_len"], out, lse, rope,
                    rd, bool(interleave), scale, theta, float(low_freq_factor),
                    float(high_freq_factor), float(old_context_len), cos_sin_cache,
-                   bool(is_neox), pos, A.cuda_stream(q))
+                   bool(is_neox), pos, A.cuda_stream(q), **kvs.kwargs())
             return C.finish(out, lse, return_lse)
         # Host: the unfused ops on the CPU reference.
         C.check_planned_host(q, k, plan, self._kv_layout)
@@ -438,8 +476,9 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                 A.call(_C.apply_rope_pos_ids, q, k_new, q_rot, k_rot, pos, rd, bool(interleave),
                        scale, theta, 0)
         A.call(_C.append_paged_kv_cache, k_rot, v_new, np.arange(plan["batch"], dtype=np.int32),
-               positions, k, v, self._kv_layout, indptr, plan["indices"], last, 0)
-        self._reference_decode(q_rot, k, v, indptr, plan["indices"], last, out, lse)
+               positions, k, v, self._kv_layout, indptr, plan["indices"], last, 0,
+               **kvs.kwargs())
+        self._reference_decode(q_rot, k, v, indptr, plan["indices"], last, out, lse, kvs)
         return C.finish(out, lse, return_lse)
 
     def plan_info(self) -> dict:

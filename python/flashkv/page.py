@@ -56,12 +56,13 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
                           kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", *,
-                          stream=None):
+                          stream=None, k_scale=None, v_scale=None):
     """Writes new tokens' keys and values into their pages (FlashInfer's
     ``flashinfer.append_paged_kv_cache``).
 
     append_key / append_value ``[nnz, num_kv_heads, head_dim]`` (the cache's dtype; any row and
-    head strides, last dimension contiguous); batch_indices / positions ``[nnz]`` (from
+    head strides, last dimension contiguous; into an fp8 cache also float16 / bfloat16 /
+    float32 rows, quantized on the way in, below); batch_indices / positions ``[nnz]`` (from
     :func:`get_batch_indices_positions`): token t goes to slot ``positions[t] % page_size`` of
     page ``kv_indices[kv_indptr[b] + positions[t] // page_size]``, ``b = batch_indices[t]``.
     paged_kv_cache: a ``(k_cache, v_cache)`` tuple of ``[num_pages, page_size, num_kv_heads,
@@ -69,6 +70,16 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     ``[num_pages, 2, ...]`` array; written in place. kv_indices, kv_indptr ``[batch + 1]``,
     kv_last_page_len ``[batch]``: the page table after the append, on the cache's side (host or
     the cache's GPU). Index arrays of another integer dtype are converted to int32 (a copy).
+
+    fp8 caches (``torch.float8_e4m3fn`` / ``torch.float8_e5m2``; on the host also NumPy arrays of
+    ml_dtypes' float8 types): rows of the cache's dtype are copied as they are; float16 /
+    bfloat16 / float32 rows are quantized, each element to ``float(x) / scale`` (a float32
+    division) rounded to nearest even and saturated to the format's largest finite value (NaN
+    stays NaN). ``k_scale`` / ``v_scale`` (keyword-only, flashkv extension; FlashInfer's names of
+    the dequantization scales the attention wrappers' run() takes): None (1), a float > 0, or a
+    float32 tensor of 1 or num_kv_heads elements on the cache's device (per KV head; read when
+    the kernel runs, so a CUDA graph appends with its current value). Pass the scales attention
+    will read the cache with. A 16-bit cache takes only None or 1.0 (ValueError otherwise).
 
     A token whose position is outside its request's KV length (or whose batch index is out of
     range) is an error: on the host a ValueError naming it, raised before anything is written
@@ -78,13 +89,17 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     interleaved cache as the one array, not as two views of it, under torch.compile).
     """
     C.check_layout(kv_layout)
+    scale = C.NO_SCALE
+    if k_scale is not None or v_scale is not None:
+        k_cache = C.unpack_paged_kv_cache(paged_kv_cache)[0]
+        scale = C.kv_scales(k_scale, v_scale, k_cache, C.kv_heads(k_cache, kv_layout))
     ops = A.torch_ops(append_key) if stream is None else None
     if ops is not None and ops.append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
-            kv_indptr, kv_last_page_len, kv_layout) is not NotImplemented:
+            kv_indptr, kv_last_page_len, kv_layout, scale) is not NotImplemented:
         return
     _append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream)
+                           kv_indices, kv_indptr, kv_last_page_len, kv_layout, stream, scale)
 
 
 def check_device_errors(device=0, stream=None):

@@ -25,6 +25,18 @@ Variant arrays may be host arrays on a GPU wrapper (copied at plan(), except in 
 where they must be on the device; custom masks then go through ``custom_mask_buf`` /
 ``mask_indptr_buf``). Host arrays run the built-ins on the CPU reference; a user variant there
 raises NotImplementedError.
+
+FP8 KV caches: every entry point here takes ``torch.float8_e4m3fn`` / ``torch.float8_e5m2`` KV
+(q float16 or bfloat16, out in q's dtype; on the host also NumPy arrays of ml_dtypes' float8
+types; the plans' ``kv_data_type`` says so: a torch dtype or its name, or ``"e4m3"`` /
+``"e5m2"``), and run() FlashInfer's ``k_scale`` / ``v_scale`` (single_prefill_with_kv_cache:
+``scale_k`` / ``scale_v``), the dequantization scales: the real key is the stored one times
+k_scale. Each is None (1), a float > 0 or (flashkv extension) a float32 tensor of 1 or
+num_kv_heads elements on the cache's device (per KV head), read by the kernel when it runs (a
+CUDA graph replays with the tensor's current value). A 16-bit cache takes only None or 1.0
+(ValueError otherwise: fold a key scale into ``sm_scale``); a query scale (``q_scale`` /
+``scale_q``) other than None or 1.0 raises NotImplementedError. ``backend`` as with 16-bit KV
+(plan() raises, naming it, where the kernel asked for cannot run the plan).
 """
 
 import functools
@@ -82,8 +94,10 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     Parameters follow ``flashinfer.single_prefill_with_kv_cache``: q
     ``[qo_len, num_qo_heads, head_dim]``; k, v ``[kv_len, num_kv_heads, head_dim]`` (NHD) or
     ``[num_kv_heads, kv_len, head_dim]`` (HND). ``causal`` aligns to the end of the KV.
-    ``use_fp16_qk_reduction`` is accepted and ignored (flashkv accumulates in float32); FP8
-    scales raise NotImplementedError. Variants (``pos_encoding_mode``, ``window_left``,
+    ``use_fp16_qk_reduction`` is accepted and ignored (flashkv accumulates in float32). FP8 KV
+    (k, v float8): ``scale_k`` / ``scale_v`` dequantize it (None, a float, or a float32 tensor
+    of 1 or num_kv_heads elements on k's device: see the module docstring); ``scale_q`` other
+    than None or 1.0 raises NotImplementedError. Variants (``pos_encoding_mode``, ``window_left``,
     ``logits_soft_cap``, ``rope_scale``, ``rope_theta``, ``custom_mask`` ``[qo_len, kv_len]``,
     ``packed_custom_mask``, and the keyword-only ``sinks``, ``alibi_slopes``, ``sigmoid``,
     ``sigmoid_bias``, ``low_freq_factor``, ``high_freq_factor``, ``old_context_len``,
@@ -97,13 +111,15 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     reference; CUDA arrays on the GPU on the caller's current stream (library-owned workspace:
     not for CUDA-graph capture, use BatchPrefillWithRaggedKVCacheWrapper there).
     """
-    C.check_variant(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
+    C.check_run_extras((), scale_q, q_scale_name="scale_q")
     C.check_backend(backend, allowed=C.PREFILL_BACKENDS)
     C.check_layout(kv_layout)
     ex = _extras(variant_extras)
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"q, k, v: expected 3-D arrays with k and v of one shape, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    kvs = C.kv_scales(scale_k, scale_v, k, C.kv_heads(k, kv_layout, paged=False),
+                      names=("scale_k", "scale_v"))
     on_gpu = A.is_cuda(q)
     scale = C.sm_scale_arg(sm_scale)
     kv_len = int(k.shape[0] if kv_layout == "NHD" else k.shape[1])
@@ -118,12 +134,18 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
     if cvar is None and (backend == "auto" or not on_gpu):
         A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, causal, scale,
-               A.cuda_stream(q, stream))
-    elif not on_gpu:
+               A.cuda_stream(q, stream), **kvs.kwargs())
+    elif not on_gpu and kvs.is_identity:
         A.call(_C.reference_single_prefill_variant, q, k, v, out, lse, kv_layout, cvar)
+    elif not on_gpu:  # the contiguous-KV variant reference takes no scales: one-token pages
+        kp, vp, kv_len = C.token_pages(k, v, kv_layout)
+        A.call(_C.reference_batch_prefill_paged_variant, q,
+               np.array([0, int(q.shape[0])], np.int32), kp, vp, kv_layout,
+               np.array([0, kv_len], np.int32), np.arange(kv_len, dtype=np.int32),
+               np.ones(1, np.int32), out, lse, cvar, **kvs.kwargs())
     else:  # a variant, or a kernel chosen by name: through a planned BatchPrefillRagged
         _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, scale, cvar, backend,
-                            A.cuda_stream(q, stream))
+                            A.cuda_stream(q, stream), kvs)
     return C.finish(out, lse, return_lse)
 
 
@@ -132,7 +154,8 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
 # own), as single_decode_with_kv_cache does with a BatchDecode.
 
 
-def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, backend, stream):
+def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, backend, stream,
+                        kvs):
     qo_len, hq, d = (int(x) for x in q.shape)
     A.call(_C.check_single_kv, k, kv_layout, hq)  # heads that do not divide: names the layout
     hk = int(k.shape[1] if kv_layout == "NHD" else k.shape[0])
@@ -146,7 +169,7 @@ def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, ba
            A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, backend, stream)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
-    A.call(op.run, q, k, v, out, lse, stream)
+    A.call(op.run, q, k, v, out, lse, stream, **kvs.kwargs())
 
 
 class _BatchPrefillBase:
@@ -328,7 +351,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
         Checks: the same C++ checks on the host and the GPU path (a host wrapper refuses what the
         GPU plan refuses): page_size >= 1, num_qo_heads a multiple of num_kv_heads (a GQA group
         of at most 128), head_dim 64, 128 or 256, one dtype for q, kv and out (float16 or
-        bfloat16; a host wrapper also takes float32), indptrs from 0 and non-decreasing,
+        bfloat16; a host wrapper also takes float32) or an fp8 ``kv_data_type`` with q and out
+        float16 or bfloat16 (module docstring), indptrs from 0 and non-decreasing,
         last_page_len in [1, page_size] for each request with pages, a non-empty host
         workspace. Page ids as :meth:`BatchDecodeWithPagedKVCacheWrapper.plan`: host
         ``paged_kv_indices`` are checked here (>= 0) and their largest against the cache's page
@@ -405,24 +429,28 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
         torch CUDA tensors this is the torch custom op ``flashkv::batch_prefill_paged_run``
         (``..._out`` with ``out``/``lse``), which torch.compile captures. A host page id not below
         the cache's page count raises ValueError naming the entry, before anything is written.
+        ``k_scale`` / ``v_scale``: an fp8 cache's dequantization scales, as
+        :meth:`BatchDecodeWithPagedKVCacheWrapper.run`'s (module docstring).
         """
         self._check_run(return_lse, lse, window_left)
-        C.check_run_extras(args, q_scale, k_scale, v_scale)
+        C.check_run_extras(args, q_scale)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        return A.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse)
+        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"])
+        return A.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse,
+                              scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _reference_run(self, q, k, v, out, lse):
+    def _reference_run(self, q, k, v, out, lse, scale):
         plan = self._plan
         if plan["variant"] is None:
             A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v, self._kv_layout,
                    plan["indptr"], plan["indices"], plan["last_page_len"], out, lse,
-                   plan["causal"], plan["sm_scale"])
+                   plan["causal"], plan["sm_scale"], **scale.kwargs())
         else:
             A.call(_C.reference_batch_prefill_paged_variant, q, plan["qo_indptr"], k, v,
                    self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"], out,
-                   lse, plan["variant"])
+                   lse, plan["variant"], **scale.kwargs())
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
@@ -498,22 +526,27 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         """Ragged prefill for the planned batch: q ``[nnz_qo, num_qo_heads, head_dim]``; k, v
         ``[nnz_kv, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, nnz_kv, head_dim]`` (HND).
         Returns out, or (out, lse) with ``return_lse``; lse **base 2** (FlashInfer's). On torch
-        CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``)."""
+        CUDA tensors: the torch custom op ``flashkv::batch_prefill_ragged_run`` (``..._out``).
+        fp8 k, v (a plan with an fp8 ``kv_data_type``): ``k_scale`` / ``v_scale`` dequantize them
+        (module docstring)."""
         self._check_run(return_lse, lse)
-        C.check_run_extras(args, q_scale, k_scale, v_scale)
-        return A.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse)
+        C.check_run_extras(args, q_scale)
+        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"])
+        return A.dispatch_run(self, "batch_prefill_ragged_run", q, k, v, out, lse, return_lse,
+                              scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _run(self, q, k, v, out, lse, return_lse):
-        """run() on the planned batch, eager (also the body of the torch custom op)."""
+    def _run(self, q, k, v, out, lse, return_lse, scale=C.NO_SCALE):
+        """run() on the planned batch, eager (also the body of the torch custom op); `scale`: the
+        KV's _common.KVScale."""
         plan = self._plan
         C.require_plan(plan)
         if self._kv_layout == "HND":
             k, v = A.swap01(k), A.swap01(v)
         out, lse = self._outputs(q, out, lse, return_lse)
         if self._on_gpu:
-            A.call(self._slot.op.run, q, k, v, out, lse, A.cuda_stream(q))
+            A.call(self._slot.op.run, q, k, v, out, lse, A.cuda_stream(q), **scale.kwargs())
         else:
             C.check_planned(q, k, plan, "k")
             if len(k.shape) != 3 or k.shape[1] != plan["num_kv_heads"]:
@@ -525,8 +558,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             k, v = k[:nnz_kv], v[:nnz_kv]
             if plan["variant"] is None:
                 A.call(_C.reference_batch_prefill_ragged, q, plan["qo_indptr"], k, v,
-                       plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"])
-            else:
+                       plan["kv_indptr"], out, lse, plan["causal"], plan["sm_scale"],
+                       **scale.kwargs())
+            elif scale.is_identity:
                 A.call(_C.reference_batch_prefill_ragged_variant, q, plan["qo_indptr"], k, v,
                        plan["kv_indptr"], out, lse, plan["variant"])
+            else:  # the ragged variant reference takes no scales: the KV as one-token pages
+                A.call(_C.reference_batch_prefill_paged_variant, q, plan["qo_indptr"],
+                       k[:, None], v[:, None], "NHD", plan["kv_indptr"],
+                       np.arange(nnz_kv, dtype=np.int32),
+                       np.ones(plan["batch"], np.int32), out, lse, plan["variant"],
+                       **scale.kwargs())
         return C.finish(out, lse, return_lse)

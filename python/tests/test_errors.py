@@ -144,10 +144,10 @@ def test_prefill_plan_not_implemented(kwargs, name):
 
 def test_other_not_implemented():
     q = np.zeros((4, 64), np.float16)
-    with pytest.raises(NotImplementedError, match="k_scale"):
-        flashkv.single_decode_with_kv_cache(q, q[None], q[None], k_scale=0.5)
-    with pytest.raises(NotImplementedError, match="scale_k"):
-        flashkv.single_prefill_with_kv_cache(q[None], q[None], q[None], scale_k=0.5)
+    with pytest.raises(NotImplementedError, match="q_scale"):  # k_scale / v_scale: test_fp8.py
+        flashkv.single_decode_with_kv_cache(q, q[None], q[None], q_scale=0.5)
+    with pytest.raises(NotImplementedError, match="scale_q"):
+        flashkv.single_prefill_with_kv_cache(q[None], q[None], q[None], scale_q=0.5)
     with pytest.raises(NotImplementedError, match="backend"):
         flashkv.BatchDecodeWithPagedKVCacheWrapper(WS, backend="trtllm-gen")
     with pytest.raises(NotImplementedError, match="backend"):  # fa3 is a prefill kernel
@@ -168,8 +168,8 @@ def test_other_not_implemented():
     w.plan(cache.indptr, cache.indices, cache.last_page_len, 4, 2, 64, 4)
     with pytest.raises(NotImplementedError, match="variant parameters"):
         w.run(qb, (cache.k, cache.v), 1.0)
-    with pytest.raises(NotImplementedError, match="v_scale"):
-        w.run(qb, (cache.k, cache.v), v_scale=2.0)
+    with pytest.raises(NotImplementedError, match="q_scale"):
+        w.run(qb, (cache.k, cache.v), q_scale=2.0)
 
 
 def test_cuda_graph_mode_needs_buffers():

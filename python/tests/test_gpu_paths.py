@@ -30,6 +30,7 @@ class FakeOp:
 
     def __init__(self, workspace, device, **cfg):
         self.workspace, self.cfg, self.plans, self.runs = workspace, cfg, [], []
+        self.scales = []  # the keyword arguments (the KV scales) of each run / run_step
         FakeOp.made.append(self)
 
     @staticmethod
@@ -48,15 +49,17 @@ class FakeOp:
     def plan(self, *args):
         self.plans.append(args)
 
-    def run(self, *args):
+    def run(self, *args, **scales):
         self.runs.append(args)
+        self.scales.append(scales)
         out, lse = args[-3], args[-2]
         out[...] = 0.5
         if lse is not None:
             lse[...] = 1.0  # natural log, as the C++ objects write it
 
-    def run_step(self, *args):
+    def run_step(self, *args, **scales):
         self.runs.append(args)
+        self.scales.append(scales)
         args[9][...] = 0.25  # out
 
     def plan_info(self):
@@ -270,6 +273,40 @@ def test_run_step_arguments(fake):
     lse = cuda(np.zeros((2, 8), np.float32))
     w.run_step(q, kn, kn, kv, out=out, lse=lse, return_lse=True)
     np.testing.assert_allclose(lse, 0.0)  # FakeOp.run_step writes no lse: base 2 of 0 is 0
+
+
+def test_fp8_scales_reach_the_ops(fake):
+    """k_scale / v_scale of an fp8 cache reach the C++ ops' run / run_step as their keyword
+    arguments (a float as k_scale / v_scale, a tensor as k_scale_tensor / v_scale_tensor); the
+    plan carries the fp8 kv dtype; a cache without scales passes the identity."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    e4m3 = ml_dtypes.float8_e4m3fn
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
+    decode_plan(w, 2, kv_data_type="float8_e4m3fn")
+    op = FakeOp.made[-1]
+    assert op.plans[-1][6:9] == ("f16", "e4m3", "f16")
+    q, out = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8, 64), np.float16))
+    kv = cuda(np.zeros((4, 2, 16, 2, 64), e4m3))
+    ks = cuda(np.ones(2, np.float32))
+    w.run(q, kv, k_scale=ks, v_scale=0.5, out=out)
+    assert op.scales[-1] == dict(k_scale=1.0, v_scale=0.5, k_scale_tensor=ks, v_scale_tensor=None)
+    w.run(q, kv, out=out)
+    assert op.scales[-1] == dict(k_scale=1.0, v_scale=1.0, k_scale_tensor=None,
+                                 v_scale_tensor=None)
+    kn = cuda(np.zeros((2, 2, 64), np.float16))  # q's dtype: quantized into the fp8 cache
+    w.run_step(q, kn, kn, kv, out=out, k_scale=2.0, v_scale=ks)
+    assert op.scales[-1] == dict(k_scale=2.0, v_scale=1.0, k_scale_tensor=None, v_scale_tensor=ks)
+    with pytest.raises(ValueError, match=r"k_scale: expected an array on cuda:0"):
+        w.run(q, kv, k_scale=np.ones(2, np.float32), out=out)
+    r = flashkv.BatchPrefillWithRaggedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
+    r.plan(cuda([0, 3, 7], np.int32), cuda([0, 5, 9], np.int32), 4, 2, 128,
+           kv_data_type="float8_e5m2")
+    op = FakeOp.made[-1]
+    q, out = cuda(np.zeros((7, 4, 128), np.float16)), cuda(np.zeros((7, 4, 128), np.float16))
+    k = cuda(np.zeros((9, 2, 128), ml_dtypes.float8_e5m2))
+    r.run(q, k, k, k_scale=0.25, v_scale=ks, out=out)
+    assert op.scales[-1] == dict(k_scale=0.25, v_scale=1.0, k_scale_tensor=None,
+                                 v_scale_tensor=ks)
 
 
 def cascade_plan(w, batch, pages_per_request=2, qo=None, **kw):

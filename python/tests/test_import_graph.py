@@ -144,4 +144,5 @@ def test_torch_ops_dependencies_do_not_import_arrays():
     come from _array_core)."""
     g = import_graph()
     assert "flashkv._arrays" not in reachable(g, "flashkv._torch_ops")
-    assert not g["flashkv._array_core"], "_array_core imports no other flashkv module"
+    assert g["flashkv._array_core"] <= {"flashkv._C"}, (
+        "_array_core imports no other flashkv module (but the extension, which imports none)")

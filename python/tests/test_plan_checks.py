@@ -39,7 +39,7 @@ def decode_setup(rng, kv_lens=(5, 20, 9), ps=4, hk=2, d=64):
     ((128, 2, 64, 4), {}, None),  # a group of 64, the most the GPU takes: accepted
     ((256, 2, 64, 4), {}, r"expected a GQA group of at most 64, got 128"),
     ((4, 2, 64, 4), dict(kv_data_type="bfloat16"),
-     r"kv_dtype: expected f16 \(the q dtype\), got bf16"),
+     r"kv_dtype: expected f16 \(the q dtype\) or an fp8 dtype \(e4m3, e5m2\), got bf16"),
     ((4, 2, 64, 4), dict(o_data_type="float32"),
      r"o_dtype: expected f16 \(the q dtype\), got f32"),
 ])
@@ -117,7 +117,7 @@ def test_prefill_plan_page_tables():
                                          r"<= 4"):
         paged.plan(np.array([0, 2, 3, 6], np.int32), cache.indptr, cache.indices,
                    np.array([1, 4, 5], np.int32), 4, 2, 64, 4)
-    with pytest.raises(ValueError, match=r"kv_dtype: expected bf16 \(the q dtype\), got f16"):
+    with pytest.raises(ValueError, match=r"kv_dtype: expected bf16 \(the q dtype\) or an fp8"):
         paged.plan(np.array([0, 2, 3, 6], np.int32), cache.indptr, cache.indices,
                    cache.last_page_len, 4, 2, 64, 4, q_data_type="bfloat16",
                    kv_data_type="float16")

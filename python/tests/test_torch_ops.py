@@ -132,7 +132,32 @@ def test_ops_are_registered():
 OPCHECK_CASES = ["decode", "decode_no_lse", "decode_out", "decode_out_no_lse", "prefill",
                  "prefill_out", "ragged", "ragged_out", "merge_state", "merge_state_in_place",
                  "merge_states", "append", "append_interleaved", "rope", "rope_llama31",
-                 "rope_inplace"]
+                 "rope_inplace", "decode_scales", "append_scales", "decode_fp8", "decode_out_fp8",
+                 "prefill_fp8", "ragged_out_fp8", "append_fp8"]
+
+
+def fp8(x, dtype_name="float8_e4m3fn"):
+    """A float8 CPU tensor of x's values (rounded)."""
+    return x.float().to(getattr(torch, dtype_name))
+
+
+def fp8_setup(seed=10):
+    """Decode, paged prefill and ragged prefill wrappers planned for fp8 KV, their fp8 caches and
+    per-head / [1] scale tensors."""
+    w, c, q = decode_setup(seed)
+    w.plan(c.indptr, c.indices, c.last_page_len, HQ, HK, D, PS, q_data_type="float16",
+           kv_data_type=torch.float8_e4m3fn)
+    pw, pc, pq = prefill_setup(seed + 1)
+    pw.plan(np.concatenate([[0], np.cumsum([3, 17, 1])]).astype(np.int32), pc.indptr,
+            pc.indices, pc.last_page_len, HQ, HK, D, PS, causal=True, q_data_type="float16",
+            kv_data_type="float8_e5m2")
+    rw, rq, rk, rv = ragged_setup(seed + 2)
+    rw.plan(np.array([0, 4, 13], np.int32), np.array([0, 30, 39], np.int32), HQ, HK, D,
+            causal=True, q_data_type="float16", kv_data_type="e4m3")
+    ks, vs = torch.tensor([0.5, 1.5]), torch.tensor([0.75])
+    e5m2 = "float8_e5m2"
+    return ((w, fp8(t(c.k)), fp8(t(c.v)), q), (pw, fp8(t(pc.k), e5m2), fp8(t(pc.v), e5m2), pq),
+            (rw, rq, fp8(rk), fp8(rv)), ks, vs)
 
 
 def opcheck_cases():
@@ -144,6 +169,9 @@ def opcheck_cases():
     key, value, bi, pos, (kc, vc), ind, ip, last = append_setup()
     kvc = append_setup(interleaved=True)[4]
     rq_, rk_, rpos = rope_setup()
+    (fw, fk, fv, fq), (fpw, fpk, fpv, fpq), (frw, frq, frk, frv), ks, vs = fp8_setup()
+    fkey, fval, fbi, fpos, (fkc, fvc), find, fip, flast = append_setup(seed=11)
+    fkc, fvc = fp8(fkc), fp8(fvc)
     f16 = torch.float16
     lse = torch.empty(q.shape[:2])
     llama31 = ("llama31", 0, False, 8.0, 5e5, 1.0, 4.0, 8192.0)
@@ -172,7 +200,23 @@ def opcheck_cases():
         "rope": ("rope_pos_ids", (rq_, rk_, rpos, "llama", 0, False, 1.0, 1e4, 1.0, 4.0, 8192.0)),
         "rope_llama31": ("rope_pos_ids", (rq_, rk_, rpos) + llama31),
         "rope_inplace": ("rope_pos_ids_", (rq_.clone(), rk_.clone(), rpos) + llama31),
-    }, (w, pw, rw)  # the wrappers must outlive the calls (handles are weak)
+        # *SCALES (k_scale, v_scale, k_scale_tensor, v_scale_tensor) last. The ops pass them to
+        # the C++ op as they are (the wrappers check them): the CPU reference takes scales on a
+        # 16-bit cache too, which lets opcheck's schema test run (it cannot on float8 tensors).
+        "decode_scales": ("batch_decode_run", (q, k, v, w._handle, f16, True, 0.5, 1.0, ks, vs)),
+        "append_scales": ("append_paged_kv_cache", (key, value, bi, pos, kc.clone(), vc.clone(),
+                                                    ind, ip, last, "NHD", 1.0, 0.25, ks, None)),
+        "decode_fp8": ("batch_decode_run", (fq, fk, fv, fw._handle, f16, True, 1.0, 1.0, ks, vs)),
+        "decode_out_fp8": ("batch_decode_run_out", (fq, fk, fv, torch.empty_like(fq), None,
+                                                    fw._handle, 0.5, 2.0, None, None)),
+        "prefill_fp8": ("batch_prefill_paged_run", (fpq, fpk, fpv, fpw._handle, f16, False, 1.0,
+                                                    3.0, ks, None)),
+        "ragged_out_fp8": ("batch_prefill_ragged_run_out",
+                           (frq, frk, frv, torch.empty_like(frq), torch.empty(frq.shape[:2]),
+                            frw._handle, 1.0, 1.0, None, vs)),
+        "append_fp8": ("append_paged_kv_cache", (fkey, fval, fbi, fpos, fkc, fvc, find, fip,
+                                                 flast, "NHD", 1.0, 0.25, ks, None)),
+    }, (w, pw, rw, fw, fpw, frw)  # the wrappers must outlive the calls (handles are weak)
 
 
 @needs_ops
@@ -180,7 +224,10 @@ def opcheck_cases():
 def test_opcheck(case):
     cases, keep = opcheck_cases()
     name, args = cases[case]
-    result = torch.library.opcheck(getattr(torch.ops.flashkv, name).default, args)
+    # opcheck's schema test multiplies the inputs, which torch cannot do on float8 tensors.
+    utils = (dict(test_utils=("test_autograd_registration", "test_faketensor",
+                              "test_aot_dispatch_dynamic")) if case.endswith("_fp8") else {})
+    result = torch.library.opcheck(getattr(torch.ops.flashkv, name).default, args, **utils)
     assert all(v == "SUCCESS" for v in result.values()), result
     del keep
 
@@ -353,4 +400,65 @@ def test_compiled_run_follows_a_new_plan_without_recompiling(routed):
         with torch._dynamo.config.patch(error_on_recompile=lens != [300, 7, 64]):
             got = f(q, kv)
         ref = w._run(q, t(c.k), t(c.v), None, None, True)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@needs_ops
+def test_fp8_routing_carries_the_scales(calls):
+    """run() and append_paged_kv_cache over fp8 caches route through the ops with their scales
+    (float and tensor forms), equal to the eager path."""
+    (w, k, v, q), _, (rw, rq, rk, rv), ks, vs = fp8_setup(seed=20)
+    ref = w._run(q, k, v, None, None, True, flashkv._common.KVScale(1.0, 0.5, ks, None))
+    got, ops = used(calls, lambda: w.run(q, (k, v), k_scale=ks, v_scale=0.5, return_lse=True))
+    assert ops == ["batch_decode_run"]
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    plain = w.run(q, (k, v), return_lse=True)
+    assert not torch.equal(got[0], plain[0])  # the scales were applied
+    out = torch.empty_like(rq)
+    got, ops = used(calls, lambda: rw.run(rq, rk, rv, k_scale=2.0, v_scale=vs, out=out))
+    assert ops == ["batch_prefill_ragged_run_out"] and got is out
+    assert torch.equal(out, rw._run(rq, rk, rv, None, None, False,
+                                    flashkv._common.KVScale(2.0, 1.0, None, vs)))
+    key, value, bi, pos, (kc, vc), ind, ip, last = append_setup(seed=21)
+    a, b = (fp8(kc), fp8(vc)), (fp8(kc), fp8(vc))
+    _, ops = used(calls, lambda: flashkv.append_paged_kv_cache(key, value, bi, pos, a, ind, ip,
+                                                               last, k_scale=ks, v_scale=3.0))
+    assert ops == ["_append"]
+    from flashkv import page
+
+    page._append_paged_kv_cache(key, value, bi, pos, b, ind, ip, last, "NHD",
+                                scale=flashkv._common.KVScale(1.0, 3.0, ks, None))
+    for x, y in zip(a, b):
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+
+
+@needs_ops
+def test_torch_compile_fp8_layer_with_tensor_scales(routed):
+    """Append (quantizing) + decode over an fp8 cache with per-head tensor scales in one
+    fullgraph-compiled function: equal to eager, caches included; new scale values (same
+    shapes) need no recompile."""
+    rng = np.random.default_rng(22)
+    lens = [5, 40, 17]
+    c = PagedCache(rng, lens, PS, HK, D, np.float16, "NHD")
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(host_ws(), "NHD")
+    w.plan(c.indptr, c.indices, c.last_page_len, HQ, HK, D, PS, q_data_type="float16",
+           kv_data_type="float8_e4m3fn")
+    q, k_new, v_new = rnd(rng, (3, HQ, D)), rnd(rng, (3, HK, D)), rnd(rng, (3, HK, D))
+    pos = t(np.array(lens, np.int32) - 1)
+    bi = t(np.arange(3, dtype=np.int32))
+    ind, ip, last = t(c.indices), t(c.indptr), t(c.last_page_len)
+
+    def layer(q, k_new, v_new, kv, ks, vs):
+        flashkv.append_paged_kv_cache(k_new, v_new, bi, pos, kv, ind, ip, last, k_scale=ks,
+                                      v_scale=vs)
+        return w.run(q, kv, k_scale=ks, v_scale=vs, return_lse=True)
+
+    f = torch.compile(layer, fullgraph=True)
+    for scale in (1.0, 0.25):
+        ks, vs = torch.tensor([0.5, 2.0]) * scale, torch.tensor([1.5]) / scale
+        kv_eager, kv_comp = fp8(t(c.kv)), fp8(t(c.kv))
+        ref = layer(q, k_new, v_new, kv_eager, ks, vs)
+        with torch._dynamo.config.patch(error_on_recompile=scale != 1.0):
+            got = f(q, k_new, v_new, kv_comp, ks, vs)
+        assert torch.equal(kv_comp.view(torch.uint8), kv_eager.view(torch.uint8))
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
