@@ -157,9 +157,8 @@ void build(PrefillSetup& st, const PrefillBenchOptions& o, const Workload& w, co
 }
 
 CheckSource device_source(const PrefillSetup& st) {
-  CheckSource c{st.Hq,        st.kv.num_kv_heads, st.kv.head_dim, st.kv.page_size,
-                st.q_dtype,   st.kv.dtype,        st.qo_lens,     st.kv.lens,
-                st.qo_indptr, st.kv.indptr};
+  CheckSource c{st.Hq,       st.kv.num_kv_heads, st.kv.head_dim, st.kv.page_size, st.q_dtype,
+                st.kv.dtype, st.qo_lens,         st.kv.lens,     st.qo_indptr,    st.kv.indptr};
   const size_t row_bytes = size_t(st.Hq) * st.kv.head_dim * dtype_size(st.q_dtype);
   c.pages = [&st](int r, void* k, void* v) { st.kv.pages_to_host(r, k, v); };
   c.q_rows = [&st, row_bytes](int64_t row, int64_t n, void* dst) {

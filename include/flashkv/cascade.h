@@ -57,6 +57,10 @@ struct CascadeBatch {
 struct CascadeShape {
   int num_qo_heads = 32, num_kv_heads = 8, head_dim = 128;
   DType dtype = DType::f16;  // q, kv and out
+  // An fp8 cache (e4m3 / e5m2: every level reads it, with paged_kv.scale); any other value: the
+  // cache is in `dtype`.
+  DType kv_dtype = DType::f32;
+  DType cache_dtype() const { return is_fp8_dtype(kv_dtype) ? kv_dtype : dtype; }
 };
 
 struct CascadePlanOptions {

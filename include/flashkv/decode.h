@@ -168,10 +168,10 @@ class BatchDecode {
   // append_paged_kv_cache, decode): every request brings one new token; its q [batch, H_qo, D]
   // and key are rotated (DecodeStepOptions), its key and value new_k / new_v [batch, H_kv, D]
   // (kv dtype, or q's dtype for an fp8 cache, which the kernel quantizes into with
-  // kv.scale as append_paged_kv_cache does; last dimension contiguous, 16-byte aligned rows) are written into the cache at
-  // position kv_len - 1, and out / lse are decode attention over the updated cache. The plan
-  // counts the new token: it was made with the page table after the append (every request has
-  // kv_len >= 1, its last page allocated). q is read, not modified. Equal to
+  // kv.scale as append_paged_kv_cache does; last dimension contiguous, 16-byte aligned rows) are
+  // written into the cache at position kv_len - 1, and out / lse are decode attention over the
+  // updated cache. The plan counts the new token: it was made with the page table after the append
+  // (every request has kv_len >= 1, its last page allocated). q is read, not modified. Equal to
   // apply_rope_pos_ids -> append_paged_kv_cache -> run bitwise (cache and outputs). Split-KV and
   // CUDA graphs work as with run() (the positions come from the plan, so a replay after a new
   // plan() appends where the new plan says). See kernels/attention/decode/decode_step.cuh for why

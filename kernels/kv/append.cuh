@@ -99,13 +99,13 @@ __device__ __forceinline__ void append_quantize(const S* src, F* dst, float scal
   float x[V];
   if constexpr (V == 1) {
     x[0] = to_float(src[0]);
-    dst[0].bits = (unsigned char)pack_fp8x2<F>(__fdiv_rn(x[0], scale), 0.f);
+    dst[0].bits = (unsigned char)quantize_fp8x2<F>(__fdiv_rn(x[0], scale), 0.f);
   } else {
     Vec16<S>::to_floats(*reinterpret_cast<const uint4*>(src), x);
     u32 w[V / 2];
 #pragma unroll
     for (int i = 0; i < V / 2; ++i)
-      w[i] = pack_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
+      w[i] = quantize_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
     if constexpr (V == 8) {
       *reinterpret_cast<uint2*>(dst) = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
     } else {

@@ -151,6 +151,17 @@ __device__ __forceinline__ u32 pack_fp8x2<e5m2_t>(float a, float b) {
   return r;
 }
 
+// pack_fp8x2 with a NaN stored as the positive canonical NaN, 0x7f, whatever sign or payload the
+// conversion keeps: the bits the host's float_to_e4m3 / float_to_e5m2 store (the quantizing
+// append and the fused step are bitwise equal to them).
+template <class F>
+__device__ __forceinline__ u32 quantize_fp8x2(float a, float b) {
+  u32 r = pack_fp8x2<F>(a, b);
+  if (a != a) r = (r & 0xff00u) | 0x7fu;
+  if (b != b) r = (r & 0x00ffu) | 0x7f00u;
+  return r;
+}
+
 template <>
 __device__ __forceinline__ e4m3_t from_float<e4m3_t>(float x) {
   return e4m3_t{(unsigned char)pack_fp8x2<e4m3_t>(x, 0.f)};

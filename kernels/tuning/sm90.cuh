@@ -299,6 +299,16 @@ constexpr int prefill_hopper_stages(int head_dim) { return head_dim == 128 ? 3 :
 // (level, kept). (An earlier form, loads running ahead across work items with two query buffers,
 // gave 31.4 / 50.1: no gain, NOTES "Tried and dropped", same log.)
 constexpr int prefill_hopper_q_buffers(int head_dim) { return head_dim <= 128 ? 2 : 1; }
+// fp8 KV on the Hopper kernel: the producer gathers fp8 tiles into two staging slots and widens
+// them into the 16-bit stages the consumers read, so the staging needs room too. At head_dim 128
+// the 128-token tile's stages leave none: 64-token tiles there (2 x 32 + 5 x 16 + 2 x 16 KB).
+// Not measured against 128 tokens with fewer stages. Staging slots: as many as fit (4, 3 at
+// head_dim 256), so the gather keeps slots - 1 tiles in flight: with 2 (one in flight) e4m3 P4
+// GQA ran 1436 us against f16's 1049 (prefill-fp8-2026-12-02.log).
+constexpr int prefill_hopper_fp8_kv_tile(int head_dim) {
+  return head_dim == 128 ? 64 : prefill_hopper_kv_tile(head_dim);
+}
+constexpr int prefill_hopper_fp8_staging_slots(int head_dim) { return head_dim == 256 ? 3 : 4; }
 
 // ---------------------------------------------------------------------------------------------
 // Prefill scheduler (src/scheduler/prefill_scheduler.h: PrefillCostModel, PrefillScheduleOptions)

@@ -316,10 +316,10 @@ void single_prefill(const TensorView& q, const TensorView& k, const TensorView& 
   const auto [kv_len, num_kv_heads] = check_contiguous_kv(k, v, layout, qo);
   check_kv_scale(opts.kv_scale, k.dtype(), num_kv_heads, Device::cpu(), false, "opts.kv_scale");
   const double sm_scale = resolve_sm_scale(opts.sm_scale, qo.head_dim);
-  const std::vector<Request> requests{{.q_begin = 0,
-                                       .qo_len = qo.rows,
-                                       .kv = contiguous_source(k, v, layout, 0, kv_len,
-                                                               opts.kv_scale)}};
+  const std::vector<Request> requests{
+      {.q_begin = 0,
+       .qo_len = qo.rows,
+       .kv = contiguous_source(k, v, layout, 0, kv_len, opts.kv_scale)}};
   run_requests(q, requests, out, lse, num_kv_heads, sm_scale, opts.causal);
 }
 

@@ -79,7 +79,9 @@ DeviceCache to_device(const PagedCacheHost& h, int device) {
 std::string KVScaleCase::str() const {
   if (k == 1.0f && v == 1.0f && tensor == 0) return "";
   return " scale k " + std::to_string(k) + " v " + std::to_string(v) +
-         (tensor == 1 ? " x tensor[1]" : tensor == 2 ? " x tensor[H_kv]" : "");
+         (tensor == 1   ? " x tensor[1]"
+          : tensor == 2 ? " x tensor[H_kv]"
+                        : "");
 }
 
 void set_kv_scale(PagedCacheHost& h, const KVScaleCase& c, uint64_t seed) {
@@ -91,7 +93,8 @@ void set_kv_scale(PagedCacheHost& h, const KVScaleCase& c, uint64_t seed) {
     h.k_scale = HostTensor(DType::f32, {n});
     h.v_scale = HostTensor(DType::f32, {n});
     for (int64_t i = 0; i < n; ++i) {  // in [0.5, 2): powers of two would hide rounding
-      h.k_scale.set(i, 0.5 + 1.5 * static_cast<double>((seed * 2654435761u + 97 * i) % 1000) / 1000);
+      h.k_scale.set(i,
+                    0.5 + 1.5 * static_cast<double>((seed * 2654435761u + 97 * i) % 1000) / 1000);
       h.v_scale.set(i, 0.5 + 1.5 * static_cast<double>((seed * 40503u + 31 * i + 7) % 1000) / 1000);
     }
     s.k_tensor = h.k_scale.view();

@@ -177,27 +177,33 @@ TEST(Jit, EveryDecodeShapeCompiles) {
 }
 
 TEST(Jit, Fp8KvKernelsCompile) {
-  // fp8 caches: both decode kernels and the mma.sync prefill kernel (every tile size, paged and
-  // ragged), e4m3 and e5m2 under f16 and bf16 queries, at each head_dim.
+  // fp8 caches: both decode kernels, the mma.sync prefill kernel (small and large tiles, paged and
+  // ragged) and the Hopper prefill kernel (its producer widens fp8 tiles), e4m3 under f16 and bf16
+  // queries at each head_dim, e5m2 at head_dim 128 (the same code with the other cvt).
   std::vector<ops::KernelSpec> specs;
-  for (DType kv : {DType::e4m3, DType::e5m2})
-    for (DType q : {DType::f16, DType::bf16})
-      for (int d : {64, 128, 256}) {
-        for (bool tc : {false, true}) {
-          if (tc && !decode_tc_supported(d, 4)) continue;
-          specs.push_back(ops::kernel_spec(DecodeKernelKey{
-              .q = q, .kv = kv, .head_dim = d, .group = 4, .page_size = 16, .tensor_cores = tc}));
-        }
-        for (int rows : {16, 64, 128}) {
-          PrefillKernelKey key;
-          key.dtype = q;
-          key.fp8_kv = kv;
-          key.head_dim = d;
-          key.rows = rows;
-          key.kv = rows == 64 ? PrefillKV::kRagged : PrefillKV::kPagedPow2;
-          specs.push_back(ops::kernel_spec(key));
-        }
+  const auto add = [&](DType q, DType kv, int d) {
+    for (bool tc : {false, true}) {
+      if (tc && !decode_tc_supported(d, 4)) continue;
+      specs.push_back(ops::kernel_spec(DecodeKernelKey{
+          .q = q, .kv = kv, .head_dim = d, .group = 4, .page_size = 16, .tensor_cores = tc}));
+    }
+    for (int rows : {16, 128}) {
+      PrefillKernelKey key;
+      key.dtype = q;
+      key.fp8_kv = kv;
+      key.head_dim = d;
+      key.rows = rows;
+      key.kv = rows == 16 ? PrefillKV::kRagged : PrefillKV::kPagedPow2;
+      specs.push_back(ops::kernel_spec(key));
+      if (rows == 128) {
+        key.wgmma = true;
+        specs.push_back(ops::kernel_spec(key));
       }
+    }
+  };
+  for (int d : {64, 128, 256}) add(DType::f16, DType::e4m3, d);
+  add(DType::bf16, DType::e4m3, 128);
+  add(DType::f16, DType::e5m2, 128);
   for (const auto& spec : specs) {
     runtime::CompileRequest req = spec.make();
     req.arch = "sm_90a";

@@ -9,9 +9,9 @@ namespace flashkv::test {
 std::string DecodeCase::str() const {
   std::ostringstream os;
   os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
-     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
-     << " page " << page_size << " " << kv_layout_name(layout)
-     << (interleaved ? " interleaved" : "") << " batch " << kv_lens.size() << " lens [";
+     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim << " page "
+     << page_size << " " << kv_layout_name(layout) << (interleaved ? " interleaved" : "")
+     << " batch " << kv_lens.size() << " lens [";
   for (size_t i = 0; i < kv_lens.size() && i < 8; ++i) os << (i ? "," : "") << kv_lens[i];
   if (kv_lens.size() > 8) os << ",...";
   os << "] fixed_split " << opts.fixed_split_size << (opts.disable_split_kv ? " nosplit" : "")

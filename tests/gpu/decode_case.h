@@ -13,9 +13,9 @@ struct DecodeCase {
   std::vector<int64_t> kv_lens;
   int num_qo_heads = 32, num_kv_heads = 8, head_dim = 128, page_size = 16;
   KVLayout layout = KVLayout::NHD;
-  DType dtype = DType::f16;     // q and out (and the cache, unless fp8_kv says otherwise)
-  DType fp8_kv = DType::f32;   // e4m3 / e5m2: an fp8 cache; any other value: the cache in dtype
-  KVScaleCase scale;           // an fp8 cache's scales
+  DType dtype = DType::f16;   // q and out (and the cache, unless fp8_kv says otherwise)
+  DType fp8_kv = DType::f32;  // e4m3 / e5m2: an fp8 cache; any other value: the cache in dtype
+  KVScaleCase scale;          // an fp8 cache's scales
   bool interleaved = false;
   DecodePlanOptions opts{};
   int ctas_per_sm = 0;        // BatchDecodeConfig.ctas_per_sm (0: auto)

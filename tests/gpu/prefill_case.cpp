@@ -64,12 +64,11 @@ int64_t PrefillCase::nnz_kv() const {
 std::string PrefillCase::str() const {
   std::ostringstream os;
   os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
-     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
-     << " page " << page_size << " " << kv_layout_name(layout)
-     << (interleaved ? " interleaved" : "") << (opts.causal ? " causal" : " non-causal")
-     << " tile_rows " << opts.tile_rows << " fixed_split " << opts.fixed_split_size
-     << (opts.disable_split_kv ? " nosplit" : "") << (opts.enable_cuda_graph ? " graph" : "")
-     << (with_lse ? "" : " no-lse");
+     << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim << " page "
+     << page_size << " " << kv_layout_name(layout) << (interleaved ? " interleaved" : "")
+     << (opts.causal ? " causal" : " non-causal") << " tile_rows " << opts.tile_rows
+     << " fixed_split " << opts.fixed_split_size << (opts.disable_split_kv ? " nosplit" : "")
+     << (opts.enable_cuda_graph ? " graph" : "") << (with_lse ? "" : " no-lse");
   if (opts.sm_scale > 0) os << " sm_scale " << opts.sm_scale;
   os << " seed " << seed << " batch " << qo_lens.size() << " (qo,kv) [";
   for (size_t i = 0; i < qo_lens.size() && i < 10; ++i) {
@@ -128,9 +127,9 @@ PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* sam
   }
   PrefillInputs in;
   in.c = c;
-  in.cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout,
-                              c.kv_dtype(), c.seed, /*shuffle_pages=*/true, c.interleaved,
-                              c.nan_padding);
+  in.cache =
+      make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim, c.layout, c.kv_dtype(),
+                       c.seed, /*shuffle_pages=*/true, c.interleaved, c.nan_padding);
   set_kv_scale(in.cache, c.scale, c.seed);
   in.qo_indptr = indptr_of(c.qo_lens);
   const int64_t nnz = c.nnz_qo();
@@ -141,8 +140,9 @@ PrefillInputs make_prefill_inputs(const PrefillCase& c, const PrefillInputs* sam
   if (same_data != nullptr) {
     const PrefillCase& o = same_data->c;
     if (o.qo_lens != c.qo_lens || o.kv_lens != c.kv_lens || o.num_qo_heads != c.num_qo_heads ||
-        o.num_kv_heads != c.num_kv_heads || o.head_dim != c.head_dim || o.dtype != c.dtype || o.fp8_kv != c.fp8_kv ||
-        o.opts.causal != c.opts.causal || o.opts.sm_scale != c.opts.sm_scale || o.seed != c.seed) {
+        o.num_kv_heads != c.num_kv_heads || o.head_dim != c.head_dim || o.dtype != c.dtype ||
+        o.fp8_kv != c.fp8_kv || o.opts.causal != c.opts.causal ||
+        o.opts.sm_scale != c.opts.sm_scale || o.seed != c.seed) {
       throw std::invalid_argument("make_prefill_inputs: same_data is not the same logical data");
     }
     in.ref = same_data->ref;

@@ -30,12 +30,15 @@ struct SharedBatchSpec {
   int qo_len = 1;        // > 1: append (causal) rows per request
   bool shuffle = false;  // scatter the groups' members through the batch
   DType dtype = DType::f16;
+  DType fp8_kv = DType::f32;  // e4m3 / e5m2: an fp8 cache with scales k 0.5, v 2 (else: dtype)
   uint64_t seed = 1;
+  DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dtype; }
   std::string str() const {
     std::ostringstream os;
     os << groups << "x" << group_size << " prefix " << prefix << " nested " << nested << " suffix "
        << suffix_min << ".." << suffix_max << " page " << page_size << " H" << num_qo_heads << "/"
-       << num_kv_heads << " D" << head_dim << " qo " << qo_len << (shuffle ? " shuffled" : "");
+       << num_kv_heads << " D" << head_dim << " qo " << qo_len << (shuffle ? " shuffled" : "")
+       << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "");
     return os.str();
   }
 };
@@ -91,7 +94,7 @@ SharedBatch make_shared_batch(const SharedBatchSpec& s) {
   }
   b.batch = static_cast<int>(order.size());
   b.num_pages = std::max<int64_t>(next, 1);
-  b.k = HostTensor(s.dtype, {b.num_pages, s.page_size, s.num_kv_heads, s.head_dim});
+  b.k = HostTensor(s.kv_dtype(), {b.num_pages, s.page_size, s.num_kv_heads, s.head_dim});
   b.v = b.k;
   b.k.fill_random(s.seed * 5 + 1);
   b.v.fill_random(s.seed * 5 + 2);
@@ -100,14 +103,26 @@ SharedBatch make_shared_batch(const SharedBatchSpec& s) {
   return b;
 }
 
+// The scales of an fp8 batch's cache (identity for a 16-bit one).
+KVScale batch_scale(const SharedBatch& b) {
+  KVScale s;
+  if (is_fp8_dtype(b.k.dtype())) {
+    s.k = 0.5f;
+    s.v = 2.0f;
+  }
+  return s;
+}
+
 PagedKVCache host_cache(SharedBatch& b) {
-  return PagedKVCache{
+  PagedKVCache c{
       b.k.view(),
       b.v.view(),
       KVLayout::NHD,
       TensorView(b.kv_indptr.data(), DType::i32, {b.batch + 1}),
       TensorView(b.kv_indices.data(), DType::i32, {static_cast<int64_t>(b.kv_indices.size())}),
       TensorView(b.last.data(), DType::i32, {b.batch})};
+  c.scale = batch_scale(b);
+  return c;
 }
 
 struct CascadeRun {
@@ -137,11 +152,12 @@ CascadeRun run_cascade(SharedBatch& b, const SharedBatchSpec& s, CascadePlanOpti
                   b.batch,
                   s.page_size};
   Stream st = create_stream();
-  casc.plan(cb, {s.num_qo_heads, s.num_kv_heads, s.head_dim, s.dtype}, opts, st);
+  casc.plan(cb, {s.num_qo_heads, s.num_kv_heads, s.head_dim, s.dtype, s.fp8_kv}, opts, st);
   DeviceTensor dk = to_device(b.k), dv = to_device(b.v), dq = to_device(b.q);
   CascadeRun r{b.q, HostTensor(DType::f32, {b.q.shape()[0], s.num_qo_heads}), casc.plan_info()};
   DeviceTensor dout = poisoned_like(b.q), dlse = poisoned_like(r.lse);
   PagedKVCache kv{dk.view, dv.view, KVLayout::NHD, {}, {}, {}};
+  kv.scale = batch_scale(b);
   casc.run(dq.view, kv, dout.view, dlse.view, st);
   synchronize(st);
   destroy_stream(st);
@@ -376,6 +392,25 @@ TEST_F(CascadeGpu, BadInputsRaiseNamedErrors) {
               MultiLevelCascade::workspace_bytes(c);
             }).find("max_levels"),
             std::string::npos);
+}
+
+TEST_F(CascadeGpu, Fp8CacheLevelsMatchPlainAttention) {
+  // Every level reads the fp8 cache with its scales; the ⊕ of the levels stays exact.
+  CascadePlanOptions always;
+  always.use = CascadePlanOptions::Use::kAlways;
+  SharedBatchSpec d{.groups = 3, .group_size = 5, .nested = 128};
+  d.fp8_kv = DType::e4m3;
+  SharedBatch b = make_shared_batch(d);
+  const CascadeRun r = run_cascade(b, d, always);
+  EXPECT_EQ(r.info.num_levels, expected_levels(d));
+  expect_matches_plain(b, d, r.out, &r.lse);
+  SharedBatchSpec p{.groups = 2, .group_size = 4, .prefix = 512, .qo_len = 17};
+  p.fp8_kv = DType::e5m2;
+  p.dtype = DType::bf16;
+  p.seed = 9;
+  SharedBatch bp = make_shared_batch(p);
+  const CascadeRun rp = run_cascade(bp, p, always);
+  expect_matches_plain(bp, p, rp.out, &rp.lse);
 }
 
 }  // namespace

@@ -58,8 +58,8 @@ TEST_F(DecodeFp8Gpu, ShapesAgainstReference) {
 // Scales far from 1 (the logits and the output move by orders of magnitude), a [1] tensor and a
 // per-KV-head tensor, on both kernels, with split-KV over one long request.
 TEST_F(DecodeFp8Gpu, ScalesPerTensorAsTensorAndPerHead) {
-  const KVScaleCase scales[] = {{1e-3f, 100.0f, 0}, {100.0f, 1e-3f, 0}, {0.7f, 1.3f, 1},
-                                {1.0f, 1.0f, 2},    {0.05f, 20.0f, 2}};
+  const KVScaleCase scales[] = {
+      {1e-3f, 100.0f, 0}, {100.0f, 1e-3f, 0}, {0.7f, 1.3f, 1}, {1.0f, 1.0f, 2}, {0.05f, 20.0f, 2}};
   uint64_t seed = 800;
   for (const KVScaleCase& s : scales)
     for (DecodeBackend b : {DecodeBackend::kAuto, DecodeBackend::kCudaCores}) {
@@ -126,9 +126,10 @@ TEST_F(DecodeFp8Gpu, MatchesUnquantizedAttentionWithinFp8Rounding) {
     to_host(dout, out);
     const double fp8_err = rel_err(ref_q8.to_doubles(), ref_exact.to_doubles());
     const double err = rel_err(out.to_doubles(), ref_exact.to_doubles());
-    std::printf("[ fp8 e2e ] %s: rel_err vs unquantized f32 attention %.3e (fp8 rounding alone "
-                "%.3e)\n",
-                dtype_name(kv), err, fp8_err);
+    std::printf(
+        "[ fp8 e2e ] %s: rel_err vs unquantized f32 attention %.3e (fp8 rounding alone "
+        "%.3e)\n",
+        dtype_name(kv), err, fp8_err);
     EXPECT_FALSE(any_nan(out.to_doubles()));
     EXPECT_LE(err, fp8_err + 2 * tolerance_floor(DType::f16)) << dtype_name(kv);
     // And what fp8 rounding predicts: a unit roundoff of 2^-4 (e4m3) / 2^-3 (e5m2) per element,
@@ -197,8 +198,8 @@ TEST_F(DecodeFp8Gpu, GraphReplayReadsScaleTensorsAndFixedSplitIsBatchInvariant) 
     check_cu(drv.cuGraphLaunch(exec, s), "graph launch");
     synchronize(s);
     to_host(dout, out);
-    EXPECT_TRUE(matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(),
-                                  DType::bf16))
+    EXPECT_TRUE(
+        matches_reference(out.to_doubles(), ref.to_doubles(), ref_lowp.to_doubles(), DType::bf16))
         << "replay " << round;
   }
   drv.cuGraphExecDestroy(exec);
@@ -248,11 +249,13 @@ TEST_F(DecodeFp8Gpu, BadInputRaisesNamedErrors) {
   EXPECT_NE(error_of([&] { dec.run(dq.view, dc.cache, dout.view, {}); }).find("paged_kv.k"),
             std::string::npos);
   // e4m3 queries (fp8 is a KV dtype), bf16 KV under f16 q.
-  EXPECT_NE(error_of([&] { dec.plan(batch, with(f16, &AttentionShape::q_dtype, DType::e4m3)); })
-                .find("q_dtype"),
+  EXPECT_NE(error_of([&] {
+              dec.plan(batch, with(f16, &AttentionShape::q_dtype, DType::e4m3));
+            }).find("q_dtype"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dec.plan(batch, with(f16, &AttentionShape::kv_dtype, DType::bf16)); })
-                .find("kv_dtype"),
+  EXPECT_NE(error_of([&] {
+              dec.plan(batch, with(f16, &AttentionShape::kv_dtype, DType::bf16));
+            }).find("kv_dtype"),
             std::string::npos);
   // Scale tensors on the wrong device, of the wrong shape or dtype; a scale on a 16-bit cache.
   dec.plan(batch, with(f16, &AttentionShape::kv_dtype, DType::e4m3));

@@ -41,13 +41,13 @@ struct StepCase {
   DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dtype; }
   std::string str() const {
     std::ostringstream os;
-    os << dtype_name(dtype) << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "")
-       << scale.str() << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim
-       << " page " << page_size << " " << kv_layout_name(layout) << (interleaved ? " kv-il" : "")
-       << " rope " << static_cast<int>(rope) << " rd " << rotary_dim
-       << (rope_interleave ? " gptj" : " neox") << (pos_ids ? " pos_ids" : "") << " batch "
-       << kv_lens.size() << " split " << opts.fixed_split_size
-       << (opts.backend == DecodeBackend::kCudaCores ? " cuda-cores" : "");
+    os << dtype_name(dtype)
+       << (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "") << scale.str()
+       << " H" << num_qo_heads << "/" << num_kv_heads << " D" << head_dim << " page " << page_size
+       << " " << kv_layout_name(layout) << (interleaved ? " kv-il" : "") << " rope "
+       << static_cast<int>(rope) << " rd " << rotary_dim << (rope_interleave ? " gptj" : " neox")
+       << (pos_ids ? " pos_ids" : "") << " batch " << kv_lens.size() << " split "
+       << opts.fixed_split_size << (opts.backend == DecodeBackend::kCudaCores ? " cuda-cores" : "");
     return os.str();
   }
 };
@@ -309,7 +309,8 @@ TEST_F(DecodeStepGpu, Fp8CachesQuantizeLikeTheUnfusedAppend) {
   // append_paged_kv_cache does: cache and outputs bitwise equal to the unfused ops.
   StepCase c;
   c.kv_lens = {1, 17, 300, 4097, 16, 33};
-  const KVScaleCase scales[] = {{1.0f, 1.0f, 0}, {0.02f, 0.5f, 0}, {0.5f, 2.0f, 2}, {4.0f, 0.25f, 1}};
+  const KVScaleCase scales[] = {
+      {1.0f, 1.0f, 0}, {0.02f, 0.5f, 0}, {0.5f, 2.0f, 2}, {4.0f, 0.25f, 1}};
   int i = 0;
   for (DType kv : {DType::e4m3, DType::e5m2})
     for (DType dt : {DType::f16, DType::bf16}) {

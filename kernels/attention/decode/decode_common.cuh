@@ -176,8 +176,8 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
 // An fp8 cache's values are dequantized here, once per output row: o times the value scale.
 template <class C>
 __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const DecodeWorkItem& w,
-                                                 int g, int col, const float (&o_in)[8],
-                                                 float lse2, bool write_lse) {
+                                                 int g, int col, const float (&o_in)[8], float lse2,
+                                                 bool write_lse) {
   float o[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = o_in[e];

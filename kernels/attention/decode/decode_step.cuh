@@ -148,7 +148,7 @@ __device__ __forceinline__ uint2 decode_step_quantize8(const float (&x)[8], floa
   u32 w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    w[i] = pack_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
+    w[i] = quantize_fp8x2<F>(__fdiv_rn(x[2 * i], scale), __fdiv_rn(x[2 * i + 1], scale));
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
 }
 

@@ -44,7 +44,7 @@ struct DecodeTCConfig {
   static constexpr int kStages = kShape.stages;
   static constexpr int kMinCtas = kShape.min_ctas;
   static constexpr int kChunks = HEAD_DIM * (int)sizeof(KVT) / 16;  // 16-byte chunks per KV row
-  static constexpr int kQChunks = HEAD_DIM / 8;                      // and per (16-bit) Q row
+  static constexpr int kQChunks = HEAD_DIM / 8;                     // and per (16-bit) Q row
   static constexpr int kStageElems = kTile * HEAD_DIM;
   static constexpr int kStageBytes = kStageElems * (int)sizeof(KVT);
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
@@ -309,21 +309,21 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       decode_tc_scores_fp8<C>(s, q_base, k_base, warp, lane);
     } else {
 #pragma unroll
-    for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
-      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
-                  // hi)
-      const int k_row = warp * 16 + (lane % 8) + 8 * (lane / 16);
-      ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
-      const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+      for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
+        u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
+                    // hi)
+        const int k_row = warp * 16 + (lane % 8) + 8 * (lane / 16);
+        ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
+        const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        u32 qa[4];
-        const int q_row = r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(qa, q_base + swizzled_offset<C::kQChunks>(q_row, 2 * ks + lane / 16));
-        mma_m16n8k16<kv_t>(s[r][0], qa, b0);
-        mma_m16n8k16<kv_t>(s[r][1], qa, b1);
+        for (int r = 0; r < R; ++r) {
+          u32 qa[4];
+          const int q_row = r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+          ldmatrix_x4(qa, q_base + swizzled_offset<C::kQChunks>(q_row, 2 * ks + lane / 16));
+          mma_m16n8k16<kv_t>(s[r][0], qa, b0);
+          mma_m16n8k16<kv_t>(s[r][1], qa, b1);
+        }
       }
-    }
     }
 
     // Online softmax (base 2) per row; masked tokens (past the chunk end) get -inf.
@@ -374,18 +374,18 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
       decode_tc_pv_fp8<C>(o, pa, v_base, warp, lane);
     } else {
 #pragma unroll
-    for (int j = 0; j < C::kHeadDim / 16; ++j) {
-      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
-                  // hi)
-      const int v_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * j + lane / 16));
-      const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+      for (int j = 0; j < C::kHeadDim / 16; ++j) {
+        u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
+                    // hi)
+        const int v_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * j + lane / 16));
+        const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        mma_m16n8k16<kv_t>(o[r][2 * j], pa[r], b0);
-        mma_m16n8k16<kv_t>(o[r][2 * j + 1], pa[r], b1);
+        for (int r = 0; r < R; ++r) {
+          mma_m16n8k16<kv_t>(o[r][2 * j], pa[r], b0);
+          mma_m16n8k16<kv_t>(o[r][2 * j + 1], pa[r], b1);
+        }
       }
-    }
     }
     __syncthreads();  // this stage is refilled by a later iteration
   }
@@ -424,10 +424,10 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
         }
       } else {
 #pragma unroll
-      for (int n = 0; n < DT; ++n) {
-        float* dst = o_sm + (warp * R * 16 + row) * kOStride + n * 8 + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(dst) = make_float2(o[r][n][h * 2], o[r][n][h * 2 + 1]);
-      }
+        for (int n = 0; n < DT; ++n) {
+          float* dst = o_sm + (warp * R * 16 + row) * kOStride + n * 8 + 2 * (lane % 4);
+          *reinterpret_cast<float2*>(dst) = make_float2(o[r][n][h * 2], o[r][n][h * 2 + 1]);
+        }
       }
     }
   }

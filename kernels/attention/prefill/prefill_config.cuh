@@ -10,17 +10,30 @@
 
 namespace flashkv {
 
-// KVT: the KV element type, T or (mma.sync kernel) an fp8 type widened to T in registers.
+// The KV element type a kernel's MMAs read from shared memory (kv_t) and the one in memory
+// (kv_mem_t): both T, or, with fp8 KV, fp8 in the mma.sync kernel (widened in registers) and T
+// in the Hopper kernel (widened into the stages by the producer: prefill_hopper_ws.cuh).
+template <class T, class KVT, bool HOPPER>
+struct PrefillKVTypes {
+  using kv_t = KVT;
+};
+template <class T, class KVT>
+struct PrefillKVTypes<T, KVT, true> {
+  using kv_t = T;
+};
+
+// KVT: the KV element type in memory, T or an fp8 type (see PrefillKVTypes).
 template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER, class KVT = T>
 struct PrefillConfigCommon {
   using q_t = T;
-  using kv_t = KVT;
+  using kv_t = typename PrefillKVTypes<T, KVT, HOPPER>::kv_t;
+  using kv_mem_t = KVT;
   using o_t = T;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kRows = ROWS;
   static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
-  static constexpr PrefillShape kShape =
-      HOPPER ? prefill_hopper_shape(HEAD_DIM) : prefill_shape(HEAD_DIM, ROWS, (int)sizeof(KVT));
+  static constexpr PrefillShape kShape = HOPPER ? prefill_hopper_shape(HEAD_DIM, (int)sizeof(KVT))
+                                                : prefill_shape(HEAD_DIM, ROWS, (int)sizeof(KVT));
   static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kShape.warp_rows;
   static constexpr int kWarpsQ = kShape.warps_q;
@@ -31,8 +44,8 @@ struct PrefillConfigCommon {
   static constexpr int kWarpTokens = kTile / kWarpsKV;  // this warp's slice of a KV tile
   static constexpr int kNT = kWarpTokens / 8;           // n-tiles of S per warp
   static constexpr int kChunks = HEAD_DIM / 8;          // 16-byte chunks per (16-bit) Q row
-  static constexpr int kKVChunks = HEAD_DIM * (int)sizeof(KVT) / 16;  // and per K / V row
-  static constexpr int kDTiles = HEAD_DIM / 8;          // n-tiles of O
+  static constexpr int kKVChunks = HEAD_DIM * (int)sizeof(kv_t) / 16;  // and per K / V stage row
+  static constexpr int kDTiles = HEAD_DIM / 8;                         // n-tiles of O
   static constexpr int kLoads =
       kTile * kKVChunks / kThreads;            // 16-byte KV loads per thread per stage
   static constexpr int kLoaderThreadBase = 0;  // the KV loaders' threads are threadIdx.x - this
@@ -41,8 +54,8 @@ struct PrefillConfigCommon {
   static constexpr int kStages = kShape.stages;
   static constexpr int kSmemBytes = kShape.smem_bytes;
 
-  static_assert(sizeof(T) == 2 && (sizeof(KVT) == 2 || (is_fp8<KVT>() && !HOPPER)),
-                "prefill takes 16-bit q and out, 16-bit KV (fp8 KV: the mma.sync kernel)");
+  static_assert(sizeof(T) == 2 && (sizeof(KVT) == 2 || is_fp8<KVT>()),
+                "prefill takes 16-bit q and out, 16-bit or fp8 KV");
   static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV,
                 "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");

@@ -97,10 +97,11 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
         lse2 = d > 0.f ? m + log2f(d) : neg_inf();
       }
       const PrefillRowDst<C> dst = prefill_row_dst<C>(p, w, row);
+      // fp8 values are dequantized here: o times the value scale.
+      if constexpr (is_fp8<typename C::kv_mem_t>()) inv *= kv_scale_v(p.scale, w.kv_head);
       if constexpr (is_fp8<typename C::kv_t>()) {
-        // The values are dequantized here (o times the value scale); n-tiles 2ch / 2ch + 1 hold
-        // chunk ch's even / odd columns: this thread's are 16ch + 4(lane%4) + {0, 1, 2, 3}.
-        inv *= kv_scale_v(p.scale, w.kv_head);
+        // fp8 fragments (the mma.sync kernel): n-tiles 2ch / 2ch + 1 hold chunk ch's even / odd
+        // columns, so this thread's are 16ch + 4(lane%4) + {0, 1, 2, 3}.
 #pragma unroll
         for (int ch = 0; ch < C::kDTiles / 2; ++ch) {
           const int col = ch * 16 + 4 * (lane % 4);
@@ -112,12 +113,12 @@ __device__ __forceinline__ void prefill_write_warp(const PrefillParams& p, const
         continue;
       } else {
 #pragma unroll
-      for (int n = 0; n < C::kDTiles; ++n) {
-        const int col = n * 8 + 2 * (lane % 4);
-        float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
-        prefill_output_transform<C, 2>(p, w, row, col, dst.out != nullptr, v);
-        prefill_store<C, 2>(dst, col, v, lse2, n == 0 && lane % 4 == 0);
-      }
+        for (int n = 0; n < C::kDTiles; ++n) {
+          const int col = n * 8 + 2 * (lane % 4);
+          float v[2] = {st.o[r][n][2 * h] * inv, st.o[r][n][2 * h + 1] * inv};
+          prefill_output_transform<C, 2>(p, w, row, col, dst.out != nullptr, v);
+          prefill_store<C, 2>(dst, col, v, lse2, n == 0 && lane % 4 == 0);
+        }
       }
     }
 }
@@ -151,10 +152,10 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
       }
     } else {
 #pragma unroll
-    for (int n = 0; n < C::kDTiles; ++n) {
-      float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + n * 8 + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(dst) = make_float2(st.o[0][n][2 * h], st.o[0][n][2 * h + 1]);
-    }
+      for (int n = 0; n < C::kDTiles; ++n) {
+        float* dst = o_sm + (warp * 16 + r) * C::kHeadDim + n * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(dst) = make_float2(st.o[0][n][2 * h], st.o[0][n][2 * h + 1]);
+      }
     }
   }
   __syncthreads();
@@ -176,7 +177,7 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += src[e];
       }
-      if constexpr (is_fp8<typename C::kv_t>()) {  // the values' dequantization
+      if constexpr (is_fp8<typename C::kv_mem_t>()) {  // the values' dequantization
         const float vs = kv_scale_v(p.scale, w.kv_head);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] *= vs;
@@ -198,7 +199,7 @@ __device__ __forceinline__ void prefill_merge_warps(const PrefillParams& p,
     }
     const float f = prefill_fold_sink<C>(p, w, row, mm, dd);  // once, after the warps' ⊕
     float inv = softmax_inv(dd, f);
-    if constexpr (is_fp8<typename C::kv_t>()) inv *= kv_scale_v(p.scale, w.kv_head);
+    if constexpr (is_fp8<typename C::kv_mem_t>()) inv *= kv_scale_v(p.scale, w.kv_head);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= inv;
     prefill_output_transform<C, 8>(p, w, row, col, dst.out != nullptr, acc);

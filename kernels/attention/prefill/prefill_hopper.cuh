@@ -29,9 +29,12 @@
 
 namespace flashkv {
 
-template <class T, int HEAD_DIM, int KV_SOURCE>
-struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true> {
-  typedef PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true> Base;
+// KVT: T, or an fp8 type whose tiles the producer widens into the 16-bit stages
+// (prefill_hopper_ws.cuh).
+template <class T, int HEAD_DIM, int KV_SOURCE, class KVT = T>
+struct PrefillHopperConfig : PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true, KVT> {
+  typedef PrefillConfigCommon<T, HEAD_DIM, 128, KV_SOURCE, true, KVT> Base;
+  static constexpr int kStagingSlots = Base::kShape.staging_slots;  // fp8 KV: slots of K + V
   // kStages V stages, the producer running up to kStages - 1 tiles ahead; K is free once S = Q Kᵀ
   // lands, so it has one stage fewer.
   static constexpr int kKStages = Base::kStages - 1;

@@ -114,22 +114,111 @@ struct PrefillProducerLoads : C {
                 "a KV tile splits evenly over the producer's threads");
 };
 
+// fp8 KV: the producer's cp.async gather of fp8 rows into a staging slot (rows of kHeadDim
+// bytes, plain), widened afterwards into the 16-bit stage (prefill_ws_widen_fp8). A thread widens
+// exactly the 16-byte chunks it loaded, so its own cp.async wait is all the ordering it needs.
+template <class C>
+struct PrefillProducerLoadsFp8 : C {
+  using kv_t = typename C::kv_mem_t;
+  static constexpr int kThreads = 128;
+  static constexpr int kLoaderThreadBase = C::kThreads;
+  static constexpr int kKVChunks = C::kHeadDim / 16;
+  static constexpr int kLoads = C::kTile * kKVChunks / 128;
+  static constexpr int kSlotBytes = 2 * C::kTile * C::kHeadDim;  // K, then V
+  __device__ __forceinline__ static u32 kv_offset(int row, int chunk) {
+    return (u32)((row * kKVChunks + chunk) * 16);
+  }
+  static_assert(C::kTile * kKVChunks % 128 == 0, "a KV tile splits evenly over the producer");
+};
+
+__device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// Eight fp8 values (two words) widened to eight elements of T (one 16-byte chunk), exactly.
+template <class T, class F>
+__device__ __forceinline__ uint4 widen_fp8x8(u32 lo, u32 hi) {
+  return make_uint4(fp8x2_to_16x2<T, F>(lo), fp8x2_to_16x2<T, F>(lo >> 16), fp8x2_to_16x2<T, F>(hi),
+                    fp8x2_to_16x2<T, F>(hi >> 16));
+}
+
+// This producer thread's chunks of the staged fp8 tile `slot` widened into the 16-bit K and V
+// stages (the consumers' swizzled layout), after its copies into the slot landed.
+template <class C>
+__device__ __forceinline__ void prefill_ws_widen_fp8(u32 slot, u32 k_stage, u32 v_stage) {
+  typedef PrefillProducerLoadsFp8<C> PL;
+  typedef PrefillKVLoads<PL> L;
+  typedef typename C::q_t T;
+  typedef typename C::kv_mem_t F;
+#pragma unroll
+  for (int j = 0; j < PL::kLoads; ++j) {
+    const int row = L::row(j), c = L::chunk();
+    const u32 src = slot + PL::kv_offset(row, c);
+    const uint4 k8 = ld_shared_v4(src), v8 = ld_shared_v4(src + C::kTile * C::kHeadDim);
+    const u32 lo = C::template smem_offset<C::kTile>(row, 2 * c);
+    const u32 hi = C::template smem_offset<C::kTile>(row, 2 * c + 1);
+    st_shared_v4(k_stage + lo, widen_fp8x8<T, F>(k8.x, k8.y));
+    st_shared_v4(k_stage + hi, widen_fp8x8<T, F>(k8.z, k8.w));
+    st_shared_v4(v_stage + lo, widen_fp8x8<T, F>(v8.x, v8.y));
+    st_shared_v4(v_stage + hi, widen_fp8x8<T, F>(v8.z, v8.w));
+  }
+}
+
+// The fp8 producer's hand-over of global tile g (loads landed: the caller waited): waits for its
+// K and V stages to be free, widens into them, arrives on full (count 128; the arrival releases
+// the stores, the consumers' proxy fence orders them before their wgmma).
+template <class C>
+__device__ __forceinline__ void prefill_ws_hand_over_fp8(int g, u32 staging, u32 k_smem, u32 v_smem,
+                                                         PrefillHopperBarriers<C>& bars) {
+  typedef PrefillProducerLoadsFp8<C> PL;
+  mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
+  mbarrier_wait_parity(bar_at(bars.v_empty, g % C::kStages), ((g / C::kStages) & 1) ^ 1);
+  prefill_ws_widen_fp8<C>(staging + (g % C::kStagingSlots) * PL::kSlotBytes,
+                          k_smem + (g % C::kKStages) * C::kStageBytes,
+                          v_smem + (g % C::kStages) * C::kStageBytes);
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar_at(bars.full, g % C::kStages))
+               : "memory");
+}
+
 // The producer: every work item's query tile and KV tiles, in the consumers' order, each once its
 // slot is free. The query tile is one TMA box per 64 columns (thread 0 of the warpgroup). KV by TMA
 // (C::kKvTma): one warp, full[s] expects the boxes' bytes; else by cp.async: all 128 threads, each
 // arriving on full[s] (count 128) once its copies landed.
+// fp8 KV (gathered, never by TMA): tile g's fp8 rows go to staging slot g % kStagingSlots, and the
+// oldest staged tile is widened and handed over whenever the slots are full, so kStagingSlots - 1
+// tiles stay in flight. Before the query tile of item `seq` waits for its buffer, every tile of
+// item seq - kQBuffers (the buffer's last user, which the consumers release after that item's
+// last tile) is handed over.
 template <class C>
 __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int begin, int end,
                                                    u32 q_smem, u32 k_smem, u32 v_smem,
-                                                   PrefillHopperBarriers<C>& bars) {
+                                                   PrefillHopperBarriers<C>& bars, u32 staging) {
   typedef PrefillProducerLoads<C> PL;
+  constexpr bool kFp8 = is_fp8<typename C::kv_mem_t>();
   constexpr int kColBlocks = C::kHeadDim / 64;
   const int ptid = threadIdx.x - C::kThreads;
   int g = 0, seq = 0;
+  int handed = 0;                   // fp8: tiles [0, handed) are handed over, [handed, g) staged
+  int item_end[C::kQBuffers] = {};  // fp8: the tile after each query buffer's last item
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
     const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
     if (tiles == 0) continue;  // the consumers write it empty
+    if constexpr (kFp8) {
+      if (seq >= C::kQBuffers && handed < item_end[seq % C::kQBuffers]) {
+        cp_async_wait<0>();
+        while (handed < g) prefill_ws_hand_over_fp8<C>(handed++, staging, k_smem, v_smem, bars);
+      }
+    }
     const int b = seq % C::kQBuffers;
     const u32 q_buf = q_smem + b * C::kQBytes;
     if (ptid == 0) {
@@ -146,7 +235,18 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
       const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
       const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
       const u32 full = bar_at(bars.full, g % C::kStages);
-      if constexpr (C::kKvTma) {
+      if constexpr (kFp8) {
+        typedef PrefillProducerLoadsFp8<C> PL8;
+        PrefillTilePages<PL8> pages;
+        prefill_tile_pages<PL8>(p, w, tile, pages);
+        const u32 slot = staging + (g % C::kStagingSlots) * PL8::kSlotBytes;
+        prefill_issue_kv_tile<PL8>(p, w, tile, pages, slot, slot + C::kTile * C::kHeadDim);
+        cp_async_commit();
+        if (g + 1 - handed == C::kStagingSlots) {  // slots full: the oldest tile's copies landed
+          cp_async_wait<C::kStagingSlots - 1>();
+          prefill_ws_hand_over_fp8<C>(handed++, staging, k_smem, v_smem, bars);
+        }
+      } else if constexpr (C::kKvTma) {
         const int page = prefill_tma_page<C>(p, w, tile);
         if (ptid == 0) {
           mbarrier_wait_parity(bar_at(bars.k_empty, g % C::kKStages), ((g / C::kKStages) & 1) ^ 1);
@@ -163,7 +263,12 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
         cp_async_mbarrier_arrive(full);
       }
     }
+    if constexpr (kFp8) item_end[seq % C::kQBuffers] = g;
     ++seq;
+  }
+  if constexpr (kFp8) {
+    cp_async_wait<0>();
+    while (handed < g) prefill_ws_hand_over_fp8<C>(handed++, staging, k_smem, v_smem, bars);
   }
 }
 
@@ -188,11 +293,12 @@ constexpr int kPingPongBarrier = 2;
 // softmax; K(g) is handed back once S lands, V(g-1) once that P·V does (and the query tile after
 // the item's last S). `pa` then holds this tile's P. Two instantiations, no wgmma under a
 // condition: ptxas serializes every wgmma of a kernel that has one (C7518).
+// sm_scale_log2: the plan's, times the key scale of an fp8 cache.
 template <class C, bool kPendingPV>
 __device__ __forceinline__ void prefill_ws_step(
     const PrefillParams& p, const PrefillWorkItem& w, int tile, int g, bool last, u32 q_buf, int qb,
     u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars, int wg, const PrefillHopperRows& rows,
-    PrefillWarpState<C>& st, u32 (&pa)[1][C::kNT / 2][4]) {
+    PrefillWarpState<C>& st, u32 (&pa)[1][C::kNT / 2][4], float sm_scale_log2) {
   const int lane = threadIdx.x % 32;
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
   mbarrier_wait_parity(bar_at(bars.full, g % C::kStages),
@@ -223,9 +329,9 @@ __device__ __forceinline__ void prefill_ws_step(
   const int first = w.kv_start + tile * C::kTile;
   const int pos0 = first + 2 * (lane % 4);
   if (first + C::kTile - 1 <= rows.warp_min) {
-    prefill_softmax<C, false, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+    prefill_softmax<C, false, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
   } else {
-    prefill_softmax<C, true, false>(st, s, pos0, rows.lim, p.sm_scale_log2, pa_new, rescale);
+    prefill_softmax<C, true, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
   }
   if constexpr (kPendingPV) {
     wgmma_wait<0>();
@@ -263,13 +369,16 @@ __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p,
   const int qb = seq % C::kQBuffers;
   const u32 q_buf = q_smem + qb * C::kQBytes;
   u32 pa[1][C::kNT / 2][4];  // P of the previous tile, pending its P·V
+  float sm_scale_log2 = p.sm_scale_log2;
+  // fp8 keys are dequantized through the logits: q·(k * s) = (q·k) * s.
+  if constexpr (is_fp8<typename C::kv_mem_t>()) sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
   if (tiles > 0) {
     mbarrier_wait_parity(bar_at(bars.q_full, qb), (seq / C::kQBuffers) & 1);
     prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
-                              st, pa);
+                              st, pa, sm_scale_log2);
     for (int tile = 1; tile < tiles; ++tile)
       prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem,
-                               bars, wg, rows, st, pa);
+                               bars, wg, rows, st, pa, sm_scale_log2);
     const int g = g0 + tiles - 1;
     prefill_hopper_pv<C>(pa, v_smem + (g % C::kStages) * C::kStageBytes, o);
     wgmma_wait<0>();
@@ -289,6 +398,8 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   static_assert(kPrefillHopperPlain<typename C::Traits>,
                 "plain attention only: variants take the mma.sync kernel");
   static_assert(C::kThreads == 256, "two consumer warpgroups");
+  static_assert(!(KV_TMA && is_fp8<typename C::kv_mem_t>()),
+                "fp8 KV is gathered and widened by the producer, never loaded by TMA");
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ PrefillHopperBarriers<C> bars;
   const u32 q_smem = (smem_addr(smem) + 1023u) & ~1023u;
@@ -322,7 +433,8 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   if (wg == C::kThreads / 128) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
     if (!C::kKvTma || threadIdx.x < C::kThreads + 32)  // TMA: one warp issues every box
-      prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars);
+      prefill_ws_produce<C>(p, begin, end, q_smem, k_smem, v_smem, bars,
+                            v_smem + C::kStages * C::kStageBytes);
     if constexpr (!C::kKvTma) cp_async_wait_all();  // no copy outlives its thread
     return;
   }

@@ -44,7 +44,7 @@ struct PrefillKernelKey {
     const std::string t = device_type_name(dtype, "q");
     const std::string hd = std::to_string(head_dim), src = std::to_string(static_cast<int>(kv));
     const std::string kvt = has_fp8_kv() ? ", " + std::string(device_type_name(fp8_kv, "kv")) : "";
-    return wgmma ? "flashkv::PrefillHopperConfig<" + t + ", " + hd + ", " + src + ">"
+    return wgmma ? "flashkv::PrefillHopperConfig<" + t + ", " + hd + ", " + src + kvt + ">"
                  : "flashkv::PrefillConfig<" + t + ", " + hd + ", " + std::to_string(rows) + ", " +
                        src + kvt + ">";
   }
@@ -58,8 +58,11 @@ struct PrefillKernelKey {
     return "flashkv::batch_prefill_hopper_ws_kernel<" + config_type() +
            ", flashkv::DefaultVariant, " + (kv_tma ? "true" : "false") + ">";
   }
+  // (fp8 KV is always gathered: the Hopper kernel then has the one instantiation, and run()
+  // launches the last one.)
   std::vector<std::string> name_expressions() const {
     if (!wgmma) return {kernel_name()};
+    if (has_fp8_kv()) return {kernel_name(false)};
     return {kernel_name(true), kernel_name(false)};
   }
 
@@ -67,8 +70,8 @@ struct PrefillKernelKey {
   std::string cache_id() const {
     static const char* kNames[] = {"ragged", "paged", "paged_any"};
     const std::string head = std::string(dtype_name(dtype)) +
-                             (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") +
-                             ",d" + std::to_string(head_dim);
+                             (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") + ",d" +
+                             std::to_string(head_dim);
     const char* src = kNames[static_cast<int>(kv)];
     if (wgmma) return "prefill_wgmma<" + head + "," + src + ">";
     return "prefill<" + head + ",r" + std::to_string(rows) + "," + src +
@@ -83,8 +86,9 @@ struct PrefillKernelKey {
   // The launch geometry, from the constexpr shape function the Config reads; the Hopper kernel
   // adds its producer warpgroup to the shape's two consumer warpgroups.
   LaunchGeometry geometry() const {
-    const PrefillShape s = wgmma ? prefill_hopper_shape(head_dim)
-                                 : prefill_shape(head_dim, rows, has_fp8_kv() ? 1 : 2);
+    const int kv_bytes = has_fp8_kv() ? 1 : 2;
+    const PrefillShape s =
+        wgmma ? prefill_hopper_shape(head_dim, kv_bytes) : prefill_shape(head_dim, rows, kv_bytes);
     return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)),
             static_cast<unsigned>(s.smem_bytes)};
   }

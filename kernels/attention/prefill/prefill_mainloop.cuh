@@ -54,8 +54,8 @@ __device__ __forceinline__ void prefill_qk_fp8(u32 q_base, u32 k_base, int wq, i
 #pragma unroll
       for (int r = 0; r < C::kRowTiles; ++r) {
         const int q_row = wq * C::kWarpRows + r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(qa[half][r], q_base + swizzled_offset<C::kChunks>(
-                                              q_row, 2 * (2 * kp + half) + lane / 16));
+        ldmatrix_x4(qa[half][r],
+                    q_base + swizzled_offset<C::kChunks>(q_row, 2 * (2 * kp + half) + lane / 16));
       }
 #pragma unroll
     for (int j = 0; j < C::kNT / 2; ++j) {
@@ -93,27 +93,27 @@ __device__ __forceinline__ void prefill_qk(u32 q_base, u32 k_base, int wq, int w
     prefill_qk_fp8<C>(q_base, k_base, wq, wk, s);
   } else {
 #pragma unroll
-  for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
-    u32 qa[C::kRowTiles][4];
-#pragma unroll
-    for (int r = 0; r < C::kRowTiles; ++r) {
-      const int q_row = wq * C::kWarpRows + r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4(qa[r], q_base + swizzled_offset<C::kChunks>(q_row, 2 * ks + lane / 16));
-    }
-#pragma unroll
-    for (int j = 0; j < C::kNT / 2; ++j) {
-      u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
-                  // hi)
-      const int k_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * (lane / 16);
-      ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
-      const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+    for (int ks = 0; ks < C::kHeadDim / 16; ++ks) {
+      u32 qa[C::kRowTiles][4];
 #pragma unroll
       for (int r = 0; r < C::kRowTiles; ++r) {
-        mma_m16n8k16<typename C::kv_t>(s[r][2 * j], qa[r], b0);
-        mma_m16n8k16<typename C::kv_t>(s[r][2 * j + 1], qa[r], b1);
+        const int q_row = wq * C::kWarpRows + r * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(qa[r], q_base + swizzled_offset<C::kChunks>(q_row, 2 * ks + lane / 16));
+      }
+#pragma unroll
+      for (int j = 0; j < C::kNT / 2; ++j) {
+        u32 kb[4];  // (tokens 0-7, k lo), (tokens 0-7, k hi), (tokens 8-15, k lo), (tokens 8-15, k
+                    // hi)
+        const int k_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * (lane / 16);
+        ldmatrix_x4(kb, k_base + swizzled_offset<C::kChunks>(k_row, 2 * ks + (lane / 8) % 2));
+        const u32 b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+#pragma unroll
+        for (int r = 0; r < C::kRowTiles; ++r) {
+          mma_m16n8k16<typename C::kv_t>(s[r][2 * j], qa[r], b0);
+          mma_m16n8k16<typename C::kv_t>(s[r][2 * j + 1], qa[r], b1);
+        }
       }
     }
-  }
   }
 }
 
@@ -239,23 +239,23 @@ __device__ __forceinline__ void prefill_pv(PrefillWarpState<C>& st,
   if constexpr (is_fp8<typename C::kv_t>()) {
     prefill_pv_fp8<C>(st, pa, v_base, wk);
   } else {
-  const int lane = threadIdx.x % 32;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int j = 0; j < C::kNT / 2; ++j) {
+    for (int j = 0; j < C::kNT / 2; ++j) {
 #pragma unroll
-    for (int dd = 0; dd < C::kHeadDim / 16; ++dd) {
-      u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
-                  // hi)
-      const int v_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-      ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * dd + lane / 16));
-      const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+      for (int dd = 0; dd < C::kHeadDim / 16; ++dd) {
+        u32 vb[4];  // (tok 0-7, dims lo), (tok 8-15, dims lo), (tok 0-7, dims hi), (tok 8-15, dims
+                    // hi)
+        const int v_row = wk * C::kWarpTokens + j * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4_trans(vb, v_base + swizzled_offset<C::kChunks>(v_row, 2 * dd + lane / 16));
+        const u32 b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
 #pragma unroll
-      for (int r = 0; r < C::kRowTiles; ++r) {
-        mma_m16n8k16<typename C::kv_t>(st.o[r][2 * dd], pa[r][j], b0);
-        mma_m16n8k16<typename C::kv_t>(st.o[r][2 * dd + 1], pa[r][j], b1);
+        for (int r = 0; r < C::kRowTiles; ++r) {
+          mma_m16n8k16<typename C::kv_t>(st.o[r][2 * dd], pa[r][j], b0);
+          mma_m16n8k16<typename C::kv_t>(st.o[r][2 * dd + 1], pa[r][j], b1);
+        }
       }
     }
-  }
   }
 }
 

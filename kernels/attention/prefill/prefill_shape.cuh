@@ -19,10 +19,12 @@ struct PrefillShape {
   int threads;
   int tile;  // KV tokens per pipeline stage
   int stages;
-  int q_bytes;      // shared memory: the query tile,
-  int stage_bytes;  // K (or V) of one stage,
-  int smem_bytes;   // and in all (the warps' merge scratch reuses the KV stages)
-  int q_buffers;    // query tiles in shared memory: 2 lets the next work item's load start early
+  int q_bytes;        // shared memory: the query tile,
+  int stage_bytes;    // K (or V) of one stage,
+  int smem_bytes;     // and in all (the warps' merge scratch reuses the KV stages)
+  int q_buffers;      // query tiles in shared memory: 2 lets the next work item's load start early
+  int staging_slots;  // the Hopper kernel with fp8 KV: fp8 K + V tiles before widening
+  int staging_bytes;
 };
 
 // kv_elem_bytes: the KV element size (1: fp8, whose stages are half the bytes, so more fit).
@@ -64,7 +66,9 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows, int kv_elem_bytes =
 // query-tile buffers where they fit (not at 256), so the next work item's loads start while this
 // one computes: with one CTA per SM nothing else hides them. Tiles start 1024-byte aligned (the
 // 128-byte swizzle atom): the dynamic shared memory gets 1 KB of slack to align its base.
-constexpr PrefillShape prefill_hopper_shape(int head_dim) {
+// kv_elem_bytes 1 (fp8 KV): the stages stay 16-bit (the producer widens each fp8 tile into
+// them), behind two staging slots of fp8 K and V (tuning/sm90.cuh: prefill_hopper_fp8_kv_tile).
+constexpr PrefillShape prefill_hopper_shape(int head_dim, int kv_elem_bytes = 2) {
   PrefillShape s{};
   s.row_tiles = 1;
   s.warp_rows = 16;
@@ -72,12 +76,17 @@ constexpr PrefillShape prefill_hopper_shape(int head_dim) {
   s.warps_kv = 1;
   s.warps = 8;
   s.threads = 256;
-  s.tile = tuning::sm90::prefill_hopper_kv_tile(head_dim);
+  s.tile = kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_kv_tile(head_dim)
+                              : tuning::sm90::prefill_hopper_kv_tile(head_dim);
   s.q_bytes = 128 * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
   s.stages = tuning::sm90::prefill_hopper_stages(head_dim);
   s.q_buffers = tuning::sm90::prefill_hopper_q_buffers(head_dim);  // d128: 2 x 32 + (2 + 3) x 32 KB
-  s.smem_bytes = 1024 + s.q_buffers * s.q_bytes + (2 * s.stages - 1) * s.stage_bytes;
+  s.staging_slots =
+      kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_staging_slots(head_dim) : 0;
+  s.staging_bytes = s.staging_slots * 2 * s.tile * head_dim;
+  s.smem_bytes =
+      1024 + s.q_buffers * s.q_bytes + (2 * s.stages - 1) * s.stage_bytes + s.staging_bytes;
   return s;
 }
 

@@ -213,7 +213,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
     layout = scheduler::detect_shared_prefixes(table, po);
     if (layout.has_shared_prefix()) {
       scheduler::CascadeProblemShape ps{shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
-                                        static_cast<int>(dtype_size(shape.dtype))};
+                                        static_cast<int>(dtype_size(shape.cache_dtype()))};
       const scheduler::CascadeEstimate est = scheduler::estimate_cascade(layout, ps);
       m.info.plain_kv_bytes = est.plain_kv_bytes;
       m.info.cascade_kv_bytes = est.cascade_kv_bytes;
@@ -227,9 +227,9 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
     int64_t tokens = 0;
     for (int i = 0; i < b.batch_size; ++i)
       tokens += paged_kv_len(b.kv_indptr, b.kv_last_page_len, b.page_size, i);
-    m.info.plain_kv_bytes = m.info.cascade_kv_bytes = tokens * 2 * shape.num_kv_heads *
-                                                      shape.head_dim *
-                                                      static_cast<int64_t>(dtype_size(shape.dtype));
+    m.info.plain_kv_bytes = m.info.cascade_kv_bytes =
+        tokens * 2 * shape.num_kv_heads * shape.head_dim *
+        static_cast<int64_t>(dtype_size(shape.cache_dtype()));
   }
   if (!use) m.info.cascade_kv_bytes = m.info.plain_kv_bytes;
   const int64_t rows = qo.back();
@@ -244,7 +244,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
                                  .num_kv_heads = shape.num_kv_heads,
                                  .head_dim = shape.head_dim,
                                  .q_dtype = shape.dtype,
-                                 .kv_dtype = shape.dtype,
+                                 .kv_dtype = shape.cache_dtype(),
                                  .o_dtype = shape.dtype};
   PrefillPlanOptions pp;
   pp.sm_scale = opts.sm_scale;

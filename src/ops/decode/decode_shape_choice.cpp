@@ -49,9 +49,9 @@ DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in) {
       const int pick =
           policy::decode_auto_ctas_per_sm(tokens, pairs, *lo == *hi && *hi > 0, in.sms);
       if (pick != ctas) {
-        const DecodeTCShape s = decode_tc_shape(in.head_dim, in.group, in.tc_stages,
-                                                policy::decode_auto_warps(in.head_dim, pick), pick,
-                                                in.kv_bytes);
+        const DecodeTCShape s =
+            decode_tc_shape(in.head_dim, in.group, in.tc_stages,
+                            policy::decode_auto_warps(in.head_dim, pick), pick, in.kv_bytes);
         if (s.smem_bytes <= in.max_smem_bytes) ctas = pick;
       }
     }

@@ -49,8 +49,9 @@ inline constexpr DecodeTCTuning kDecodeTCOneCta{0, tuning::sm90::kDecodeOneCtaWa
 // (variants keep the mma.sync kernel) and its shared memory at head_dim within the GPU's per-block
 // limit. Empty when it can, else why not (the error of PrefillPlanOptions.backend = kWgmma names
 // it).
+// kv_elem_bytes: 1 for fp8 KV (the kernel then also stages fp8 tiles).
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
-                                      int head_dim, int max_smem_per_block);
+                                      int head_dim, int max_smem_per_block, int kv_elem_bytes = 2);
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);

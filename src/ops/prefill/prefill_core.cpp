@@ -21,13 +21,13 @@ int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group) {
 }
 
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
-                                      int head_dim, int max_smem_per_block) {
+                                      int head_dim, int max_smem_per_block, int kv_elem_bytes) {
   if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
   if (rows != 128)
     return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
   if (!plain_attention) return "it runs plain attention (this plan has a variant)";
   // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
-  const int smem = prefill_hopper_shape(head_dim).smem_bytes + 1024;
+  const int smem = prefill_hopper_shape(head_dim, kv_elem_bytes).smem_bytes + 1024;
   if (smem > max_smem_per_block)
     return "it needs " + std::to_string(smem) + " bytes of shared memory per block at head_dim " +
            std::to_string(head_dim) + "; this GPU allows " + std::to_string(max_smem_per_block);
@@ -94,7 +94,7 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
   const int page_sz = paged ? b.page_size : 0;
   check_captured_graph_fits(sh, qo_total, kv_total, causal, scale, page_sz, vargs);
   const bool tiles_aligned = schedule_work(b, sh, o, causal, key.rows);
-  const int tile = key.wgmma ? prefill_hopper_shape(sh.head_dim).tile : 1;
+  const int tile = key.wgmma ? prefill_hopper_shape(sh.head_dim, key.has_fp8_kv() ? 1 : 2).tile : 1;
   check(!captured.any || !captured.kv_tma || tiles_aligned,
         "plan: a captured CUDA graph loads KV tiles by TMA, which needs every work item to start "
         "on a ",
@@ -214,10 +214,8 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
   check(!(fp8 && vj.transforms_qk), "PrefillPlanOptions.variant.rope: the fused-RoPE variant ",
         "rotates keys in the staged tile, which an fp8 cache (", dtype_name(sh.kv_dtype),
         ") does not support; apply_rope before the append instead");
-  // fp8 KV runs on the mma.sync kernel (the wgmma kernel reads 16-bit K and V tiles).
-  const std::string why_not =
-      fp8 ? "fp8 KV (" + std::string(dtype_name(sh.kv_dtype)) + ") runs on the mma.sync kernel"
-          : ops::prefill_wgmma_unsupported(arch, rows, vj.id.empty(), sh.head_dim, max_smem);
+  const std::string why_not = ops::prefill_wgmma_unsupported(
+      arch, rows, vj.id.empty(), sh.head_dim, max_smem, static_cast<int>(dtype_size(sh.kv_dtype)));
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   PrefillKernelKey key;
@@ -273,7 +271,8 @@ bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
   so.fixed_split_size = o.fixed_split_size;
   so.disable_split_kv = o.disable_split_kv;
   // The wgmma kernel loads KV tiles by TMA where every work item starts on a tile.
-  const int tile = wgmma ? prefill_hopper_shape(sh.head_dim).tile : 1;
+  const int tile =
+      wgmma ? prefill_hopper_shape(sh.head_dim, kernel.key()->has_fp8_kv() ? 1 : 2).tile : 1;
   so.split_align = tile;
   so.max_slots = ws.slot_capacity(rows);
   so.max_work_items = ws.max_work_items();
@@ -348,8 +347,9 @@ void PrefillCore::set_tma(PrefillParams& p, const TensorView& q, const ops::Pref
         " rows, strides ", q.stride(0), ", ", q.stride(1), ")");
   p.q_tma_tokens = q_tile_tokens;
   p.q_tma = m.params.q_tma;
-  // KV by TMA where the plan and the tensors allow it, else the producer's cp.async.
-  if (!kv_tma_plan || !ops::prefill_kv_tma_fits(kv)) return;
+  // KV by TMA where the plan and the tensors allow it, else the producer's cp.async (always for
+  // fp8 KV, which the producer widens into the 16-bit stages).
+  if (!kv_tma_plan || kernel.key()->has_fp8_kv() || !ops::prefill_kv_tma_fits(kv)) return;
   if (!m.kv_valid || !(m.kv == kv)) {  // the driver may refuse: cp.async then
     m.kv_valid = ops::encode_prefill_kv_tma(kv, m.params);
     m.kv = kv;
@@ -380,7 +380,7 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   const bool wgmma = kernel.key()->wgmma;
   if (grid > 0) {
     // The Hopper kernel's KV path is compiled in: the gather instantiation where KV is not by TMA.
-    CUfunction fn = wgmma && p.kv_tma == 0 ? k.functions[1] : k.functions[0];
+    CUfunction fn = wgmma && p.kv_tma == 0 ? k.functions.back() : k.functions[0];
     runtime::launch(fn, {grid, 1, 1, k.geometry.threads, 1, 1, k.geometry.smem}, stream, args,
                     k.id);
   }
