@@ -118,6 +118,28 @@ TEST_F(PrefillFp8Gpu, VariantsOverFp8Kv) {
   expect_prefill_ok(in, run_prefill(in, PrefillKV::kPaged, o), "variant " + c.str());
 }
 
+// A small batch on the Hopper kernel at head_dim 128 (two query buffers) and 256 (one: the
+// producer hands an item's last staged tile over before the next query tile waits), several
+// items per CTA: the case the sanitizers run.
+TEST_F(PrefillFp8Gpu, HopperKernelSmallBatches) {
+  for (int d : {128, 256}) {
+    PrefillCase c;
+    c.set_requests({{40, 300}, {129, 129}, {1, 64}, {300, 1000}});
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = d;
+    c.fp8_kv = d == 128 ? DType::e4m3 : DType::e5m2;
+    c.scale = {0.5f, 2.0f, 2};
+    c.opts.causal = true;
+    c.opts.backend = PrefillBackend::kWgmma;
+    c.seed = 480 + d;
+    const PrefillInputs in = make_prefill_inputs(c);
+    const PrefillOutcome o = run_prefill(in, PrefillKV::kPaged, c.opts);
+    expect_prefill_ok(in, o, c.str());
+    EXPECT_TRUE(o.plan.wgmma) << c.str();
+  }
+}
+
 TEST_F(PrefillFp8Gpu, RefusalsAreNamed) {
   PrefillCase c;
   c.set_requests({{16, 16}});
