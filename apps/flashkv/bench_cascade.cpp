@@ -168,7 +168,11 @@ nlohmann::json bench_cascade(const CascadeBenchOptions& o, const Ceilings& ceil,
         MultiLevelCascade casc(ccfg, cws.data(), cws.size());
         CascadePlanOptions auto_opts, forced;
         forced.use = CascadePlanOptions::Use::kAlways;
-        const CascadeShape shape{kHq, kHkv, kD, dt};
+        CascadeShape shape;
+        shape.num_qo_heads = kHq;
+        shape.num_kv_heads = kHkv;
+        shape.head_dim = kD;
+        shape.dtype = dt;
         casc.plan({nullptr, b.indptr.data(), b.indices[0].data(), b.last.data(), n, b.page}, shape,
                   auto_opts, s);
         const CascadePlanInfo auto_info = casc.plan_info();

@@ -19,6 +19,7 @@ void add_precompile_command(CLI::App& app) {
   auto* o = new PrecompileOptions;
   o->jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto* dtypes = new std::vector<std::string>{"f16", "bf16"};
+  auto* kv_dtypes = new std::vector<std::string>;
   auto* json_path = new std::string;
   cmd->add_option("--json", *json_path, "also write the compiled kernels and times as JSON")
       ->check(writable_file());
@@ -33,6 +34,10 @@ void add_precompile_command(CLI::App& app) {
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")
       ->check(one_of({"f16", "bf16"}))
       ->capture_default_str();
+  cmd->add_option("--kv-dtypes", *kv_dtypes,
+                  "the caches' dtypes (default: each q dtype's own): e4m3 / e5m2 for fp8 caches, "
+                  "f16 / bf16 where they are the q dtype")
+      ->check(one_of({"f16", "bf16", "e4m3", "e5m2"}));
   cmd->add_option("--head-dims", o->head_dims, "head dims")
       ->check(int_in_range(1, 1024))
       ->capture_default_str();
@@ -42,9 +47,10 @@ void add_precompile_command(CLI::App& app) {
   cmd->add_option("--page-sizes", o->page_sizes, "page sizes")
       ->check(int_in_range(1, 1 << 16))
       ->capture_default_str();
-  cmd->callback([o, dtypes, json_path] {
+  cmd->callback([o, dtypes, kv_dtypes, json_path] {
     o->dtypes.clear();
     for (const auto& d : *dtypes) o->dtypes.push_back(parse_dtype(d));
+    for (const auto& d : *kv_dtypes) o->kv_dtypes.push_back(parse_dtype(d));
     // The progress line below replaces the cache's per-compile log lines (which would interleave
     // across threads); FLASHKV_QUIET=0 in the environment keeps them.
     setenv("FLASHKV_QUIET", "1", /*overwrite=*/0);

@@ -16,8 +16,11 @@ namespace flashkv {
 struct PrecompileOptions {
   std::string arch = "sm_90a";
   std::vector<std::string> ops = {"merge", "decode", "prefill", "kv",
-                                  "cascade"};  // kv: RoPE + KV append
-  std::vector<DType> dtypes = {DType::f16, DType::bf16};
+                                  "cascade"};             // kv: RoPE + KV append
+  std::vector<DType> dtypes = {DType::f16, DType::bf16};  // q (and out)
+  // The caches' dtypes: empty, each q dtype's own; else these (e4m3 / e5m2 fp8 caches under
+  // every q dtype, a 16-bit one only where it is the q dtype): decode, prefill and the append.
+  std::vector<DType> kv_dtypes;
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int> group_sizes = {1, 4, 8};  // query heads per KV head
   std::vector<int> page_sizes = {1, 16, 64};

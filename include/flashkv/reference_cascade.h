@@ -33,8 +33,9 @@ struct CascadeLevelView {
   TensorView kv_last_page_len;  // [num_groups], in [1, page_size] for groups with pages
 };
 
-// q[nnz_qo, H_qo, D]; k, v as in PagedKVCache (NHD [pages, page_size, H_kv, D] or HND);
-// out[nnz_qo, H_qo, D]; lse f32[nnz_qo, H_qo] or undefined. One level is plain batch prefill.
+// q[nnz_qo, H_qo, D]; k, v as in PagedKVCache (NHD [pages, page_size, H_kv, D] or HND), with
+// opts.kv_scale as the cache's dequantization scales (fp8); out[nnz_qo, H_qo, D]; lse f32[nnz_qo,
+// H_qo] or undefined. One level is plain batch prefill.
 void multi_level_cascade(const TensorView& q, const TensorView& k, const TensorView& v,
                          KVLayout layout, std::span<const CascadeLevelView> levels,
                          const TensorView& out, const TensorView& lse,

@@ -69,26 +69,35 @@ __device__ __forceinline__ void append_copy(const T* src, T* dst) {
   }
 }
 
-// Grid: ceil(nnz / tokens_per_cta) CTAs of tokens_per_cta * threads_per_token threads.
-template <class T, int V>
-__global__ void __launch_bounds__(kAppendThreads)
-    append_kernel(const __grid_constant__ AppendParams p) {
+// The rows of the token this thread serves, V elements at a time: write(src, dst, head, is_value)
+// for each (head, unit) of its key and value rows (the threads of a token validate its
+// destination first; a bad one writes nothing). Grid: ceil(nnz / tokens_per_cta) CTAs of
+// tokens_per_cta * threads_per_token threads.
+template <class S, class T, int V, class Write>
+__device__ __forceinline__ void append_rows(const AppendParams& p, const Write& write) {
   const int tpt = p.threads_per_token;
   const int local = threadIdx.x % tpt;
   const i64 t = (i64)blockIdx.x * (blockDim.x / tpt) + threadIdx.x / tpt;
   if (t >= p.nnz) return;
   const i64 base = append_slot_offset(p, t, local == 0);
   if (base < 0) return;
-  const T* key = static_cast<const T*>(p.key) + t * p.key_stride_n;
-  const T* value = static_cast<const T*>(p.value) + t * p.value_stride_n;
+  const S* key = static_cast<const S*>(p.key) + t * p.key_stride_n;
+  const S* value = static_cast<const S*>(p.value) + t * p.value_stride_n;
   T* k = static_cast<T*>(p.k) + base;
   T* v = static_cast<T*>(p.v) + base;
   const int units = p.head_dim / V;
   for (int idx = local; idx < p.num_heads * units; idx += tpt) {
     const int h = idx / units, e = (idx % units) * V;
-    append_copy<T, V>(key + h * p.key_stride_h + e, k + h * p.head_stride + e);
-    append_copy<T, V>(value + h * p.value_stride_h + e, v + h * p.head_stride + e);
+    write(key + h * p.key_stride_h + e, k + h * p.head_stride + e, h, false);
+    write(value + h * p.value_stride_h + e, v + h * p.head_stride + e, h, true);
   }
+}
+
+// Rows in the cache's dtype, copied bit for bit.
+template <class T, int V>
+__global__ void __launch_bounds__(kAppendThreads)
+    append_kernel(const __grid_constant__ AppendParams p) {
+  append_rows<T, T, V>(p, [](const T* src, T* dst, int, bool) { append_copy<T, V>(src, dst); });
 }
 
 // V elements of S (V = 16 bytes' worth, or 1) divided by `scale` and rounded to fp8 F (round to
@@ -116,28 +125,14 @@ __device__ __forceinline__ void append_quantize(const S* src, F* dst, float scal
 }
 
 // append_kernel into an fp8 cache F from f16 / bf16 / f32 rows S: quantized with the cache's
-// scales (per tensor or per KV head). Same grid and checks as append_kernel.
+// scales (per tensor or per KV head).
 template <class S, class F, int V>
 __global__ void __launch_bounds__(kAppendThreads)
     append_quantize_kernel(const __grid_constant__ AppendParams p) {
-  const int tpt = p.threads_per_token;
-  const int local = threadIdx.x % tpt;
-  const i64 t = (i64)blockIdx.x * (blockDim.x / tpt) + threadIdx.x / tpt;
-  if (t >= p.nnz) return;
-  const i64 base = append_slot_offset(p, t, local == 0);
-  if (base < 0) return;
-  const S* key = static_cast<const S*>(p.key) + t * p.key_stride_n;
-  const S* value = static_cast<const S*>(p.value) + t * p.value_stride_n;
-  F* k = static_cast<F*>(p.k) + base;
-  F* v = static_cast<F*>(p.v) + base;
-  const int units = p.head_dim / V;
-  for (int idx = local; idx < p.num_heads * units; idx += tpt) {
-    const int h = idx / units, e = (idx % units) * V;
-    append_quantize<S, F, V>(key + h * p.key_stride_h + e, k + h * p.head_stride + e,
-                             kv_scale_k(p.scale, h));
-    append_quantize<S, F, V>(value + h * p.value_stride_h + e, v + h * p.head_stride + e,
-                             kv_scale_v(p.scale, h));
-  }
+  append_rows<S, F, V>(p, [&p](const S* src, F* dst, int head, bool is_value) {
+    append_quantize<S, F, V>(src, dst,
+                             is_value ? kv_scale_v(p.scale, head) : kv_scale_k(p.scale, head));
+  });
 }
 
 // get_batch_indices_positions: token t of request i (row append_indptr[i] + j) gets batch index i

@@ -26,14 +26,15 @@ struct Level {
 };
 
 Level read_level(const TensorView& k, const TensorView& v, KVLayout layout,
-                 const CascadeLevelView& view, size_t l, const QOShape& qo) {
+                 const CascadeLevelView& view, size_t l, const QOShape& qo, const KVScale& scale) {
   Level lv;
   lv.kv = PagedKVCache{.k = k,
                        .v = v,
                        .layout = layout,
                        .indptr = view.kv_indptr,
                        .indices = view.kv_indices,
-                       .last_page_len = view.kv_last_page_len};
+                       .last_page_len = view.kv_last_page_len,
+                       .scale = scale};
   try {
     lv.table = check_paged(lv.kv, qo);
   } catch (const Error& e) {
@@ -78,7 +79,7 @@ std::vector<RowState> cascade_states(const TensorView& q, const TensorView& k, c
                    .head_dim = static_cast<int>(q.size(2))};
   std::vector<Level> lvs;
   for (size_t l = 0; l < levels.size(); ++l)
-    lvs.push_back(read_level(k, v, layout, levels[l], l, qo));
+    lvs.push_back(read_level(k, v, layout, levels[l], l, qo, opts.kv_scale));
 
   const int heads = qo.num_qo_heads, dim = qo.head_dim;
   const int kv_heads = lvs[0].kv.num_kv_heads();

@@ -81,6 +81,24 @@ TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
   EXPECT_THROW(precompile(o), Error);
 }
 
+TEST(Jit, PrecompileTakesFp8CacheDtypes) {
+  // kv_dtypes: fp8 caches under each q dtype; a 16-bit one only where it is the q dtype.
+  PrecompileOptions o;
+  o.ops = {"kv", "decode"};
+  o.dtypes = {DType::f16};
+  o.kv_dtypes = {DType::e4m3, DType::bf16};
+  o.head_dims = {128};
+  o.group_sizes = {4};
+  o.page_sizes = {16};
+  o.jobs = 2;
+  std::vector<std::string> ids;
+  for (const auto& k : precompile(o)) ids.push_back(k.id);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "kv_append<e4m3,f16>"), ids.end());
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "decode_tc<f16,e4m3,d128,g4,p16>"), ids.end());
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "decode<f16,e4m3,d128,g4,p16>"), ids.end());
+  for (const auto& id : ids) EXPECT_EQ(id.find("bf16"), std::string::npos) << id;
+}
+
 // A trivial kernel whose source no other test (or earlier run) has: always a cold compile.
 runtime::CompileRequest unique_request(const std::string& tag, bool broken = false) {
   static const auto nonce = std::chrono::steady_clock::now().time_since_epoch().count();

@@ -16,6 +16,7 @@
 #include "attention/decode/decode_shape.cuh"
 #include "attention/decode/decode_step.cuh"
 #include "attention/decode/decode_timeline.cuh"
+#include "attention/fp8_fragments.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
@@ -89,35 +90,9 @@ __device__ __forceinline__ void decode_tc_rotate_q(const RopeSpec& spec, unsigne
   }
 }
 
-// fp8 KV on the 16-bit MMAs. ldmatrix moves 16-bit elements, i.e. pairs of fp8 values, so the
-// fragments it yields from fp8 rows are not the m16n8k16 layouts; each is fixed by a column
-// order that the math does not see instead of shuffles:
-// - S = Q·Kᵀ: a non-transposed ldmatrix of K gives lane l the 4 fp8 values of columns
-//   4(l%4) + {0..3} of a 16-column chunk; widened, they are its B fragment when the chunk's
-//   k positions 2c + e and 8 + 2c + e stand for columns 4c + e and 4c + 2 + e (c = l%4).
-//   The dot product over k does not depend on the order, so Q's staged columns are permuted the
-//   same way (decode_tc_permute_q_fp8), once per work item.
-// - O = P·V: a transposed ldmatrix of V gives lane l tokens 2c, 2c + 1 of columns 2n, 2n + 1
-//   (n = l/4): one byte permute splits them into the B fragments of two n-tiles, the chunk's even
-//   columns and its odd ones. The epilogue writes those tiles' columns back in order.
+// fp8 KV: fragments widened in registers, in the column orders of attention/fp8_fragments.cuh.
 
-// Staged Q rows (16-bit, swizzled) permuted in place: within each 16 columns, position 2c + e
-// holds column 4c + e and position 8 + 2c + e column 4c + 2 + e. A thread owns a row's pair of
-// 8-column chunks (two words of 2 columns each per output chunk).
-template <class C>
-__device__ __forceinline__ void decode_tc_permute_q_fp8(unsigned char* q_smem) {
-  constexpr int kPairs = C::kQChunks / 2;
-  for (int idx = threadIdx.x; idx < C::kRowTiles * 16 * kPairs; idx += C::kThreads) {
-    const int row = idx / kPairs, j = idx % kPairs;
-    uint4* lo = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kQChunks>(row, 2 * j));
-    uint4* hi = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kQChunks>(row, 2 * j + 1));
-    const uint4 a = *lo, b = *hi;  // words: columns (0,1) (2,3) (4,5) (6,7) | (8,9) ... (14,15)
-    *lo = make_uint4(a.x, a.z, b.x, b.z);
-    *hi = make_uint4(a.y, a.w, b.y, b.w);
-  }
-}
-
-// S (this warp's 16 tokens) = Q·Kᵀ from fp8 K rows (see above).
+// S (this warp's 16 tokens) = Q·Kᵀ from fp8 K rows (Q permuted: fp8_permute_q_rows).
 template <class C>
 __device__ __forceinline__ void decode_tc_scores_fp8(float (&s)[C::kRowTiles][2][4], u32 q_base,
                                                      u32 k_base, int warp, int lane) {
@@ -132,10 +107,8 @@ __device__ __forceinline__ void decode_tc_scores_fp8(float (&s)[C::kRowTiles][2]
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int ks = 2 * kp + half;  // 16 columns
-      const u32 b0[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half]),
-                         fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half] >> 16)};
-      const u32 b1[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1]),
-                         fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1] >> 16)};
+      u32 b0[2], b1[2];
+      fp8_k_fragments<mma_t, kv_t>(kb, half, b0, b1);
 #pragma unroll
       for (int r = 0; r < C::kRowTiles; ++r) {
         u32 qa[4];
@@ -148,8 +121,8 @@ __device__ __forceinline__ void decode_tc_scores_fp8(float (&s)[C::kRowTiles][2]
   }
 }
 
-// O += P·V from fp8 V rows (see above): o's n-tile 2ch holds chunk ch's even columns, 2ch + 1 its
-// odd ones.
+// O += P·V from fp8 V rows (fp8_v_fragments): o's n-tile 2ch holds chunk ch's even columns, 2ch + 1
+// its odd ones.
 template <class C>
 __device__ __forceinline__ void decode_tc_pv_fp8(float (&o)[C::kRowTiles][C::kDTiles][4],
                                                  const u32 (&pa)[C::kRowTiles][4], u32 v_base,
@@ -164,11 +137,8 @@ __device__ __forceinline__ void decode_tc_pv_fp8(float (&o)[C::kRowTiles][C::kDT
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int ch = 2 * jp + half;
-      // bytes (tok 2c, col 2n) (tok 2c, col 2n+1) (tok 2c+1, col 2n) (tok 2c+1, col 2n+1)
-      const u32 even[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0020)),
-                           fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0020))};
-      const u32 odd[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0031)),
-                          fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0031))};
+      u32 even[2], odd[2];
+      fp8_v_fragments<mma_t, kv_t>(vb, half, even, odd);
 #pragma unroll
       for (int r = 0; r < C::kRowTiles; ++r) {
         mma_m16n8k16<mma_t>(o[r][2 * ch], pa[r], even);
@@ -265,7 +235,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   }
   if constexpr (is_fp8<kv_t>()) {  // Q's columns in the order the fp8 K fragments come in
     __syncthreads();
-    decode_tc_permute_q_fp8<C>(q_smem);
+    fp8_permute_q_rows<C::kQChunks, C::kThreads>(q_smem, C::kRowTiles * 16);
     __syncthreads();
   }
   float dot_scale = Tr::dot_scale(p.sm_scale_log2);

@@ -152,7 +152,8 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
   if constexpr (is_fp8<typename C::kv_t>()) {
     cp_async_wait<C::kStages - 1>();  // the Q group (the KV prologue's groups may be in flight)
     __syncthreads();
-    prefill_permute_q_fp8<C>(smem);  // the main loop's barrier orders it before any use
+    fp8_permute_q_rows<C::kChunks, C::kThreads>(
+        smem, C::kRows);  // the main loop's barrier orders it before any use
     // The keys are dequantized through the logits: q·(k * s) = (q·k) * s.
     sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
   }

@@ -5,6 +5,7 @@
 // t/4 and t/4 + 8 (h = 0, 1 below) of each row tile.
 #pragma once
 
+#include "attention/fp8_fragments.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
@@ -18,26 +19,10 @@ template <class C>
 struct PrefillWarpState : SoftmaxFragState<C::kRowTiles, C::kDTiles> {};
 
 // fp8 KV (the mma.sync kernel): K and V tiles stay fp8 in shared memory (half the bytes per
-// stage) and are widened to q's type as their fragments are read, with the column orders of the
-// tensor-core decode kernel (decode_tc.cuh says why they are what ldmatrix gives): Q's staged
-// columns permuted within each 16 (prefill_permute_q_fp8), and O's n-tiles 2ch / 2ch + 1 holding
-// chunk ch's even / odd columns (the epilogue writes them back in order: prefill_epilogue.cuh).
-
-// The staged Q tile permuted in place: within each 16 columns, position 2c + e holds column
-// 4c + e and position 8 + 2c + e column 4c + 2 + e. Every thread of the CTA calls it, after a
-// barrier that follows the Q tile's arrival.
-template <class C>
-__device__ __forceinline__ void prefill_permute_q_fp8(unsigned char* q_smem) {
-  constexpr int kPairs = C::kChunks / 2;
-  for (int idx = threadIdx.x; idx < C::kRows * kPairs; idx += C::kThreads) {
-    const int row = idx / kPairs, j = idx % kPairs;
-    uint4* lo = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, 2 * j));
-    uint4* hi = reinterpret_cast<uint4*>(q_smem + swizzled_offset<C::kChunks>(row, 2 * j + 1));
-    const uint4 a = *lo, b = *hi;  // words: columns (0,1) (2,3) (4,5) (6,7) | (8,9) ... (14,15)
-    *lo = make_uint4(a.x, a.z, b.x, b.z);
-    *hi = make_uint4(a.y, a.w, b.y, b.w);
-  }
-}
+// stage) and are widened to q's type as their fragments are read, in the column orders of
+// attention/fp8_fragments.cuh: Q's staged columns permuted (fp8_permute_q_rows, by prefill.cuh),
+// and O's n-tiles 2ch / 2ch + 1 holding chunk ch's even / odd columns (the epilogue writes them
+// back in order: prefill_epilogue.cuh).
 
 // S from fp8 K rows (Q permuted): one ldmatrix of 16 tokens x 32 columns feeds two k-steps.
 template <class C>
@@ -64,10 +49,8 @@ __device__ __forceinline__ void prefill_qk_fp8(u32 q_base, u32 k_base, int wq, i
       ldmatrix_x4(kb, k_base + swizzled_offset<C::kKVChunks>(k_row, 2 * kp + lane / 16));
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const u32 b0[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half]),
-                           fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half] >> 16)};
-        const u32 b1[2] = {fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1]),
-                           fp8x2_to_16x2<mma_t, kv_t>(kb[2 * half + 1] >> 16)};
+        u32 b0[2], b1[2];
+        fp8_k_fragments<mma_t, kv_t>(kb, half, b0, b1);
 #pragma unroll
         for (int r = 0; r < C::kRowTiles; ++r) {
           mma_m16n8k16<mma_t>(s[r][2 * j], qa[half][r], b0);
@@ -217,10 +200,8 @@ __device__ __forceinline__ void prefill_pv_fp8(PrefillWarpState<C>& st,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int ch = 2 * jp + half;
-        const u32 even[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0020)),
-                             fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0020))};
-        const u32 odd[2] = {fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half], 0, 0x0031)),
-                            fp8x2_to_16x2<mma_t, kv_t>(byte_perm(vb[2 * half + 1], 0, 0x0031))};
+        u32 even[2], odd[2];
+        fp8_v_fragments<mma_t, kv_t>(vb, half, even, odd);
 #pragma unroll
         for (int r = 0; r < C::kRowTiles; ++r) {
           mma_m16n8k16<mma_t>(st.o[r][2 * ch], pa[r][j], even);

@@ -25,73 +25,87 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
   }
   std::vector<ops::KernelSpec> specs;
   std::vector<ops::KernelSpec> variant_specs;  // compiled first: a user's compile error shows soon
+  // The cache dtypes under q dtype t (PrecompileOptions::kv_dtypes).
+  const auto kv_types = [&](DType t) {
+    std::vector<DType> kvs;
+    for (DType kv : opts.kv_dtypes)
+      if (is_fp8_dtype(kv) || kv == t) kvs.push_back(kv);
+    if (opts.kv_dtypes.empty()) kvs.push_back(t);
+    return kvs;
+  };
   for (const std::string& op : opts.ops) {
     if (op == "merge") {
       for (DType t : opts.dtypes) specs.push_back(ops::merge_kernel_spec(t));
     } else if (op == "decode") {
       for (DType t : opts.dtypes)
-        for (int d : opts.head_dims)
-          for (int g : opts.group_sizes)
-            for (int p : opts.page_sizes) {
-              DecodeKernelKey key;
-              key.q = key.kv = t;
-              key.head_dim = d;
-              key.group = g;
-              key.page_size = p;
-              const bool tc_ok = decode_tc_supported(d, g);
-              for (const bool tc : {false, true}) {
-                if (tc && !tc_ok) continue;
-                key.tensor_cores = tc;
-                key.tuning = {};
-                key.variant = plain.kernel();
-                specs.push_back(ops::kernel_spec(key));
-                // The other shapes BatchDecode's auto mode picks.
-                if (tc && d <= 128)
-                  for (const auto& shape : {ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta}) {
-                    key.tuning = shape;
-                    specs.push_back(ops::kernel_spec(key));
+        for (DType kv : kv_types(t))
+          for (int d : opts.head_dims)
+            for (int g : opts.group_sizes)
+              for (int p : opts.page_sizes) {
+                DecodeKernelKey key;
+                key.q = t;
+                key.kv = kv;
+                key.head_dim = d;
+                key.group = g;
+                key.page_size = p;
+                const bool tc_ok = decode_tc_supported(d, g);
+                for (const bool tc : {false, true}) {
+                  if (tc && !tc_ok) continue;
+                  key.tensor_cores = tc;
+                  key.tuning = {};
+                  key.variant = plain.kernel();
+                  specs.push_back(ops::kernel_spec(key));
+                  // The other shapes BatchDecode's auto mode picks.
+                  if (tc && d <= 128)
+                    for (const auto& shape : {ops::kDecodeTCSmallCtas, ops::kDecodeTCOneCta}) {
+                      key.tuning = shape;
+                      specs.push_back(ops::kernel_spec(key));
+                    }
+                  key.tuning = {};
+                  for (const ops::VariantJit& vj : decode_variants) {
+                    if (is_fp8_dtype(kv) && vj.transforms_qk) continue;  // plan() refuses it
+                    key.variant = vj.kernel();
+                    variant_specs.push_back(ops::kernel_spec(key));
                   }
-                key.tuning = {};
-                for (const ops::VariantJit& vj : decode_variants) {
-                  key.variant = vj.kernel();
-                  variant_specs.push_back(ops::kernel_spec(key));
                 }
               }
-            }
     } else if (op == "prefill") {
       // The Hopper kernel too, where the target has it (no GPU here: its shared-memory limit is
       // checked at plan()).
       const bool hopper =
           ops::prefill_wgmma_unsupported(opts.arch, 128, true, 128, INT_MAX).empty();
       for (DType t : opts.dtypes)
-        for (int d : opts.head_dims)
-          for (const PrefillKV kv :
-               {PrefillKV::kRagged, PrefillKV::kPagedPow2, PrefillKV::kPaged}) {
-            PrefillKernelKey key;
-            key.dtype = t;
-            key.head_dim = d;
-            key.kv = kv;
-            for (int rows : {16, 32, 64, 128}) {
-              key.rows = rows;
-              specs.push_back(ops::kernel_spec(key));
-              for (const ops::VariantJit& vj : prefill_variants) {
-                PrefillKernelKey vkey = key;
-                vkey.variant = vj.kernel();
-                variant_specs.push_back(ops::kernel_spec(vkey));
+        for (DType kvt : kv_types(t))
+          for (int d : opts.head_dims)
+            for (const PrefillKV kv :
+                 {PrefillKV::kRagged, PrefillKV::kPagedPow2, PrefillKV::kPaged}) {
+              PrefillKernelKey key;
+              key.dtype = t;
+              key.fp8_kv = is_fp8_dtype(kvt) ? kvt : DType::f32;
+              key.head_dim = d;
+              key.kv = kv;
+              for (int rows : {16, 32, 64, 128}) {
+                key.rows = rows;
+                specs.push_back(ops::kernel_spec(key));
+                for (const ops::VariantJit& vj : prefill_variants) {
+                  if (key.has_fp8_kv() && vj.transforms_qk) continue;  // plan() refuses it
+                  PrefillKernelKey vkey = key;
+                  vkey.variant = vj.kernel();
+                  variant_specs.push_back(ops::kernel_spec(vkey));
+                }
+              }
+              if (hopper) {
+                key.rows = 128;
+                key.wgmma = true;
+                specs.push_back(ops::kernel_spec(key));
               }
             }
-            if (hopper) {
-              key.rows = 128;
-              key.wgmma = true;
-              specs.push_back(ops::kernel_spec(key));
-            }
-          }
     } else if (op == "cascade") {  // the gather / merge kernels around the levels' passes
       for (DType t : opts.dtypes) specs.push_back(ops::cascade_kernel_spec(t));
     } else if (op == "kv") {  // RoPE, KV append, get_batch_indices_positions
       for (DType t : opts.dtypes) {
         specs.push_back(ops::rope_kernel_spec(t));
-        specs.push_back(ops::kv_append_kernel_spec(t, t));
+        for (DType kv : kv_types(t)) specs.push_back(ops::kv_append_kernel_spec(kv, t));
       }
       specs.push_back(ops::batch_indices_positions_kernel_spec());
     } else {
