@@ -457,9 +457,9 @@ class PyMultiLevelCascade {
   // Host page table of the whole batch; qo_indptr None: one query row per request (decode).
   void plan(const OptionalIn& qo_indptr, const InArray& kv_indptr, const InArray& kv_indices,
             const InArray& kv_last_page_len, int page_size, int num_qo_heads, int num_kv_heads,
-            int head_dim, const std::string& dtype, bool causal, float sm_scale,
-            const std::string& use_cascade, int min_group_size, bool enable_cuda_graph,
-            uintptr_t stream) {
+            int head_dim, const std::string& dtype, const std::string& kv_dtype, bool causal,
+            float sm_scale, const std::string& use_cascade, int min_group_size,
+            bool enable_cuda_graph, uintptr_t stream) {
     CascadeBatch b;
     b.batch_size = batch_of(kv_indptr, "paged_kv_indptr");
     b.kv_indptr = host_i32(kv_indptr, "paged_kv_indptr", b.batch_size + 1);
@@ -472,6 +472,7 @@ class PyMultiLevelCascade {
     shape.num_kv_heads = num_kv_heads;
     shape.head_dim = head_dim;
     shape.dtype = parse_dtype(dtype);
+    shape.kv_dtype = parse_dtype(kv_dtype);  // the q dtype, or an fp8 cache's
     CascadePlanOptions o;
     o.causal = causal;
     o.sm_scale = sm_scale;
@@ -483,12 +484,14 @@ class PyMultiLevelCascade {
 
   // The plan holds device copies of every level's page ids: only the cache tensors are passed.
   void run(const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
-           const OutArray& out, const LseArg& lse, uintptr_t stream) {
+           const OutArray& out, const LseArg& lse, uintptr_t stream, float k_scale, float v_scale,
+           const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
     const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
     PagedKVCache kv;
     kv.k = view_of(k, "paged_kv.k");
     kv.v = view_of(v, "paged_kv.v");
     kv.layout = parse_kv_layout(layout);
+    kv.scale = kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor);
     without_gil([&] { op_->run(qv, kv, ov, lv, stream_of(stream)); });
   }
 
@@ -932,10 +935,11 @@ void bind_module(nb::module_& m) {
                   arg("head_dim"), arg("max_levels"), arg("device"))
       .def("plan", &PyMultiLevelCascade::plan, arg("qo_indptr").none(), arg("kv_indptr"),
            arg("kv_indices"), arg("kv_last_page_len"), arg("page_size"), arg("num_qo_heads"),
-           arg("num_kv_heads"), arg("head_dim"), arg("dtype"), arg("causal"), arg("sm_scale"),
-           arg("use_cascade"), arg("min_group_size"), arg("enable_cuda_graph"), arg("stream"))
+           arg("num_kv_heads"), arg("head_dim"), arg("dtype"), arg("kv_dtype"), arg("causal"),
+           arg("sm_scale"), arg("use_cascade"), arg("min_group_size"), arg("enable_cuda_graph"),
+           arg("stream"))
       .def("run", &PyMultiLevelCascade::run, arg("q"), arg("k"), arg("v"), arg("layout"),
-           arg("out"), arg("lse").none(), arg("stream"))
+           arg("out"), arg("lse").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS)
       .def("plan_info", &PyMultiLevelCascade::plan_info);
 }
 

@@ -243,9 +243,9 @@ class MultiLevelCascadeWrapper:
         paged_kv_indices, paged_kv_last_page_len ``[batch]``: int32, host or device (host copies
         are taken: detection compares page ids). ``causal`` (rows of prefill / append requests)
         aligns to the end of each request's KV; a request's rows use a shared prefix only if
-        they all see it whole. q, kv and output share one dtype (float16 or bfloat16 on the
-        GPU; an fp8 ``kv_data_type`` raises ValueError: flashkv's cascade does not read fp8
-        caches yet, FlashInfer's :class:`MultiLevelCascadeAttentionWrapper` here does).
+        they all see it whole. q and the output share one dtype (float16 or bfloat16 on the
+        GPU); the cache is in it too, or in fp8 (``kv_data_type`` float8_e4m3fn / float8_e5m2:
+        give run() the cache's ``k_scale`` / ``v_scale``).
         ``use_cascade``: "auto" (cost model), "always" (whenever a prefix is shared) or
         "never"; ``min_group_size``: requests that must share a prefix to form a group.
         RoPE, windows and soft-capping raise NotImplementedError. Not during graph capture.
@@ -260,9 +260,12 @@ class MultiLevelCascadeWrapper:
             raise ValueError(f"use_cascade: expected 'auto', 'always' or 'never', got "
                              f"{use_cascade!r}")
         q_dt, kv_dt, o_dt = C.plan_dtypes(q_data_type, kv_data_type, o_data_type)
-        if kv_dt != q_dt or o_dt != q_dt:
+        if (kv_dt != q_dt and kv_dt not in A.FP8_DTYPES) or o_dt != q_dt:
             raise ValueError(f"kv_data_type / o_data_type: expected the q dtype {q_dt} (the "
-                             f"cascade takes one dtype), got {kv_dt} / {o_dt}")
+                             f"cache may be fp8), got {kv_dt} / {o_dt}")
+        if kv_dt in A.FP8_DTYPES and q_dt not in ("f16", "bf16"):
+            raise ValueError(f"kv_data_type: an fp8 cache ({kv_dt}) takes float16 or bfloat16 "
+                             f"queries, got q_data_type {q_dt}")
         kv_h = A.host_i32(paged_kv_indptr, "paged_kv_indptr")
         batch = kv_h.shape[0] - 1
         qo_h = None if qo_indptr is None else A.host_i32(qo_indptr, "qo_indptr")
@@ -300,34 +303,39 @@ class MultiLevelCascadeWrapper:
         op = self._slot.acquire(need, what,
                                 exact_fields=("max_qo_tokens",) if qo_h is None else ())
         op.plan(qo_h, kv_h, plan["indices"], plan["last_page_len"], plan["page_size"],
-                plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt,
+                plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt, kv_dt,
                 plan["causal"], plan["sm_scale"], use_cascade, int(min_group_size),
                 self._use_cuda_graph, A.cuda_stream(self._float_workspace_buffer))
         self._plan = plan
 
     begin_forward = plan
 
-    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
+    def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False, k_scale=None,
+            v_scale=None):
         """Attention for the planned batch: q ``[rows, num_qo_heads, head_dim]`` in the batch's
         order (one row per request for decode), paged_kv_cache a ``(k_cache, v_cache)`` tuple or
         one ``[num_pages, 2, ...]`` array. Returns out, or (out, lse) with ``return_lse``
-        (lse float32 ``[rows, num_qo_heads]``, base 2). Allocates nothing else on the GPU and
-        never synchronizes (capturable in CUDA graph mode)."""
+        (lse float32 ``[rows, num_qo_heads]``, base 2). ``k_scale`` / ``v_scale``: an fp8 cache's
+        dequantization scales, as the decode wrapper's run() takes them. Allocates nothing else
+        on the GPU and never synchronizes (capturable in CUDA graph mode)."""
         plan = self._plan
         C.require_plan(plan)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
+        scale = C.kv_scales(k_scale, v_scale, k, plan["num_kv_heads"])
         out, lse = C.run_outputs(self, q, k, out, lse, return_lse, "paged_kv_indices")
         if self._on_gpu:
-            A.call(self._slot.op.run, q, k, v, self._kv_layout, out, lse, A.cuda_stream(q))
+            A.call(self._slot.op.run, q, k, v, self._kv_layout, out, lse, A.cuda_stream(q),
+                   **scale.kwargs())
         else:
             C.check_planned_host(q, k, plan, self._kv_layout)
             if plan["qo_indptr"] is None:
                 A.call(_C.reference_batch_decode, q, k, v, self._kv_layout, plan["indptr"],
-                       plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"])
+                       plan["indices"], plan["last_page_len"], out, lse, plan["sm_scale"],
+                       **scale.kwargs())
             else:
                 A.call(_C.reference_batch_prefill_paged, q, plan["qo_indptr"], k, v,
                        self._kv_layout, plan["indptr"], plan["indices"], plan["last_page_len"],
-                       out, lse, plan["causal"], plan["sm_scale"])
+                       out, lse, plan["causal"], plan["sm_scale"], **scale.kwargs())
         return C.finish(out, lse, return_lse)
 
     def plan_info(self) -> dict:

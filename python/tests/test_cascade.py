@@ -232,7 +232,7 @@ def test_cascade_wrapper_errors():
     indptr, indices, last = b.table()
     with pytest.raises(ValueError, match="use_cascade"):
         auto.plan(None, indptr, indices, last, 8, 2, 64, 4, use_cascade="sometimes")
-    with pytest.raises(ValueError, match="one dtype"):
+    with pytest.raises(ValueError, match="the cache may be fp8"):
         auto.plan(None, indptr, indices, last, 8, 2, 64, 4, kv_data_type="bfloat16")
     with pytest.raises(ValueError, match="max_levels"):
         flashkv.MultiLevelCascadeWrapper(WS, max_levels=5)

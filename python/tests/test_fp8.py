@@ -142,17 +142,17 @@ def test_fp8_plans_need_16_bit_queries():
     host as on the GPU."""
     cache = PagedCache(np.random.default_rng(1), [5, 9], PS, HK, D, np.float16, "NHD")
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(WS)
-    with pytest.raises(ValueError, match="kv_dtype: expected f32"):
+    with pytest.raises(ValueError, match="kv_dtype: an fp8 cache"):
         w.plan(cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
                q_data_type="float32", kv_data_type="e4m3")
     with pytest.raises(ValueError, match="o_dtype: expected f16"):
         w.plan(cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
                kv_data_type="e4m3", o_data_type="e4m3")
-    # The automatic cascade takes one dtype: fp8 KV is refused there, naming kv_data_type.
-    with pytest.raises(ValueError, match="kv_data_type"):
+    # The automatic cascade: fp8 KV under float32 queries is refused too.
+    with pytest.raises(ValueError, match="fp8 cache"):
         flashkv.MultiLevelCascadeWrapper(WS).plan(
             None, cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
-            kv_data_type="e4m3")
+            q_data_type="float32", kv_data_type="e4m3")
 
 
 # --- k_scale / v_scale checks ------------------------------------------------------------------
@@ -599,3 +599,34 @@ def test_run_scale_errors_on_fp8_caches():
     # A cache of another dtype than the plan's: the plan check names it.
     with pytest.raises(ValueError, match=r"paged_kv_cache: expected dtype e4m3"):
         w.run(q, (cache.k.astype(ml_dtypes.float8_e5m2), cache.v.astype(ml_dtypes.float8_e5m2)))
+
+
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("decode", [True, False])
+def test_multi_level_cascade_wrapper_fp8(fw8, dtype, decode):
+    """flashkv's automatic cascade wrapper over an fp8 cache with its scales: on the host the
+    reference of the plain attention, equal to the decode / paged prefill wrapper's answer."""
+    rng = np.random.default_rng(30)
+    kv_lens = [5, 9, 13, 4]
+    qo = [1] * 4 if decode else [2, 1, 3, 1]
+    cache = PagedCache(rng, kv_lens, PS, HK, D, np_fp8(dtype), "NHD")
+    q = rand(rng, (sum(qo), HQ, D), np.float16)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    ks, vs = scale_args("per_head", fw8)
+    w = flashkv.MultiLevelCascadeWrapper(WS)
+    w.plan(None if decode else qo_indptr, cache.indptr, cache.indices, cache.last_page_len, HQ,
+           HK, D, PS, causal=True, kv_data_type=dtype)
+    out = w.run(to8(q, fw8), (to8(cache.k, fw8), to8(cache.v, fw8)), k_scale=ks, v_scale=vs)
+    if decode:
+        ref = flashkv.BatchDecodeWithPagedKVCacheWrapper(WS, "NHD")
+        ref.plan(cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
+                 kv_data_type=dtype)
+    else:
+        ref = flashkv.BatchPrefillWithPagedKVCacheWrapper(WS, "NHD")
+        ref.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
+                 causal=True, kv_data_type=dtype)
+    want = ref.run(to8(q, fw8), (to8(cache.k, fw8), to8(cache.v, fw8)), k_scale=ks, v_scale=vs)
+    np.testing.assert_array_equal(host(out), host(want))
+    with pytest.raises(ValueError, match="kv_data_type"):
+        w.plan(None, cache.indptr, cache.indices, cache.last_page_len, HQ, HK, D, PS,
+               q_data_type="float16", kv_data_type="bfloat16")

@@ -17,9 +17,13 @@ void check_plan_dtypes(DType q, DType kv, DType o, PlanTarget target, const char
             : ": expected f16, bf16 or f32 (f32: CPU reference only), got ",
         dtype_name(q));
   // KV in q's dtype, or an fp8 cache (widened to q's dtype in the kernels; attention.h: KVScale).
-  const bool fp8 = kv == DType::e4m3 || kv == DType::e5m2;
-  check(kv == q || (fp8 && q != DType::f32), kv_name, ": expected ", dtype_name(q),
-        " (the q dtype) or an fp8 dtype (e4m3, e5m2), got ", dtype_name(kv));
+  if (is_fp8_dtype(kv)) {
+    check(q != DType::f32, kv_name, ": an fp8 cache (", dtype_name(kv), ") takes f16 or bf16 ",
+          "queries, got ", q_name, " ", dtype_name(q));
+  } else {
+    check(kv == q, kv_name, ": expected ", dtype_name(q),
+          " (the q dtype) or an fp8 dtype (e4m3, e5m2), got ", dtype_name(kv));
+  }
   check(o == q, o_name, ": expected ", dtype_name(q), " (the q dtype), got ", dtype_name(o));
 }
 
