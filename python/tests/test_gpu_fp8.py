@@ -125,6 +125,40 @@ def test_batch_decode_fp8_head_dims_and_groups(fp8, dtype, head_dim):
         check_paged(cache, decode_rows(q), out, lse, ks, vs, dtype)
 
 
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("decode", [True, False])
+def test_multi_level_cascade_wrapper_fp8(fp8, decode):
+    """flashkv's automatic cascade over an fp8 cache whose requests share a prefix: the levels
+    read it with its scales; the answer is plain attention's (the decode / prefill wrapper's)."""
+    g = gen(44)
+    hq, hk, d, ps = 32, 8, 128, 16
+    kv_lens = [600, 600, 600, 600]
+    cache = Paged(kv_lens, ps, hk, d, fp8, "NHD", g)
+    # Requests 1-3 share request 0's first 32 pages (512 tokens).
+    shared = cache.indices[:32].clone()
+    for i in range(1, 4):
+        cache.indices[int(cache.indptr[i]):int(cache.indptr[i]) + 32] = shared
+    qo = [1] * 4 if decode else [3, 1, 2, 5]
+    qo_indptr = i32([0] + list(np.cumsum(qo)))
+    q = rand((sum(qo), hq, d), "float16", g)
+    ks, vs = scale_args("per_head", hk, seed=7)
+    w = flashkv.MultiLevelCascadeWrapper(workspace())
+    w.plan(None if decode else qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq,
+           hk, d, ps, causal=True, kv_data_type=tdtype(fp8), use_cascade="always")
+    assert w.plan_info()["num_levels"] == 2
+    out = w.run(q, (cache.k, cache.v), k_scale=ks, v_scale=vs)
+    if decode:
+        ref = flashkv.BatchDecodeWithPagedKVCacheWrapper(workspace())
+        ref.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+                 kv_data_type=tdtype(fp8))
+    else:
+        ref = flashkv.BatchPrefillWithPagedKVCacheWrapper(workspace())
+        ref.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+                 causal=True, kv_data_type=tdtype(fp8))
+    want = ref.run(q, (cache.k, cache.v), k_scale=ks, v_scale=vs)
+    assert rel_err(out, want) < 2 * UNIT_ROUNDOFF["float16"]
+
+
 def plan_or_skip(w, backend, *args, **kw):
     """w.plan(...); with backend "fa3" a plan the wgmma kernel cannot run (fp8 KV there, or no
     sm_90a GPU) skips the test."""
