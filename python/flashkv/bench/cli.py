@@ -34,6 +34,8 @@ def parse_args(argv):
     ap.add_argument("--prefill-shapes", nargs="+", choices=SHAPES, default=["gqa-32-8"],
                     help="prefill head shapes (default: gqa-32-8)")
     ap.add_argument("--dtypes", nargs="+", choices=["f16", "bf16"], default=["f16"])
+    ap.add_argument("--kv-dtype", choices=["e4m3", "e5m2"],
+                    help="an fp8 KV cache (scale 1) under each --dtypes query dtype (GPU mode)")
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions (median reported)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -110,7 +112,7 @@ def run_gpu(args, log):
                 seed += 1
                 try:
                     row = gpu.run_config(w, shape, dtype, args.page_size, args.head_dim,
-                                         args.reps, seed)
+                                         args.reps, seed, args.kv_dtype)
                 except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
                     torch.cuda.empty_cache()
                     msg = f"{type(e).__name__}: {e}"

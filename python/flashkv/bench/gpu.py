@@ -28,7 +28,8 @@ import flashkv
 
 from . import workloads as W
 
-TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+                "e5m2": torch.float8_e5m2}
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's usual; grown when a plan asks for more
 SPIN_CYCLES = 1_000_000  # >= ~0.5 ms on the GPU: longer than the host's time to launch run()
 
@@ -127,20 +128,22 @@ def planned(make, plan):
 
 
 class PagedInputs:
-    """`copies` copies of q [rows, hq, d] and of a paged cache [pages, page, hkv, d] (k, v),
+    """`copies` copies of q [rows, hq, d] and of a paged cache [pages, page, hkv, d] (k, v; in
+    kv_dtype, default the q dtype: fp8 values are drawn in the q dtype and rounded, scale 1),
     sharing one scattered page table."""
 
-    def __init__(self, w: W.Workload, hq, hkv, d, page, dtype, seed):
-        dt = TORCH_DTYPES[dtype]
+    def __init__(self, w: W.Workload, hq, hkv, d, page, dtype, seed, kv_dtype=None):
+        dt, kvt = TORCH_DTYPES[dtype], TORCH_DTYPES[kv_dtype or dtype]
         self.indptr, self.last = W.page_table(w.kv_lens, page)
         pages = self.indptr[-1]
         rows = sum(w.qo())
-        per_copy = (pages * page * hkv * d * 2 + rows * hq * d) * W.DTYPE_BYTES[dtype]
+        per_copy = (pages * page * hkv * d * 2 * W.DTYPE_BYTES[kv_dtype or dtype]
+                    + rows * hq * d * W.DTYPE_BYTES[dtype])
         self.copies = W.rotation_copies(per_copy)
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.q = [uniform((rows, hq, d), dt, g) for _ in range(self.copies)]
-        self.k = [uniform((max(pages, 1), page, hkv, d), dt, g) for _ in range(self.copies)]
-        self.v = [uniform((max(pages, 1), page, hkv, d), dt, g) for _ in range(self.copies)]
+        self.k = [uniform((max(pages, 1), page, hkv, d), dt, g).to(kvt) for _ in range(self.copies)]
+        self.v = [uniform((max(pages, 1), page, hkv, d), dt, g).to(kvt) for _ in range(self.copies)]
         perm = torch.randperm(max(pages, 1), generator=torch.Generator().manual_seed(seed))
         self.indices = perm[:pages].to(torch.int32).cuda()
         self.out = torch.empty((rows, hq, d), dtype=dt, device="cuda")
@@ -155,7 +158,11 @@ class PagedInputs:
         """Request r's keys and values of copy 0, contiguous [kv_len, hkv, d]."""
         ids = self.indices[self.indptr[r]: self.indptr[r + 1]].long()
         n = (self.indptr[r + 1] - self.indptr[r] - 1) * self.k[0].shape[1] + self.last[r]
-        k, v = self.k[0][ids], self.v[0][ids]
+
+        def pages(x):  # fp8 pages gathered as bytes (torch indexes no float8 tensor)
+            return x.view(torch.uint8)[ids].view(x.dtype) if x.element_size() == 1 else x[ids]
+
+        k, v = pages(self.k[0]), pages(self.v[0])
         return k.reshape(-1, k.shape[2], k.shape[3])[:n], v.reshape(-1, v.shape[2], v.shape[3])[:n]
 
 
@@ -207,22 +214,24 @@ def check(inp: PagedInputs, w: W.Workload, dtype, seed):
     return err, bound, bool(err <= bound), int(got.shape[0])
 
 
-def run_config(w: W.Workload, shape, dtype, page, d, reps, seed):
+def run_config(w: W.Workload, shape, dtype, page, d, reps, seed, kv_dtype=None):
     """One flashkv row (decode or prefill) of the results, in the schema's keys (pct_of_ceiling
-    filled in later, with the ceilings)."""
+    filled in later, with the ceilings). kv_dtype: an fp8 cache ("e4m3", "e5m2"; scale 1)."""
     hq, hkv = W.SHAPES[shape]
     dt = TORCH_DTYPES[dtype]
-    inp = PagedInputs(w, hq, hkv, d, page, dtype, seed)
+    kvt = TORCH_DTYPES[kv_dtype or dtype]
+    inp = PagedInputs(w, hq, hkv, d, page, dtype, seed, kv_dtype)
     indptr, last = inp.i32(inp.indptr), inp.i32(inp.last)
     decode = w.kind == "decode"
 
     def plan(wr):
         t0 = time.perf_counter()
         if decode:
-            wr.plan(indptr, inp.indices, last, hq, hkv, d, page, q_data_type=dt)
+            wr.plan(indptr, inp.indices, last, hq, hkv, d, page, q_data_type=dt,
+                    kv_data_type=kvt)
         else:
             wr.plan(inp.i32(inp.qo_indptr), indptr, inp.indices, last, hq, hkv, d, page,
-                    causal=True, q_data_type=dt)
+                    causal=True, q_data_type=dt, kv_data_type=kvt)
         return (time.perf_counter() - t0) * 1e6
 
     cls = (flashkv.BatchDecodeWithPagedKVCacheWrapper if decode
@@ -237,14 +246,15 @@ def run_config(w: W.Workload, shape, dtype, page, d, reps, seed):
     wrapper.run(inp.q[0], (inp.k[0], inp.v[0]), out=inp.out)
     torch.cuda.synchronize()
     err, bound, ok, checked = check(inp, w, dtype, seed)
-    row = dict(workload=w.id, kind=w.kind, shape=shape, dtype=dtype, system="flashkv",
+    row = dict(workload=w.id, kind=w.kind, shape=shape, dtype=dtype,
+               kv_dtype=kv_dtype or dtype, system="flashkv",
                api="python", **timing, tbps=None, tflops=None, rel_err=err, rel_err_bound=bound,
                ref_ok=ok, ref_rows_checked=checked, batch=w.batch, sum_kv=sum(w.kv_lens),
                sum_qo=sum(w.qo()), copies_rotated=c, plan_py_us=plan_us,
                plan_info={k: v for k, v in info.items() if isinstance(v, (int, float, bool))})
     seconds = timing["time_us"] * 1e-6
     if decode:
-        row["bytes"] = W.decode_bytes(w, hq, hkv, d, dtype)
+        row["bytes"] = W.decode_bytes(w, hq, hkv, d, dtype, kv_dtype)
         row["tbps"] = row["bytes"] / seconds / 1e12
     else:
         row["flops"] = W.prefill_flops(w, hq, d)

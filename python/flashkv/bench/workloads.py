@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 SHAPES = {"gqa-32-8": (32, 8), "mha-32-32": (32, 32)}  # name -> (query heads, KV heads)
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
 UNIT_ROUNDOFF = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24}
 L2_ROTATE_BYTES = 200 << 20  # rotate input copies until this much (4x the H200's 50 MB L2)
 
@@ -80,10 +80,11 @@ def causal_pairs(qo_len, kv_len) -> int:
     return sum(min(kv_len, max(0, kv_len - qo_len + i + 1)) for i in range(qo_len))
 
 
-def decode_bytes(w: Workload, hq, hkv, head_dim, dtype) -> int:
-    """q + every K and V element attended + o, in the storage dtype (real tokens only)."""
-    b = DTYPE_BYTES[dtype]
-    return 2 * w.batch * hq * head_dim * b + sum(w.kv_lens) * hkv * head_dim * 2 * b
+def decode_bytes(w: Workload, hq, hkv, head_dim, dtype, kv_dtype=None) -> int:
+    """q + every K and V element attended + o, in the storage dtypes (real tokens only; the
+    cache's is kv_dtype, default the q dtype)."""
+    b, kb = DTYPE_BYTES[dtype], DTYPE_BYTES[kv_dtype or dtype]
+    return 2 * w.batch * hq * head_dim * b + sum(w.kv_lens) * hkv * head_dim * 2 * kb
 
 
 def prefill_bytes(w: Workload, hq, hkv, head_dim, dtype) -> int:
