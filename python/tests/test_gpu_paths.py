@@ -322,16 +322,17 @@ def test_cascade_wrapper_sizes_by_mode(fake):
     op = FakeCascade.made[-1]
     assert op.cfg == dict(max_batch=4, max_qo_tokens=0, max_pages=8, num_qo_heads=8, head_dim=64,
                           max_levels=2)
-    qo, kvp, idx, last, ps, hq, hk, d, dt, causal, scale, use, mgs, graph, stream = op.plans[-1]
+    (qo, kvp, idx, last, ps, hq, hk, d, dt, kv_dt, causal, scale, use, mgs, graph,
+     stream) = op.plans[-1]
     assert qo is None and kvp.tolist() == [0, 2, 4, 6] and idx.tolist() == list(range(6))
-    assert (ps, dt, causal, use, mgs, graph) == (16, "f16", False, "auto", 2, False)
+    assert (ps, dt, kv_dt, causal, use, mgs, graph) == (16, "f16", "f16", False, "auto", 2, False)
     cascade_plan(w, 4)
     assert len(FakeCascade.made) == 1  # fits
     cascade_plan(w, 3, qo=5, causal=True, use_cascade="always", q_data_type="bfloat16")
     op = FakeCascade.made[-1]  # prefill rows: a new object, rows rounded up
     assert len(FakeCascade.made) == 2 and op.cfg["max_qo_tokens"] == 16
-    assert op.plans[-1][0].tolist() == [0, 5, 10, 15] and op.plans[-1][8:12] == (
-        "bf16", True, 0.0, "always")
+    assert op.plans[-1][0].tolist() == [0, 5, 10, 15] and op.plans[-1][8:13] == (
+        "bf16", "bf16", True, 0.0, "always")
     cascade_plan(w, 2, qo=1)
     assert len(FakeCascade.made) == 2  # prefill fits prefill
     cascade_plan(w, 2)
@@ -349,7 +350,7 @@ def test_cascade_wrapper_sizes_by_mode(fake):
 def test_cascade_wrapper_cuda_graph_is_sized_once(fake):
     w = flashkv.MultiLevelCascadeWrapper(cuda(np.zeros(100_000, np.uint8)), use_cuda_graph=True)
     cascade_plan(w, 3)
-    assert FakeCascade.made[-1].cfg["max_batch"] == 3 and FakeCascade.made[-1].plans[-1][13]
+    assert FakeCascade.made[-1].cfg["max_batch"] == 3 and FakeCascade.made[-1].plans[-1][14]
     with pytest.raises(ValueError, match="max_batch 4 > 3, max_pages 8 > 6: in CUDA graph mode"):
         cascade_plan(w, 4)
     with pytest.raises(ValueError, match="keeps the mode of its first plan"):
