@@ -4,6 +4,7 @@
 // the policy's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -55,6 +56,24 @@ TEST(TuningPolicy, DecodeTensorCoreDefaultShapes) {
   expect_tc(decode_tc_shape(128, 16), {4, 128, 64, 2, 1, 69632, 2}, "d128 g16");
   // head_dim 256: 2 warps (the tensor-core kernel does not take it by default).
   expect_tc(decode_tc_shape(256, 1), {2, 64, 32, 2, 1, 73728, 2}, "d256 g1");
+}
+
+TEST(TuningPolicy, DecodeTensorCoreFp8Shapes) {
+  // fp8 KV: half the bytes per stage, so the default depth keeps the f16 kernel's bytes in flight
+  // (64 KB per SM at head_dim 128: 2 tiles of 16 KB ahead per CTA); the shared memory is Q plus the
+  // larger of the pipeline and the cross-warp merge's staging.
+  for (int d : {64, 128}) {
+    SCOPED_TRACE(d);
+    const DecodeTCShape f16 = decode_tc_shape(d, 4), f8 = decode_tc_shape(d, 4, 0, 0, 0, 1);
+    EXPECT_EQ(f8.warps, f16.warps);
+    EXPECT_EQ((f8.stages - 1) * 2 * f8.tile * d, (f16.stages - 1) * 2 * f16.tile * d * 2);
+    const int pipeline = f8.stages * 2 * f8.tile * d;
+    const int merge = f8.warps * 16 * f8.row_tiles * (d + 6) * 4;
+    EXPECT_EQ(f8.smem_bytes, f8.row_tiles * 16 * d * 2 + std::max(pipeline, merge));
+  }
+  expect_tc(decode_tc_shape(128, 4, 0, 0, 0, 1), {4, 128, 64, 3, 1, 53248, 2}, "d128 g4 fp8");
+  // Two forced stages of fp8 at head_dim 64: the merge staging (17.5 KB) outgrows the pipeline.
+  expect_tc(decode_tc_shape(64, 4, 2, 0, 0, 1), {4, 128, 64, 2, 1, 2048 + 17920, 2}, "d64 2 stages");
 }
 
 TEST(TuningPolicy, DecodeTensorCoreAutoShapes) {
@@ -216,6 +235,28 @@ TEST(TuningPolicy, PrefillMmaSyncShapes) {
   EXPECT_EQ(policy::prefill_stages(0, 8192, 128), 4);
   EXPECT_EQ(policy::prefill_stages(32768, 16384, 128), 2);
   EXPECT_EQ(policy::prefill_stages(65536, 16384, 256), 4);
+}
+
+TEST(TuningPolicy, PrefillHopperFp8Shapes) {
+  // fp8 KV: 16-bit stages as for f16 plus staging slots of fp8 K + V (4, 3 at head_dim 256); at
+  // head_dim 128 the tile is 64 tokens so that they fit.
+  const struct {
+    int d, tile, slots, smem;
+  } cases[] = {{64, 128, 4, 214016}, {128, 64, 4, 214016}, {256, 32, 3, 230400}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.d);
+    const PrefillShape s = prefill_hopper_shape(c.d, 1), f16 = prefill_hopper_shape(c.d);
+    EXPECT_EQ(s.tile, c.tile);
+    EXPECT_EQ(s.stages, f16.stages);
+    EXPECT_EQ(s.stage_bytes, c.tile * c.d * 2);
+    EXPECT_EQ(s.staging_slots, c.slots);
+    EXPECT_EQ(s.staging_bytes, c.slots * 2 * c.tile * c.d);
+    EXPECT_EQ(s.smem_bytes, c.smem);
+    EXPECT_LE(s.smem_bytes + 1024, policy::kSmemPerBlockBytes);
+    EXPECT_EQ(f16.staging_bytes, 0);
+  }
+  // The mma.sync kernel: fp8 stages are half the bytes, so more of them fit.
+  EXPECT_GT(prefill_shape(128, 128, 1).stages, prefill_shape(128, 128).stages);
 }
 
 TEST(TuningPolicy, PrefillHopperShapes) {
