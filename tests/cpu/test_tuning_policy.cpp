@@ -73,7 +73,8 @@ TEST(TuningPolicy, DecodeTensorCoreFp8Shapes) {
   }
   expect_tc(decode_tc_shape(128, 4, 0, 0, 0, 1), {4, 128, 64, 3, 1, 53248, 2}, "d128 g4 fp8");
   // Two forced stages of fp8 at head_dim 64: the merge staging (17.5 KB) outgrows the pipeline.
-  expect_tc(decode_tc_shape(64, 4, 2, 0, 0, 1), {4, 128, 64, 2, 1, 2048 + 17920, 2}, "d64 2 stages");
+  expect_tc(decode_tc_shape(64, 4, 2, 0, 0, 1), {4, 128, 64, 2, 1, 2048 + 17920, 2},
+            "d64 2 stages");
 }
 
 TEST(TuningPolicy, DecodeTensorCoreAutoShapes) {
