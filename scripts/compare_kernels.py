@@ -10,7 +10,8 @@ resource records (.nv.info.*: registers, shared memory, barriers) are byte-ident
 on a subset precompiled into one side, e.g. `flashkv precompile --head-dims 128 --group-sizes 4`).
 
 Entries are matched by their first name expression (kernel ids and cache keys may differ between
-the trees, e.g. when headers moved). Exit status 1 if any kernel differs or is missing on one side.
+the trees, e.g. when headers moved), and sections by their kernel's rank within the entry (a Config
+that gains a defaulted template parameter mangles to another symbol name with the same code). Exit status 1 if any kernel differs or is missing on one side.
 No CUDA tools needed: the cubin is an ELF file and only its section bytes are compared."""
 import os
 import struct
@@ -57,7 +58,16 @@ def load(cache):
         if f.endswith(".fkvbin"):
             names, cubin = read_entry(os.path.join(cache, f))
             secs = elf_sections(cubin)
-            code = {k: v for k, v in secs.items() if k.startswith((".text.", ".nv.info.", ".nv.shared.", ".nv.constant0."))}
+            prefixes = (".text.", ".nv.info.", ".nv.shared.", ".nv.constant0.")
+            # Sections are named after the kernel's mangled symbol, which a new defaulted template
+            # parameter changes without changing the code: name them by the symbol's rank instead.
+            symbols = sorted({k[len(p):] for k in secs for p in prefixes if k.startswith(p)})
+            rank = {sym: i for i, sym in enumerate(symbols)}
+            code = {}
+            for k, v in secs.items():
+                for p in prefixes:
+                    if k.startswith(p):
+                        code[f"{p}#{rank[k[len(p):]]}"] = v
             kernels[names[0]] = code
     return kernels
 

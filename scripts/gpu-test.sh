@@ -25,10 +25,11 @@ if command -v compute-sanitizer >/dev/null; then
   filter+=':DecodeStepGpu.Llama31GqaMatchesUnfusedAndReference:DecodeStepGpu.BadInputsRaiseNamedErrors'
   filter+=':CascadeGpu.TwoAndThreeLevelsMatchPlainAttention'
   filter+=':DecodeVariantsGpu.UserVariantWithEveryHookOnBothKernels:PrefillVariantsGpu.Sinks:PrefillVariantsGpu.SlidingWindow'
+  filter+=':PrefillVariantsGpu.RopeOverFp8Cache:DecodeVariantsGpu.RopeOverFp8CacheOnBothKernels'
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/flashkv_gpu_tests" --gtest_filter="$filter" \
     > "$LOGS/memcheck.log" 2>&1 || { status=1; echo "memcheck FAILED"; }
   compute-sanitizer --tool racecheck --error-exitcode 3 "$BUILD/tests/flashkv_gpu_tests" \
-    --gtest_filter='DecodeGpu.BothLayoutsAndInterleavingAgree:MergeGpu.MergeStatesMatchesReference:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.AllEmptyAndTinyBatches:RopeGpu.EmptyAndSingleTokenBatches:DecodeStepGpu.Llama31GqaMatchesUnfusedAndReference:CascadeGpu.AutomaticUseFollowsTheCostModel:DecodeVariantsGpu.EveryBuiltinOnBothKernelsWithSplitKV' \
+    --gtest_filter='DecodeGpu.BothLayoutsAndInterleavingAgree:MergeGpu.MergeStatesMatchesReference:PrefillGpu.LongKvFewTilesSplitsAcrossCtas:PrefillGpu.AllEmptyAndTinyBatches:RopeGpu.EmptyAndSingleTokenBatches:DecodeStepGpu.Llama31GqaMatchesUnfusedAndReference:CascadeGpu.AutomaticUseFollowsTheCostModel:DecodeVariantsGpu.EveryBuiltinOnBothKernelsWithSplitKV:DecodeVariantsGpu.RopeOverFp8CacheOnBothKernels' \
     > "$LOGS/racecheck.log" 2>&1 || { status=1; echo "racecheck FAILED"; }
   tail -n 3 "$LOGS/memcheck.log" "$LOGS/racecheck.log"
 fi

@@ -19,7 +19,8 @@
 //
 // Knobs that live elsewhere, not duplicated here:
 // - The Hopper prefill kernel's setmaxnreg split: producer / consumer registers 24 / 240 on the
-//   TMA path, 40 / 232 on the cp.async gather path (the gather spills page ids at 24), both
+//   TMA path, 40 / 232 on the cp.async gather path (the gather spills page ids at 24), 56 / 224
+//   on the fp8 gather-and-widen path (it spilled at 40), all
 //   filling the 168 x 384 registers __launch_bounds__(384, 1) gives; PrefillWsConfig in
 //   attention/prefill/prefill_hopper_ws.cuh (left there: another change edits that file).
 //   One instantiation per KV path with its own split beat one kernel with a run-time branch and
@@ -299,16 +300,19 @@ constexpr int prefill_hopper_stages(int head_dim) { return head_dim == 128 ? 3 :
 // (level, kept). (An earlier form, loads running ahead across work items with two query buffers,
 // gave 31.4 / 50.1: no gain, NOTES "Tried and dropped", same log.)
 constexpr int prefill_hopper_q_buffers(int head_dim) { return head_dim <= 128 ? 2 : 1; }
-// fp8 KV on the Hopper kernel: the producer gathers fp8 tiles into two staging slots and widens
-// them into the 16-bit stages the consumers read, so the staging needs room too. At head_dim 128
-// the 128-token tile's stages leave none: 64-token tiles there (2 x 32 + 5 x 16 + 2 x 16 KB).
-// Not measured against 128 tokens with fewer stages. Staging slots: as many as fit (4, 3 at
-// head_dim 256), so the gather keeps slots - 1 tiles in flight: with 2 (one in flight) e4m3 P4
-// GQA ran 1436 us against f16's 1049 (prefill-fp8-2026-12-02.log).
+// fp8 KV on the Hopper kernel: the producer gathers fp8 tiles into staging slots and widens them
+// into the 16-bit stages the consumers read, so the staging needs room too. At head_dim 128 the
+// 128-token tile's stages leave little: 64-token tiles there (2 x 32 + 5 x 16 + 4 x 16 KB). 128
+// tokens with 2 stages and 2 staging slots (2 x 32 + 3 x 32 + 2 x 32 KB) ran e4m3 P4 GQA at 1403
+// us against 64 tokens' 1311 (f16: 1050; prefill-fp8-tile-ab-2026-12-02.log). Staging slots: as
+// many as fit (4, 3 at head_dim 256), so the gather keeps slots - 1 tiles in flight: with 2 (one
+// in flight) e4m3 P4 GQA ran 1436 us against 4's 1387-1400 (prefill-fp8-2026-12-02.log,
+// prefill-fp8-4slots-2026-12-02-dd8cd00.log). The stages: the 16-bit kernel's.
 constexpr int prefill_hopper_fp8_kv_tile(int head_dim) {
   return head_dim == 128 ? 64 : prefill_hopper_kv_tile(head_dim);
 }
 constexpr int prefill_hopper_fp8_staging_slots(int head_dim) { return head_dim == 256 ? 3 : 4; }
+constexpr int prefill_hopper_fp8_stages(int head_dim) { return prefill_hopper_stages(head_dim); }
 
 // ---------------------------------------------------------------------------------------------
 // Prefill scheduler (src/scheduler/prefill_scheduler.h: PrefillCostModel, PrefillScheduleOptions)

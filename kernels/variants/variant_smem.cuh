@@ -76,7 +76,9 @@ __device__ __forceinline__ void variant_transform_kv_rows(const typename V::Args
                                                           const Offset& offset) {
   typedef VariantTraits<V> Tr;
   static_assert(!is_fp8<T>(),
-                "key_transform / value_transform / key RoPE on an fp8 KV cache are not supported");
+                "key_transform / value_transform / key RoPE over an fp8 cache need the tile staged "
+                "widened (kv/kv_chunk_copy.cuh); the host widens it when the variant's source "
+                "names one of these hooks");
   if constexpr (Tr::kKeyRope)
     variant_rope_k_rows<V, T, HEAD_DIM, THREADS>(a, key, first_kv_idx, rows, k_base, offset);
   if constexpr (Tr::kKeyTransform) {

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 
 #include "flashkv/error.h"
 #include "runtime/embedded_kernels.h"
@@ -52,6 +54,13 @@ std::vector<std::string> base_nvrtc_options(const std::string& arch) {
                                    "--fmad=true", "-DFLASHKV_NVRTC=1"};
   std::lock_guard<std::mutex> lock(process_options_mutex());
   opts.insert(opts.end(), process_options().begin(), process_options().end());
+  // FLASHKV_NVRTC_OPTIONS: more options, space-separated, for investigations (e.g.
+  // "--ptxas-options=-v" with FLASHKV_NVRTC_LOG=1 prints registers and spills). They enter the
+  // kernel cache's key like every option here.
+  if (const char* extra = std::getenv("FLASHKV_NVRTC_OPTIONS")) {
+    std::istringstream words(extra);
+    for (std::string w; words >> w;) opts.push_back(w);
+  }
   return opts;
 }
 

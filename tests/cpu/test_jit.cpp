@@ -13,11 +13,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "flashkv/error.h"
 #include "flashkv/jit.h"
 #include "ops/jit/kernel_specs.h"
+#include "ops/jit/variant_jit.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -222,6 +224,36 @@ TEST(Jit, Fp8KvKernelsCompile) {
   for (int d : {64, 128, 256}) add(DType::f16, DType::e4m3, d);
   add(DType::bf16, DType::e4m3, 128);
   add(DType::f16, DType::e5m2, 128);
+  // The fused-RoPE variant stages fp8 tiles widened (kv/kv_chunk_copy.cuh): both decode kernels
+  // and the mma.sync prefill kernel.
+  AttentionVariant rope;
+  rope.rope.mode = RopeMode::llama;
+  const ops::VariantJit vj = ops::variant_jit(Variant::builtin(rope));
+  ASSERT_TRUE(ops::fp8_kv_widened(DType::e4m3, vj));
+  EXPECT_FALSE(ops::fp8_kv_widened(DType::f16, vj));
+  for (bool tc : {false, true}) {
+    DecodeKernelKey key{.kv = DType::e4m3, .group = 4, .tensor_cores = tc};
+    key.variant = vj.kernel();
+    key.widen_kv = true;
+    EXPECT_NE(ops::kernel_spec(key).id.find("widened"), std::string::npos);
+    specs.push_back(ops::kernel_spec(key));
+  }
+  for (const auto& [q, kv, d, rows] : {std::tuple{DType::f16, DType::e4m3, 128, 64},
+                                       std::tuple{DType::bf16, DType::e5m2, 256, 16}}) {
+    PrefillKernelKey key;
+    key.dtype = q;
+    key.fp8_kv = kv;
+    key.head_dim = d;
+    key.rows = rows;
+    key.variant = vj.kernel();
+    key.widen_kv = true;
+    EXPECT_EQ(key.geometry().smem, [&] {  // the 16-bit kernel's stages
+      PrefillKernelKey k16 = key;
+      k16.fp8_kv = DType::f32;
+      return k16.geometry().smem;
+    }());
+    specs.push_back(ops::kernel_spec(key));
+  }
   for (const auto& spec : specs) {
     runtime::CompileRequest req = spec.make();
     req.arch = "sm_90a";

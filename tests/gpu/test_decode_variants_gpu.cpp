@@ -2,7 +2,8 @@
 // built-in (reference_variants.h): each built-in alone and combined, both decode kernels, head
 // dims 64/128/256, GQA groups 1-16 and MQA, pages 1/16, NHD/HND, f16/bf16, split-KV forced
 // (fixed_split_size 64: the sink must enter exactly one chunk), empty and fully masked rows. A
-// user variant exercising every hook is checked against the plain reference it must equal.
+// user variant exercising every hook is checked against the plain reference it must equal. RoPE
+// and the user variant's key / value transforms also over e4m3 / e5m2 caches.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -104,7 +105,8 @@ void run_and_check(const VariantCase& vc) {
   SCOPED_TRACE(vc.name + ": " + c.str());
   const int64_t B = static_cast<int64_t>(c.kv_lens.size());
   PagedCacheHost cache = make_paged_cache(c.kv_lens, c.page_size, c.num_kv_heads, c.head_dim,
-                                          c.layout, c.dtype, c.seed, true, c.interleaved);
+                                          c.layout, c.kv_dtype(), c.seed, true, c.interleaved);
+  set_kv_scale(cache, c.scale, c.seed);
   HostTensor q(c.dtype, {B, c.num_qo_heads, c.head_dim});
   q.fill_random(c.seed * 7 + 1);
   VariantInputs in;
@@ -139,7 +141,7 @@ void run_and_check(const VariantCase& vc) {
             .num_kv_heads = c.num_kv_heads,
             .head_dim = c.head_dim,
             .q_dtype = c.dtype,
-            .kv_dtype = c.dtype,
+            .kv_dtype = c.kv_dtype(),
             .o_dtype = c.dtype},
            opts, s);
   if (c.opts.fixed_split_size > 0 && *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) > 64)
@@ -264,6 +266,40 @@ TEST_F(DecodeVariantsGpu, VeryLongRequestSplitOverAllSMs) {
   }
 }
 
+// The fused-RoPE variant over fp8 caches on both kernels (tiles staged widened:
+// kv/kv_chunk_copy.cuh), head_dim 64/128/256, scales far from 1, per tensor and per KV head.
+TEST_F(DecodeVariantsGpu, RopeOverFp8CacheOnBothKernels) {
+  struct Shape {
+    int qo, kv, d, page;
+    DType dt, kv_dt;
+    KVScaleCase scale;
+  };
+  const Shape shapes[] = {{32, 8, 128, 16, DType::f16, DType::e4m3, {0.01f, 50.0f, 0}},
+                          {8, 8, 64, 1, DType::bf16, DType::e5m2, {2.0f, 0.5f, 2}},
+                          {32, 2, 256, 16, DType::f16, DType::e4m3, {0.5f, 1.5f, 1}}};
+  uint64_t seed = 950;
+  for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+    for (const Shape& sh : shapes) {
+      if (b == DecodeBackend::kTensorCores && sh.d == 256) continue;  // CUDA cores only
+      DecodeCase base;
+      base.kv_lens = {1, 77, 700, 0, 33};
+      base.num_qo_heads = sh.qo;
+      base.num_kv_heads = sh.kv;
+      base.head_dim = sh.d;
+      base.page_size = sh.page;
+      base.dtype = sh.dt;
+      base.fp8_kv = sh.kv_dt;
+      base.scale = sh.scale;
+      base.layout = seed % 2 ? KVLayout::HND : KVLayout::NHD;
+      base.opts.backend = b;
+      base.opts.fixed_split_size = 64;
+      base.seed = seed++;
+      for (const VariantCase& vc : builtin_cases(base))
+        if (vc.name == "rope-llama" || vc.name == "rope-llama31+offsets") run_and_check(vc);
+    }
+  }
+}
+
 // A user variant with every hook: q * 2, k * 0.25, v * 2, out * 0.5, a logits transform that is
 // the identity and a mask that keeps all. Softmax is invariant to none of these scalings except
 // through sm_scale, so the result equals plain attention with sm_scale * 0.5.
@@ -296,8 +332,14 @@ struct EveryHook {
 }
 
 TEST_F(DecodeVariantsGpu, UserVariantWithEveryHookOnBothKernels) {
-  for (DecodeBackend b : {DecodeBackend::kTensorCores, DecodeBackend::kCudaCores}) {
+  // Over f16 and over an e4m3 cache (its key and value transforms: the widened tiles).
+  for (int i = 0; i < 4; ++i) {
+    const DecodeBackend b = i % 2 ? DecodeBackend::kCudaCores : DecodeBackend::kTensorCores;
     DecodeCase c;
+    if (i >= 2) {
+      c.fp8_kv = DType::e4m3;
+      c.scale = {0.5f, 1.5f, 2};
+    }
     c.kv_lens = {1, 300, 1000, 65};
     c.opts.backend = b;
     c.opts.fixed_split_size = 64;
@@ -323,7 +365,7 @@ TEST_F(DecodeVariantsGpu, UserVariantWithEveryHookOnBothKernels) {
     expect_decode_ok(plain, want);
     const auto a = got.out_host.to_doubles(), e = want.out_host.to_doubles();
     EXPECT_LE(rel_err(a, e), 2 * tolerance_floor(c.dtype))
-        << (b == DecodeBackend::kCudaCores ? "cuda cores" : "tensor cores");
+        << (b == DecodeBackend::kCudaCores ? "cuda cores" : "tensor cores") << " " << c.str();
     EXPECT_FALSE(any_nan(a));
   }
 }

@@ -3,8 +3,8 @@
 // widens fragments in registers), paged and ragged KV, against the CPU reference on the
 // dequantized values with the tolerance rule of the query dtype: head_dim 64/128/256, GQA
 // 1/4/8/16, pages 1/16/64, NHD/HND, causal and not, every query-tile size, split-KV, scales per
-// tensor / as tensors / per KV head, one long prompt; variants; what the fused-RoPE variant
-// refuses.
+// tensor / as tensors / per KV head, one long prompt; variants (the fused-RoPE variant over fp8:
+// test_prefill_variants_gpu.cpp).
 #include <gtest/gtest.h>
 
 #include "flashkv/error.h"
@@ -138,19 +138,6 @@ TEST_F(PrefillFp8Gpu, HopperKernelSmallBatches) {
     expect_prefill_ok(in, o, c.str());
     EXPECT_TRUE(o.plan.wgmma) << c.str();
   }
-}
-
-TEST_F(PrefillFp8Gpu, RefusalsAreNamed) {
-  PrefillCase c;
-  c.set_requests({{16, 16}});
-  c.fp8_kv = DType::e4m3;
-  const PrefillInputs in = make_prefill_inputs(c);
-  PrefillPlanOptions o = c.opts;
-  AttentionVariant rope;
-  rope.rope.mode = RopeMode::llama;
-  o.variant = Variant::builtin(rope);
-  EXPECT_NE(error_of([&] { run_prefill(in, PrefillKV::kPaged, o); }).find("fp8"),
-            std::string::npos);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // and ragged KV on the same data: window (left; left + right), soft-cap, ALiBi, sinks, sigmoid,
 // custom mask, RoPE llama / llama31 with and without rope offsets, and window + soft-cap + sinks;
 // causal (from the options or from the built-in) and not; GQA 32/8 and MHA 8/8; head_dim 64, 128,
-// 256; f16 and bf16; query tiles of 16 and 32 rows (warps split KV tiles) and the heuristic's.
+// 256; f16 and bf16; query tiles of 16 and 32 rows (warps split KV tiles) and the heuristic's;
+// RoPE over e4m3 / e5m2 caches (the reference on the dequantized values).
 // Split-KV is always on (fixed_split_size 64: the long requests split and merge).
 //
 // Outputs: the tolerance rule of tests/common/test_util.h (error at most 2x that of the reference
@@ -54,6 +55,9 @@ struct VCase {
   int tile_rows = 0;
   bool expect_empty_rows = false;  // the case is built to have rows that see no key
   uint64_t seed = 1;
+  DType fp8_kv = DType::f32;  // e4m3 / e5m2: an fp8 cache (staged widened when the variant
+  KVScaleCase scale;          // rotates keys), with these scales; else the cache in dt
+  DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dt; }
 };
 
 std::string describe(const VCase& c) {
@@ -71,6 +75,7 @@ std::string describe(const VCase& c) {
   if (b.custom_mask) s += " custom_mask";
   if (b.rope != RopeMode::none) s += std::string(" rope ") + rope_mode_name(b.rope);
   if (b.rope_offsets) s += " +offsets";
+  if (is_fp8_dtype(c.fp8_kv)) s += std::string(" kv ") + dtype_name(c.fp8_kv) + c.scale.str();
   return s;
 }
 
@@ -195,8 +200,9 @@ void run_case(const VCase& c) {
   for (int64_t l : qo_lens) nnz += l;
   const bool softmax = !c.b.sigmoid;
 
-  PagedCacheHost cache =
-      make_paged_cache(kv_lens, c.page, c.hkv, c.d, KVLayout::NHD, c.dt, c.seed, true, false);
+  PagedCacheHost cache = make_paged_cache(kv_lens, c.page, c.hkv, c.d, KVLayout::NHD, c.kv_dtype(),
+                                          c.seed, true, false);
+  set_kv_scale(cache, c.scale, c.seed);
   const HostTensor qo_indptr = indptr_of(qo_lens);
   HostTensor q(c.dt, {nnz, c.hqo, c.d});
   q.fill_random(c.seed * 7919 + 17);
@@ -242,7 +248,7 @@ void run_case(const VCase& c) {
                .num_kv_heads = c.hkv,
                .head_dim = c.d,
                .q_dtype = c.dt,
-               .kv_dtype = c.dt,
+               .kv_dtype = c.kv_dtype(),
                .o_dtype = c.dt},
               opts, s);
       pf.run(dq.view, dcache.cache, dout.view, lse_view, s);
@@ -259,10 +265,10 @@ void run_case(const VCase& c) {
                .num_kv_heads = c.hkv,
                .head_dim = c.d,
                .q_dtype = c.dt,
-               .kv_dtype = c.dt,
+               .kv_dtype = c.kv_dtype(),
                .o_dtype = c.dt},
               opts, s);
-      pf.run(dq.view, dk.view, dv.view, dout.view, lse_view, s);
+      pf.run(dq.view, dk.view, dv.view, dout.view, lse_view, dcache.cache.scale, s);
       synchronize(s);
       info = pf.plan_info();
     }
@@ -411,6 +417,42 @@ TEST_F(PrefillVariantsGpu, RopeLlamaAndLlama31WithAndWithoutOffsets) {
       run_case(c);
     }
   }
+}
+
+// The fused-RoPE variant over an fp8 cache: the tiles are staged widened (kv/kv_chunk_copy.cuh),
+// rotated there once in the query's dtype; scales far from 1, per tensor and per KV head.
+TEST_F(PrefillVariantsGpu, RopeOverFp8Cache) {
+  VCase c;
+  c.b.rope = RopeMode::llama;
+  c.causal = true;
+  c.fp8_kv = DType::e4m3;
+  c.scale = {0.01f, 50.0f, 0};
+  c.seed = 91;
+  run_case(c);
+  VCase m;  // llama31 with offsets, MHA, bf16 over e5m2, pages of 1, 32-row tiles
+  m.b.rope = RopeMode::llama31;
+  m.b.rope_offsets = true;
+  m.hqo = m.hkv = 8;
+  m.d = 64;
+  m.dt = DType::bf16;
+  m.page = 1;
+  m.tile_rows = 32;
+  m.fp8_kv = DType::e5m2;
+  m.scale = {2.0f, 0.5f, 2};
+  m.seed = 92;
+  run_case(m);
+  VCase w;  // head_dim 256 with a window and soft-cap besides
+  w.b.rope = RopeMode::llama;
+  w.b.window_left = 64;
+  w.b.soft_cap = 5.0f;
+  w.causal = true;
+  w.hqo = 16;
+  w.hkv = 1;
+  w.d = 256;
+  w.fp8_kv = DType::e4m3;
+  w.scale = {0.5f, 1.5f, 1};
+  w.seed = 93;
+  run_case(w);
 }
 
 TEST_F(PrefillVariantsGpu, WindowSoftCapSinks) {

@@ -37,19 +37,23 @@ constexpr int pow2_ceil(int x) {
 }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
-template <class QT, class KVT, class OT, int HEAD_DIM, int GROUP, int PAGE_SIZE>
+// WIDEN_KV: an fp8 cache staged widened to QT (for variants that rewrite the staged keys or
+// values: kv/kv_chunk_copy.cuh); kv_t is the staged element type, kv_mem_t the cache's.
+template <class QT, class KVT, class OT, int HEAD_DIM, int GROUP, int PAGE_SIZE,
+          bool WIDEN_KV = false>
 struct DecodeConfig {
   using q_t = QT;
-  using kv_t = KVT;
+  using kv_t = typename StagedKV<QT, KVT, WIDEN_KV>::type;
+  using kv_mem_t = KVT;
   using o_t = OT;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
   // (The shape's fields are read one by one: a constexpr struct member would be emitted as a device
   // variable under NVRTC's -default-device and change the kernel's constant bank.)
-  static constexpr int kVec = 16 / sizeof(KVT);  // elements per 16-byte load
-  static constexpr int kBdx = HEAD_DIM / kVec;   // lanes across the head dimension
-  static constexpr int kThreads = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).threads;
+  static constexpr int kVec = 16 / sizeof(kv_t);  // elements per 16-byte load
+  static constexpr int kBdx = HEAD_DIM / kVec;    // lanes across the head dimension
+  static constexpr int kThreads = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(kv_t)).threads;
   static constexpr int kRows = kThreads / kBdx;
   // Up to 4 heads per thread: registers for q and o grow with it (8 floats each per head), and 4
   // already amortizes the shared-memory load and conversion of K/V over the GQA-4 group. (One
@@ -59,7 +63,7 @@ struct DecodeConfig {
       cmin(pow2_ceil((GROUP + kMaxHeadsPerThread - 1) / kMaxHeadsPerThread), kRows);
   static constexpr int kHeadsPerThread = (GROUP + kBdy - 1) / kBdy;
   static constexpr int kBdz = kRows / kBdy;
-  static constexpr int kTile = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).tile;
+  static constexpr int kTile = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(kv_t)).tile;
   static constexpr int kTokensPerLane = kTile / kBdz;
   static constexpr int kInner = cmin(kTokensPerLane, 4);  // tokens scored per softmax update
   static constexpr int kLoads = kTile * kBdx / kThreads;  // 16-byte loads per thread per stage
@@ -68,9 +72,9 @@ struct DecodeConfig {
   __device__ __forceinline__ static u32 chunk_offset(int row, int chunk) {
     return (u32)((row * kChunks + chunk) * 16);
   }
-  static constexpr int kStages = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).stages;
+  static constexpr int kStages = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(kv_t)).stages;
   static constexpr int kStageElems = kTile * HEAD_DIM;  // of K (and of V)
-  static constexpr int kSmemBytes = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(KVT)).smem_bytes;
+  static constexpr int kSmemBytes = decode_cuda_core_shape(HEAD_DIM, (int)sizeof(kv_t)).smem_bytes;
 
   static_assert(HEAD_DIM % kVec == 0 && kBdx <= 32 && 32 % kBdx == 0,
                 "head_dim must be 64, 128 or 256");
@@ -163,7 +167,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     }
     float dot_scale = Tr::dot_scale(p.sm_scale_log2);
     // An fp8 cache's keys are dequantized through the logits: q·(k * s) = (q * s)·k.
-    if constexpr (is_fp8<kv_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
+    if constexpr (is_fp8<typename C::kv_mem_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
 #pragma unroll
     for (int i = 0; i < V; ++i) q[h][i] *= dot_scale;
   }

@@ -7,6 +7,7 @@
 #include "attention/decode/decode_timeline.cuh"
 #include "attention/merge/split_merge.cuh"
 #include "attention/state.cuh"
+#include "kv/kv_chunk_copy.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/l2_hint.cuh"
 #include "primitives/types.cuh"
@@ -145,7 +146,9 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
                                                   int tile, const DecodeTilePages<C>& a,
                                                   unsigned char* k_stage, unsigned char* v_stage,
                                                   unsigned& bad_pages) {
-  constexpr u32 kElem = sizeof(typename C::kv_t);
+  typedef typename C::kv_t kv_t;          // the stage's elements
+  typedef typename C::kv_mem_t kv_mem_t;  // the cache's (kv/kv_chunk_copy.cuh)
+  constexpr u32 kElem = sizeof(kv_mem_t);
   const char* kg = static_cast<const char*>(p.k);
   const char* vg = static_cast<const char*>(p.v);
   const int chunk = threadIdx.x % C::kChunks;
@@ -154,9 +157,11 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
   // int32, so num_pages clamps to 2^31. Shared-memory addresses are 32-bit (no generic-address
   // conversion per copy).
   const u32 page_bytes = (u32)p.page_stride * kElem, token_bytes = (u32)p.token_stride * kElem;
-  const u32 in_page = ((u32)w.kv_head * (u32)p.head_stride + (u32)chunk * (16 / kElem)) * kElem;
+  const u32 in_page =
+      ((u32)w.kv_head * (u32)p.head_stride + (u32)chunk * (16 / (u32)sizeof(kv_t))) * kElem;
   const u32 num_pages = (u32)(p.num_pages < 0x80000000LL ? p.num_pages : 0x80000000LL);
   const u32 k_dst = smem_addr(k_stage), v_dst = smem_addr(v_stage);
+  KVChunkCopy<kv_t, kv_mem_t, 2 * C::kLoads> copy;
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int row = decode_load_row<C>(j);
@@ -168,9 +173,10 @@ __device__ __forceinline__ void decode_issue_tile(const DecodeParams& p, const D
     const u32 page = valid ? (u32)a.page[j] : 0u;
     const u64 off = (u64)page * page_bytes + ((pos % C::kPageSize) * token_bytes + in_page);
     const u32 so = C::chunk_offset(row, chunk);
-    cp_async_16(k_dst + so, kg + off, valid);
-    cp_async_16(v_dst + so, vg + off, valid);
+    copy.issue(2 * j, k_dst + so, kg + off, valid);
+    copy.issue(2 * j + 1, v_dst + so, vg + off, valid);
   }
+  copy.finish();
 }
 
 // An fp8 cache's values are dequantized here, once per output row: o times the value scale.
@@ -181,7 +187,7 @@ __device__ __forceinline__ void decode_store_row(const DecodeParams& p, const De
   float o[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = o_in[e];
-  if constexpr (is_fp8<typename C::kv_t>()) {
+  if constexpr (is_fp8<typename C::kv_mem_t>()) {
     const float vs = kv_scale_v(p.scale, w.kv_head);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] *= vs;

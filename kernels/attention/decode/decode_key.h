@@ -34,25 +34,32 @@ struct DecodeKernelKey {
   DecodeTCTuning tuning;     // tensor-core kernel only (ignored by the CUDA-core kernel)
   bool check_pages = false;  // also report page ids outside the cache (decode_common.cuh)
   KernelVariant variant;
+  // With an fp8 cache: stage the tiles widened to q's dtype (a variant rewrites the staged keys
+  // or values: kv/kv_chunk_copy.cuh).
+  bool widen_kv = false;
   bool operator==(const DecodeKernelKey&) const = default;
 
   DecodeTCTuning tc_tuning() const { return tensor_cores ? tuning : DecodeTCTuning{}; }
+  bool widened_kv() const { return is_fp8_dtype(kv) && widen_kv; }
+  // The element size of the staged K / V tiles (the shape functions' kv_bytes).
+  int stage_kv_bytes() const { return widened_kv() ? 2 : static_cast<int>(dtype_size(kv)); }
 
-  // DecodeTCConfig<QT, KVT, HEAD_DIM, GROUP, PAGE_SIZE[, STAGES, WARPS, CTAS]> or
-  // DecodeConfig<QT, KVT, OT, HEAD_DIM, GROUP, PAGE_SIZE>.
+  // DecodeTCConfig<QT, KVT, HEAD_DIM, GROUP, PAGE_SIZE[, STAGES, WARPS, CTAS[, WIDEN_KV]]> or
+  // DecodeConfig<QT, KVT, OT, HEAD_DIM, GROUP, PAGE_SIZE[, WIDEN_KV]>.
   std::string config_type() const {
     const std::string qt = device_type_name(q, "q");
     const std::string kvt = device_type_name(kv, "kv");
     const std::string dims =
         std::to_string(head_dim) + ", " + std::to_string(group) + ", " + std::to_string(page_size);
+    const std::string widen = widened_kv() ? ", true" : "";
     if (!tensor_cores)
-      return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + ">";
+      return "flashkv::DecodeConfig<" + qt + ", " + kvt + ", " + qt + ", " + dims + widen + ">";
     const DecodeTCTuning t = tc_tuning();
-    const std::string shape = t == DecodeTCTuning{}
+    const std::string shape = t == DecodeTCTuning{} && !widened_kv()
                                   ? ""
                                   : ", " + std::to_string(t.stages) + ", " +
                                         std::to_string(t.warps) + ", " + std::to_string(t.ctas);
-    return "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + shape + ">";
+    return "flashkv::DecodeTCConfig<" + qt + ", " + kvt + ", " + dims + shape + widen + ">";
   }
 
   // The kernel's name expression: batch_decode[_tc]_kernel<config, variant>.
@@ -72,8 +79,8 @@ struct DecodeKernelKey {
                                         std::to_string(t.warps) + ",c" + std::to_string(t.ctas);
     return std::string(tensor_cores ? "decode_tc<" : "decode<") + dtype_name(q) + "," +
            dtype_name(kv) + ",d" + std::to_string(head_dim) + ",g" + std::to_string(group) + ",p" +
-           std::to_string(page_size) + tuned + (variant.id.empty() ? "" : "," + variant.id) +
-           (check_pages ? ",checked" : "") + ">";
+           std::to_string(page_size) + tuned + (widened_kv() ? ",widened" : "") +
+           (variant.id.empty() ? "" : "," + variant.id) + (check_pages ? ",checked" : "") + ">";
   }
 
   const char* header() const {
@@ -88,12 +95,11 @@ struct DecodeKernelKey {
   LaunchGeometry geometry() const {
     if (tensor_cores) {
       const DecodeTCTuning t = tc_tuning();
-      const DecodeTCShape s = decode_tc_shape(head_dim, group, t.stages, t.warps, t.ctas,
-                                              static_cast<int>(dtype_size(kv)));
+      const DecodeTCShape s =
+          decode_tc_shape(head_dim, group, t.stages, t.warps, t.ctas, stage_kv_bytes());
       return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
     }
-    const DecodeCudaCoreShape s =
-        decode_cuda_core_shape(head_dim, static_cast<int>(dtype_size(kv)));
+    const DecodeCudaCoreShape s = decode_cuda_core_shape(head_dim, stage_kv_bytes());
     return {static_cast<unsigned>(s.threads), static_cast<unsigned>(s.smem_bytes)};
   }
 };

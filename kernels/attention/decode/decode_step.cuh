@@ -158,7 +158,7 @@ template <class C>
 __device__ __forceinline__ void decode_step_append_fp8(const DecodeParams& p,
                                                        const DecodeWorkItem& w, long long off,
                                                        long long pos) {
-  typedef typename C::kv_t kv_t;
+  typedef typename C::kv_mem_t kv_t;  // the cache's (a widened tile's is not)
   typedef typename C::q_t src_t;
   kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
   kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
@@ -183,7 +183,7 @@ template <class C>
 __device__ __forceinline__ void decode_step_append_16(const DecodeParams& p,
                                                       const DecodeWorkItem& w, long long off,
                                                       long long pos) {
-  typedef typename C::kv_t kv_t;
+  typedef typename C::kv_mem_t kv_t;  // the cache's and the new rows'
   kv_t* kd = static_cast<kv_t*>(const_cast<void*>(p.k)) + off;
   kv_t* vd = static_cast<kv_t*>(const_cast<void*>(p.v)) + off;
   const kv_t* ks = static_cast<const kv_t*>(p.step.new_k) +
@@ -220,7 +220,7 @@ __device__ __forceinline__ void decode_step_append(const DecodeParams& p, const 
     const long long off = (long long)page * p.page_stride +
                           (long long)(t % C::kPageSize) * p.token_stride +
                           (long long)w.kv_head * p.head_stride;
-    if constexpr (is_fp8<typename C::kv_t>()) {
+    if constexpr (is_fp8<typename C::kv_mem_t>()) {
       decode_step_append_fp8<C>(p, w, off, pos);
     } else {
       decode_step_append_16<C>(p, w, off, pos);

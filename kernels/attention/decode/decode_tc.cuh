@@ -27,14 +27,17 @@ namespace flashkv {
 
 // STAGES, WARPS: the pipeline depth and warps per CTA; CTAS: the CTAs per SM the grid is sized
 // for (0: the defaults; decode_shape.cuh).
+// WIDEN_KV: an fp8 cache staged widened to QT (for variants that rewrite the staged keys or
+// values: kv/kv_chunk_copy.cuh); kv_t is the staged element type, kv_mem_t the cache's.
 template <class QT, class KVT, int HEAD_DIM, int GROUP, int PAGE_SIZE, int STAGES = 0,
-          int WARPS = 0, int CTAS = 0>
+          int WARPS = 0, int CTAS = 0, bool WIDEN_KV = false>
 struct DecodeTCConfig {
   using q_t = QT;
-  using kv_t = KVT;
+  using kv_t = typename StagedKV<QT, KVT, WIDEN_KV>::type;
+  using kv_mem_t = KVT;
   using o_t = QT;
   static constexpr DecodeTCShape kShape =
-      decode_tc_shape(HEAD_DIM, GROUP, STAGES, WARPS, CTAS, (int)sizeof(KVT));
+      decode_tc_shape(HEAD_DIM, GROUP, STAGES, WARPS, CTAS, (int)sizeof(kv_t));
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kGroup = GROUP;
   static constexpr int kPageSize = PAGE_SIZE;
@@ -44,10 +47,10 @@ struct DecodeTCConfig {
   static constexpr int kTile = kShape.tile;  // KV tokens per stage
   static constexpr int kStages = kShape.stages;
   static constexpr int kMinCtas = kShape.min_ctas;
-  static constexpr int kChunks = HEAD_DIM * (int)sizeof(KVT) / 16;  // 16-byte chunks per KV row
-  static constexpr int kQChunks = HEAD_DIM / 8;                     // and per (16-bit) Q row
+  static constexpr int kChunks = HEAD_DIM * (int)sizeof(kv_t) / 16;  // 16-byte chunks per KV row
+  static constexpr int kQChunks = HEAD_DIM / 8;                      // and per (16-bit) Q row
   static constexpr int kStageElems = kTile * HEAD_DIM;
-  static constexpr int kStageBytes = kStageElems * (int)sizeof(KVT);
+  static constexpr int kStageBytes = kStageElems * (int)sizeof(kv_t);
   static constexpr int kLoads = kTile * kChunks / kThreads;  // 16-byte loads per thread per stage
   static constexpr int kQElems = kRowTiles * 16 * HEAD_DIM;
   static constexpr int kSmemBytes = kShape.smem_bytes;  // Q, then kStages of K and of V
@@ -240,7 +243,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
   }
   float dot_scale = Tr::dot_scale(p.sm_scale_log2);
   // An fp8 cache's keys are dequantized through the logits: q·(k * s) = (q·k) * s.
-  if constexpr (is_fp8<kv_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
+  if constexpr (is_fp8<typename C::kv_mem_t>()) dot_scale *= kv_scale_k(p.scale, w.kv_head);
 
   const u32 q_base = smem_addr(q_smem);
 

@@ -27,17 +27,18 @@
 
 namespace flashkv {
 
-// KVT: T, or an fp8 type (e4m3_t, e5m2_t) widened to T in registers (prefill_mainloop.cuh).
-template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, class KVT = T>
-struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT> {
-  typedef PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT> Base;
+// KVT: T, or an fp8 type (e4m3_t, e5m2_t) widened to T in registers (prefill_mainloop.cuh) or,
+// with WIDEN_KV, as the tiles are staged (for variants that rewrite them: kv/kv_chunk_copy.cuh).
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, class KVT = T, bool WIDEN_KV = false>
+struct PrefillConfig : PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT, WIDEN_KV> {
+  typedef PrefillConfigCommon<T, HEAD_DIM, ROWS, KV_SOURCE, false, KVT, WIDEN_KV> Base;
   // Where 16-byte chunk `chunk` of row `row` of a kTileRows-row Q tile lives: rows of kChunks
   // chunks, XOR-swizzled for ldmatrix.
   template <int kTileRows>
   __device__ __forceinline__ static u32 smem_offset(int row, int chunk) {
     return swizzled_offset<Base::kChunks>(row, chunk);
   }
-  // And of a K / V stage (rows of kKVChunks chunks: half as many for fp8).
+  // And of a K / V stage (rows of kKVChunks chunks: half as many for an fp8 tile).
   __device__ __forceinline__ static u32 kv_offset(int row, int chunk) {
     return swizzled_offset<Base::kKVChunks>(row, chunk);
   }
@@ -154,9 +155,9 @@ __device__ __forceinline__ void prefill_work_item(const PrefillParams& p, const 
     __syncthreads();
     fp8_permute_q_rows<C::kChunks, C::kThreads>(
         smem, C::kRows);  // the main loop's barrier orders it before any use
-    // The keys are dequantized through the logits: q·(k * s) = (q·k) * s.
-    sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
   }
+  // The keys are dequantized through the logits: q·(k * s) = (q·k) * s.
+  if constexpr (is_fp8<typename C::kv_mem_t>()) sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int next = tile + C::kStages - 1;

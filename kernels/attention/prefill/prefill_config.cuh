@@ -6,34 +6,28 @@
 
 #include "attention/prefill/prefill_params.cuh"
 #include "attention/prefill/prefill_shape.cuh"
+#include "kv/kv_chunk_copy.cuh"
 #include "primitives/types.cuh"
 
 namespace flashkv {
 
 // The KV element type a kernel's MMAs read from shared memory (kv_t) and the one in memory
 // (kv_mem_t): both T, or, with fp8 KV, fp8 in the mma.sync kernel (widened in registers) and T
-// in the Hopper kernel (widened into the stages by the producer: prefill_hopper_ws.cuh).
-template <class T, class KVT, bool HOPPER>
-struct PrefillKVTypes {
-  using kv_t = KVT;
-};
-template <class T, class KVT>
-struct PrefillKVTypes<T, KVT, true> {
-  using kv_t = T;
-};
-
-// KVT: the KV element type in memory, T or an fp8 type (see PrefillKVTypes).
-template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER, class KVT = T>
+// where the tile is widened as it is staged: the Hopper kernel (by its producer:
+// prefill_hopper_ws.cuh) and the mma.sync kernel with a variant that rewrites the staged keys or
+// values (WIDEN_KV; kv/kv_chunk_copy.cuh says why).
+template <class T, int HEAD_DIM, int ROWS, int KV_SOURCE, bool HOPPER, class KVT = T,
+          bool WIDEN_KV = false>
 struct PrefillConfigCommon {
   using q_t = T;
-  using kv_t = typename PrefillKVTypes<T, KVT, HOPPER>::kv_t;
+  using kv_t = typename StagedKV<T, KVT, HOPPER || WIDEN_KV>::type;
   using kv_mem_t = KVT;
   using o_t = T;
   static constexpr int kHeadDim = HEAD_DIM;
   static constexpr int kRows = ROWS;
   static constexpr int kKV = KV_SOURCE;  // PrefillKVSource
   static constexpr PrefillShape kShape = HOPPER ? prefill_hopper_shape(HEAD_DIM, (int)sizeof(KVT))
-                                                : prefill_shape(HEAD_DIM, ROWS, (int)sizeof(KVT));
+                                                : prefill_shape(HEAD_DIM, ROWS, (int)sizeof(kv_t));
   static constexpr int kRowTiles = kShape.row_tiles;  // 16-row MMA tiles per warp
   static constexpr int kWarpRows = kShape.warp_rows;
   static constexpr int kWarpsQ = kShape.warps_q;
@@ -56,6 +50,7 @@ struct PrefillConfigCommon {
 
   static_assert(sizeof(T) == 2 && (sizeof(KVT) == 2 || is_fp8<KVT>()),
                 "prefill takes 16-bit q and out, 16-bit or fp8 KV");
+  static_assert(!WIDEN_KV || is_fp8<KVT>(), "only an fp8 cache is widened");
   static_assert(KV_SOURCE == kRaggedKV || KV_SOURCE == kPagedPow2KV || KV_SOURCE == kPagedKV,
                 "KV source");
   static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");

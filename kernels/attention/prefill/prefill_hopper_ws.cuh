@@ -152,24 +152,38 @@ __device__ __forceinline__ uint4 widen_fp8x8(u32 lo, u32 hi) {
 }
 
 // This producer thread's chunks of the staged fp8 tile `slot` widened into the 16-bit K and V
-// stages (the consumers' swizzled layout), after its copies into the slot landed.
+// stages (the consumers' swizzled layout), after its copies into the slot landed. Thread c of a
+// row widens fp8 chunk c into 16-bit chunks 2c and 2c + 1. A 16-byte store is served a
+// quarter-warp at a time, here one row's 8 threads: chunks 2c of threads c < 4 and c >= 4 lie in
+// different 128-byte column blocks but at the same swizzled 16-byte slots (2-way bank
+// conflicts, 4.1 M extra wavefronts per ms of GQA P4 in ncu-prefill-fp8-2026-12-02.txt), so
+// threads with c / 4 odd store their odd chunk first: each store's 8 slots differ.
 template <class C>
 __device__ __forceinline__ void prefill_ws_widen_fp8(u32 slot, u32 k_stage, u32 v_stage) {
   typedef PrefillProducerLoadsFp8<C> PL;
   typedef PrefillKVLoads<PL> L;
   typedef typename C::q_t T;
   typedef typename C::kv_mem_t F;
+  const int c = L::chunk();
+  const bool odd_first = (c / 4) & 1;
 #pragma unroll
   for (int j = 0; j < PL::kLoads; ++j) {
-    const int row = L::row(j), c = L::chunk();
+    const int row = L::row(j);
     const u32 src = slot + PL::kv_offset(row, c);
-    const uint4 k8 = ld_shared_v4(src), v8 = ld_shared_v4(src + C::kTile * C::kHeadDim);
-    const u32 lo = C::template smem_offset<C::kTile>(row, 2 * c);
-    const u32 hi = C::template smem_offset<C::kTile>(row, 2 * c + 1);
-    st_shared_v4(k_stage + lo, widen_fp8x8<T, F>(k8.x, k8.y));
-    st_shared_v4(k_stage + hi, widen_fp8x8<T, F>(k8.z, k8.w));
-    st_shared_v4(v_stage + lo, widen_fp8x8<T, F>(v8.x, v8.y));
-    st_shared_v4(v_stage + hi, widen_fp8x8<T, F>(v8.z, v8.w));
+    uint4 k8 = ld_shared_v4(src), v8 = ld_shared_v4(src + C::kTile * C::kHeadDim);
+    u32 first = C::template smem_offset<C::kTile>(row, 2 * c);
+    u32 second = C::template smem_offset<C::kTile>(row, 2 * c + 1);
+    if (odd_first) {
+      const u32 t = first;
+      first = second;
+      second = t;
+      k8 = make_uint4(k8.z, k8.w, k8.x, k8.y);
+      v8 = make_uint4(v8.z, v8.w, v8.x, v8.y);
+    }
+    st_shared_v4(k_stage + first, widen_fp8x8<T, F>(k8.x, k8.y));
+    st_shared_v4(v_stage + first, widen_fp8x8<T, F>(v8.x, v8.y));
+    st_shared_v4(k_stage + second, widen_fp8x8<T, F>(k8.z, k8.w));
+    st_shared_v4(v_stage + second, widen_fp8x8<T, F>(v8.z, v8.w));
   }
 }
 
@@ -274,13 +288,16 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
 
 // The kernel's config with its KV path fixed at compile time (KV_TMA: TMA boxes by one producer
 // warp; else the producer warpgroup's cp.async gather) and the setmaxnreg split that goes with
-// it: the TMA producer needs 24 registers, the gather 40 (it spills page ids at 24); either way
-// producer x 128 + consumer x 256 = the 168 x 384 the launch bound gives (the host checks 168).
+// it: the TMA producer needs 24 registers, the gather 40 (it spills page ids at 24), the fp8
+// gather-and-widen 56 (at 40 ptxas spilled 80 bytes, and the H200 profile of GQA P4 showed 6.5 M
+// local-memory requests against the f16 kernel's 6 K: ncu-prefill-fp8-2026-12-02.txt); either
+// way producer x 128 + consumer x 256 = the 168 x 384 the launch bound gives (the host checks
+// 168). The consumers fit 224 without spilling (ptxas -v, every head_dim).
 template <class C0, bool KV_TMA>
 struct PrefillWsConfig : C0 {
   static constexpr bool kKvTma = KV_TMA;
-  static constexpr int kProducerRegs = KV_TMA ? 24 : 40;
-  static constexpr int kConsumerRegs = KV_TMA ? 240 : 232;
+  static constexpr int kProducerRegs = KV_TMA ? 24 : is_fp8<typename C0::kv_mem_t>() ? 56 : 40;
+  static constexpr int kConsumerRegs = KV_TMA ? 240 : is_fp8<typename C0::kv_mem_t>() ? 224 : 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 == 168 * 384,
                 "the register split fills the launch bound");
 };

@@ -36,14 +36,21 @@ struct PrefillKernelKey {
   // e4m3 / e5m2: an fp8 cache, widened to `dtype` in the kernel (the mma.sync kernel); any other
   // value: KV in `dtype`.
   DType fp8_kv = DType::f32;
+  // The mma.sync kernel with fp8 KV: stage the tiles widened to `dtype` (a variant rewrites the
+  // staged keys or values: kv/kv_chunk_copy.cuh).
+  bool widen_kv = false;
   bool has_fp8_kv() const { return is_fp8_dtype(fp8_kv); }
+  bool widened_kv() const { return has_fp8_kv() && widen_kv && !wgmma; }
   bool operator==(const PrefillKernelKey&) const = default;
 
-  // PrefillConfig<T, HEAD_DIM, ROWS, KV_SOURCE> or PrefillHopperConfig<T, HEAD_DIM, KV_SOURCE>.
+  // PrefillConfig<T, HEAD_DIM, ROWS, KV_SOURCE[, KVT[, WIDEN_KV]]> or
+  // PrefillHopperConfig<T, HEAD_DIM, KV_SOURCE[, KVT]>.
   std::string config_type() const {
     const std::string t = device_type_name(dtype, "q");
     const std::string hd = std::to_string(head_dim), src = std::to_string(static_cast<int>(kv));
-    const std::string kvt = has_fp8_kv() ? ", " + std::string(device_type_name(fp8_kv, "kv")) : "";
+    const std::string kvt =
+        (has_fp8_kv() ? ", " + std::string(device_type_name(fp8_kv, "kv")) : "") +
+        (widened_kv() ? ", true" : "");
     return wgmma ? "flashkv::PrefillHopperConfig<" + t + ", " + hd + ", " + src + kvt + ">"
                  : "flashkv::PrefillConfig<" + t + ", " + hd + ", " + std::to_string(rows) + ", " +
                        src + kvt + ">";
@@ -70,8 +77,8 @@ struct PrefillKernelKey {
   std::string cache_id() const {
     static const char* kNames[] = {"ragged", "paged", "paged_any"};
     const std::string head = std::string(dtype_name(dtype)) +
-                             (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") + ",d" +
-                             std::to_string(head_dim);
+                             (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") +
+                             (widened_kv() ? ",widened" : "") + ",d" + std::to_string(head_dim);
     const char* src = kNames[static_cast<int>(kv)];
     if (wgmma) return "prefill_wgmma<" + head + "," + src + ">";
     return "prefill<" + head + ",r" + std::to_string(rows) + "," + src +
@@ -86,7 +93,7 @@ struct PrefillKernelKey {
   // The launch geometry, from the constexpr shape function the Config reads; the Hopper kernel
   // adds its producer warpgroup to the shape's two consumer warpgroups.
   LaunchGeometry geometry() const {
-    const int kv_bytes = has_fp8_kv() ? 1 : 2;
+    const int kv_bytes = has_fp8_kv() && !widened_kv() ? 1 : 2;
     const PrefillShape s =
         wgmma ? prefill_hopper_shape(head_dim, kv_bytes) : prefill_shape(head_dim, rows, kv_bytes);
     return {static_cast<unsigned>(s.threads + (wgmma ? 128 : 0)),

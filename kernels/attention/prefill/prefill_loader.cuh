@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attention/prefill/prefill_params.cuh"
+#include "kv/kv_chunk_copy.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/mma.cuh"
 
@@ -85,12 +86,14 @@ __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p,
                                                       const PrefillWorkItem& w, int tile,
                                                       const PrefillTilePages<C>& a, u32 k_stage,
                                                       u32 v_stage) {
-  typedef typename C::kv_t kv_t;
+  typedef typename C::kv_t kv_t;          // the stage's elements
+  typedef typename C::kv_mem_t kv_mem_t;  // the cache's (kv/kv_chunk_copy.cuh)
   typedef PrefillKVLoads<C> L;
   constexpr int kChunkElems = 16 / (int)sizeof(kv_t);
   const int col = w.kv_head * p.head_stride + L::chunk() * kChunkElems;  // within a token
-  const kv_t* kg = static_cast<const kv_t*>(p.k) + col;
-  const kv_t* vg = static_cast<const kv_t*>(p.v) + col;
+  const kv_mem_t* kg = static_cast<const kv_mem_t*>(p.k) + col;
+  const kv_mem_t* vg = static_cast<const kv_mem_t*>(p.v) + col;
+  KVChunkCopy<kv_t, kv_mem_t, 2 * C::kLoads> copy;
 #pragma unroll
   for (int j = 0; j < C::kLoads; ++j) {
     const int pos = w.kv_start + tile * C::kTile + L::row(j);
@@ -106,9 +109,10 @@ __device__ __forceinline__ void prefill_issue_kv_tile(const PrefillParams& p,
     }
     off = valid ? off : 0;
     const u32 so = C::kv_offset(L::row(j), L::chunk());
-    cp_async_16(k_stage + so, kg + off, valid);
-    cp_async_16(v_stage + so, vg + off, valid);
+    copy.issue(2 * j, k_stage + so, kg + off, valid);
+    copy.issue(2 * j + 1, v_stage + so, vg + off, valid);
   }
+  copy.finish();
 }
 
 }  // namespace flashkv

@@ -80,7 +80,8 @@ constexpr PrefillShape prefill_hopper_shape(int head_dim, int kv_elem_bytes = 2)
                               : tuning::sm90::prefill_hopper_kv_tile(head_dim);
   s.q_bytes = 128 * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
-  s.stages = tuning::sm90::prefill_hopper_stages(head_dim);
+  s.stages = kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_stages(head_dim)
+                                : tuning::sm90::prefill_hopper_stages(head_dim);
   s.q_buffers = tuning::sm90::prefill_hopper_q_buffers(head_dim);  // d128: 2 x 32 + (2 + 3) x 32 KB
   s.staging_slots =
       kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_staging_slots(head_dim) : 0;

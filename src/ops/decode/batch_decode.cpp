@@ -99,7 +99,8 @@ struct BatchDecode::Impl {
 
   // plan()'s steps, in order.
   void check_arguments(const DecodeBatch& b, const AttentionShape& sh, const DecodePlanOptions& o);
-  DecodeKernelChoice choose_kernel(const AttentionShape& sh, const DecodePlanOptions& o) const;
+  DecodeKernelChoice choose_kernel(const AttentionShape& sh, const DecodePlanOptions& o,
+                                   bool widen_kv) const;
   void schedule_work(const DecodeBatch& b, const AttentionShape& sh, const DecodePlanOptions& o,
                      const DecodeKernelChoice& k, Stream stream);
   void check_captured_graph_fits(const DecodeBatch& b, const AttentionShape& sh, int64_t nnz,
@@ -148,18 +149,16 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
   runtime::ensure_context(m.cfg.device);
   m.life.begin_plan(stream);  // refused under capture; unplanned until commit()
   m.check_arguments(b, sh, opts);
-  const DecodeKernelChoice k = m.choose_kernel(sh, opts);
-  m.schedule_work(b, sh, opts, k, stream);  // into the pinned image
-
-  // JIT: compile (first use only) at plan time so run() never compiles. The variant (plain
-  // attention unless opts.variant says otherwise): a built-in's flags or a user's source enter the
-  // kernel's key.
+  // The variant (plain attention unless opts.variant says otherwise): a built-in's flags or a
+  // user's source enter the kernel's key; one that rewrites staged keys or values has an fp8
+  // cache staged widened, which the kernel's shape depends on.
   const Variant kernel_variant = ops::decode_kernel_variant(opts.variant);
   ops::VariantJit vj = ops::variant_jit(kernel_variant);
-  check(!(is_fp8_dtype(sh.kv_dtype) && vj.transforms_qk), "DecodePlanOptions.variant.rope: ",
-        "the fused-RoPE variant rotates keys in the staged tile, which an fp8 cache (",
-        dtype_name(sh.kv_dtype), ") does not support; use the fused decode step (run_step) or ",
-        "apply_rope before the append");
+  const bool widen_kv = ops::fp8_kv_widened(sh.kv_dtype, vj);
+  const DecodeKernelChoice k = m.choose_kernel(sh, opts, widen_kv);
+  m.schedule_work(b, sh, opts, k, stream);  // into the pinned image
+
+  // JIT: compile (first use only) at plan time so run() never compiles.
   // The variant's arguments, checked and packed now (a bad one fails plan(), not every run()).
   const VariantArgsBlock variant_args = ops::pack_variant_args(
       kernel_variant, {"BatchDecode::plan", Device::cuda(m.cfg.device), b.batch_size, b.batch_size,
@@ -175,6 +174,7 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
   // Page ids checked in the kernel where asked, or in the device-error debug mode.
   key.check_pages = opts.check_page_ids || runtime::device_error_debug_mode();
   key.variant = vj.kernel();
+  key.widen_kv = widen_kv;
   const ops::LoadedKernel& kernel = m.kernel.load(key, m.cfg.device);
 
   // A captured graph keeps its q/out/lse/indices pointers, kernel and sm_scale: refuse a plan it
@@ -266,7 +266,8 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
 
 // plan() step 2: the kernel (tensor cores where they take the shape and fit) and its grid shape.
 DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
-                                                    const DecodePlanOptions& o) const {
+                                                    const DecodePlanOptions& o,
+                                                    bool widen_kv) const {
   const int group = sh.num_qo_heads / sh.num_kv_heads;
   // The kernel's shape: CTAs per SM and warps per CTA (ops/decode/decode_shape_choice.cpp says
   // why).
@@ -282,7 +283,7 @@ DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
   in.fixed_split_size = o.fixed_split_size;
   in.tc_stages = o.tc_stages;
   in.tc_warps = o.tc_warps;
-  in.kv_bytes = static_cast<int>(dtype_size(sh.kv_dtype));
+  in.kv_bytes = widen_kv ? 2 : static_cast<int>(dtype_size(sh.kv_dtype));
   const ops::DecodeShapeChoice shape = ops::choose_decode_shape(in);
   const bool tc_ok = decode_tc_supported(sh.head_dim, group);
   check(o.backend != DecodeBackend::kTensorCores || tc_ok,
@@ -296,6 +297,7 @@ DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
   tc_key.group = group;
   tc_key.tensor_cores = true;
   tc_key.tuning = shape.tuning;
+  tc_key.widen_kv = widen_kv;
   const unsigned tc_smem = tc_key.geometry().smem;
   const bool tc_fits = tc_smem <= static_cast<unsigned>(max_smem);
   check(o.backend != DecodeBackend::kTensorCores || tc_fits, "DecodePlanOptions.backend: the ",

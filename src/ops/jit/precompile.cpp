@@ -63,10 +63,11 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
                     }
                   key.tuning = {};
                   for (const ops::VariantJit& vj : decode_variants) {
-                    if (is_fp8_dtype(kv) && vj.transforms_qk) continue;  // plan() refuses it
                     key.variant = vj.kernel();
+                    key.widen_kv = ops::fp8_kv_widened(kv, vj);
                     variant_specs.push_back(ops::kernel_spec(key));
                   }
+                  key.widen_kv = false;
                 }
               }
     } else if (op == "prefill") {
@@ -88,9 +89,9 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
                 key.rows = rows;
                 specs.push_back(ops::kernel_spec(key));
                 for (const ops::VariantJit& vj : prefill_variants) {
-                  if (key.has_fp8_kv() && vj.transforms_qk) continue;  // plan() refuses it
                   PrefillKernelKey vkey = key;
                   vkey.variant = vj.kernel();
+                  vkey.widen_kv = ops::fp8_kv_widened(kvt, vj);
                   variant_specs.push_back(ops::kernel_spec(vkey));
                 }
               }

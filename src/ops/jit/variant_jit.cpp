@@ -95,6 +95,11 @@ VariantJit user_jit(const VariantSpec& s) {
   VariantJit j;
   j.type = "::" + s.name;
   j.use_softmax = s.use_softmax;
+  // The hooks that rewrite staged keys or values are found by name: the host never compiles the
+  // source, and a false positive only stages an fp8 cache widened (kv/kv_chunk_copy.cuh). A hook
+  // hidden from this (a macro) hits the kernels' static_assert over an fp8 cache instead.
+  for (const char* hook : {"key_transform", "value_transform", "key_rope_pos"})
+    j.transforms_kv = j.transforms_kv || s.source.find(hook) != std::string::npos;
   j.source = "\n" + params + "#line 1 \"" + s.name + ".variant\"\n" + s.source +
              "\n#line 1 \"flashkv-variant-checks\"\n"
              "static_assert(flashkv::VariantTraits<::" +
@@ -246,6 +251,7 @@ VariantJit variant_jit(const Variant& v) {
   j.sm_scale = b.sm_scale;
   j.use_softmax = b.use_softmax();
   j.transforms_qk = b.rope.mode != RopeMode::none;
+  j.transforms_kv = j.transforms_qk;
   const int flags = builtin_flags(b);
   if (flags != 0) {
     // Constructed, then moved: g++ 12 reports a false -Wrestrict when `"b" + std::to_string()`

@@ -18,12 +18,21 @@ struct VariantJit {
   std::string source;  // appended after the kernel header: defines `type` (user variants)
   bool use_softmax = true;
   bool transforms_qk = false;  // a built-in RoPE (user variants: unknown, false)
-  bool causal = false;         // the built-in description's causal flag
-  float sm_scale = 0.f;        // the built-in description's sm_scale (0: the op's)
+  // Rewrites staged keys or values (a built-in RoPE; a user variant naming key_transform,
+  // value_transform or key_rope_pos): an fp8 cache is then staged widened (fp8_kv_widened).
+  bool transforms_kv = false;
+  bool causal = false;   // the built-in description's causal flag
+  float sm_scale = 0.f;  // the built-in description's sm_scale (0: the op's)
   bool operator==(const VariantJit& o) const { return id == o.id; }
   // What a kernel key holds of it (common/kernel_key.h).
   KernelVariant kernel() const { return {type, id, source}; }
 };
+
+// Whether kernels stage a `kv_dtype` cache widened to 16 bits for variant `v`: an fp8 cache
+// whose variant rewrites the staged keys or values (kernels/kv/kv_chunk_copy.cuh says why).
+inline bool fp8_kv_widened(DType kv_dtype, const VariantJit& v) {
+  return is_fp8_dtype(kv_dtype) && v.transforms_kv;
+}
 
 // Plain attention (flashkv::DefaultVariant): the kernels' default variant.
 inline VariantJit plain_variant_jit() {

@@ -211,9 +211,6 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
     max_smem = device_info(cfg.device).max_smem_per_block;
   }
   const bool fp8 = is_fp8_dtype(sh.kv_dtype);
-  check(!(fp8 && vj.transforms_qk), "PrefillPlanOptions.variant.rope: the fused-RoPE variant ",
-        "rotates keys in the staged tile, which an fp8 cache (", dtype_name(sh.kv_dtype),
-        ") does not support; apply_rope before the append instead");
   const std::string why_not = ops::prefill_wgmma_unsupported(
       arch, rows, vj.id.empty(), sh.head_dim, max_smem, static_cast<int>(dtype_size(sh.kv_dtype)));
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
@@ -226,6 +223,7 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
   key.wgmma = o.backend != PrefillBackend::kMmaSync && why_not.empty();
   key.variant = vj.kernel();
   key.fp8_kv = fp8 ? sh.kv_dtype : DType::f32;
+  key.widen_kv = ops::fp8_kv_widened(sh.kv_dtype, vj);
   if (!load_kernel(key)) {
     check(o.backend != PrefillBackend::kWgmma,
           "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ",
