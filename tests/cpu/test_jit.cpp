@@ -58,6 +58,17 @@ TEST(Jit, MergeAndDecodeCompileForHopperWithoutAGpu) {
   EXPECT_LT(best_us, 10.0);
 }
 
+TEST(Jit, NvrtcOptionsFromTheEnvironmentJoinTheCacheKey) {
+  const std::vector<std::string> plain = runtime::base_nvrtc_options("sm_90a");
+  ASSERT_EQ(setenv("FLASHKV_NVRTC_OPTIONS", " -DFLASHKV_A=1  --ptxas-options=-v ", 1), 0);
+  const std::vector<std::string> more = runtime::base_nvrtc_options("sm_90a");
+  unsetenv("FLASHKV_NVRTC_OPTIONS");
+  ASSERT_EQ(more.size(), plain.size() + 2);
+  EXPECT_EQ(more[more.size() - 2], "-DFLASHKV_A=1");
+  EXPECT_EQ(more.back(), "--ptxas-options=-v");
+  EXPECT_EQ(runtime::base_nvrtc_options("sm_90a"), plain);
+}
+
 TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
   PrecompileOptions o;
   o.ops = {"merge", "kv"};

@@ -300,6 +300,24 @@ TEST_F(DecodeVariantsGpu, RopeOverFp8CacheOnBothKernels) {
   }
 }
 
+// Every built-in over an e4m3 cache on each kernel (GQA 32/8, d128, per-head scales).
+void every_builtin_over_fp8(DecodeBackend b, uint64_t seed) {
+  DecodeCase base;
+  base.kv_lens = kLens;
+  base.fp8_kv = DType::e4m3;
+  base.scale = {0.5f, 2.0f, 2};
+  base.opts.backend = b;
+  base.opts.fixed_split_size = 64;
+  base.seed = seed;
+  for (const VariantCase& vc : builtin_cases(base)) run_and_check(vc);
+}
+TEST_F(DecodeVariantsGpu, EveryBuiltinOverFp8CacheOnTensorCores) {
+  every_builtin_over_fp8(DecodeBackend::kTensorCores, 970);
+}
+TEST_F(DecodeVariantsGpu, EveryBuiltinOverFp8CacheOnCudaCores) {
+  every_builtin_over_fp8(DecodeBackend::kCudaCores, 971);
+}
+
 // A user variant with every hook: q * 2, k * 0.25, v * 2, out * 0.5, a logits transform that is
 // the identity and a mask that keeps all. Softmax is invariant to none of these scalings except
 // through sm_scale, so the result equals plain attention with sm_scale * 0.5.

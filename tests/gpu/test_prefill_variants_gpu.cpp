@@ -455,6 +455,33 @@ TEST_F(PrefillVariantsGpu, RopeOverFp8Cache) {
   run_case(w);
 }
 
+// Every logits hook over fp8 caches (the tiles stay fp8 there: nothing rewrites them): ALiBi,
+// sinks, sigmoid, custom mask, window + soft-cap.
+TEST_F(PrefillVariantsGpu, LogitsHooksOverFp8Cache) {
+  uint64_t seed = 94;
+  for (int i = 0; i < 5; ++i) {
+    VCase c;
+    c.causal = true;
+    c.fp8_kv = i % 2 ? DType::e5m2 : DType::e4m3;
+    c.scale = {0.25f, 3.0f, i % 3};
+    c.seed = seed++;
+    if (i == 0) c.b.alibi = true;
+    if (i == 1) c.b.sinks = true;
+    if (i == 2) c.b.sigmoid = true;
+    if (i == 3) {
+      c.b.custom_mask = true;
+      c.expect_empty_rows = true;
+      c.dt = DType::bf16;
+    }
+    if (i == 4) {
+      c.b.window_left = 48;
+      c.b.soft_cap = 3.0f;
+      c.tile_rows = 16;
+    }
+    run_case(c);
+  }
+}
+
 TEST_F(PrefillVariantsGpu, WindowSoftCapSinks) {
   VCase c;  // gpt-oss / Gemma-like: causal local window, soft-cap, sinks
   c.b.window_left = 64;
