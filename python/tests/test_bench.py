@@ -197,3 +197,20 @@ def test_gpu_run(tmp_path):
         assert r["ref_ok"] and 0 < r["pct_of_ceiling"] < 150, r
     if PEERS:
         assert any(r["system"] == "torch-fa2-varlen" for r in doc["results"])
+
+
+@pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
+def test_gpu_run_fp8_kv(tmp_path):
+    """--kv-dtype e4m3: D1 and P4 over an fp8 cache, every row checked against the reference
+    and marked as fp8 (the % of the read ceiling counts the fp8 bytes)."""
+    out = tmp_path / "fp8.json"
+    rc, text = run_main(["--workloads", "D1", "P4", "--dtypes", "f16", "--kv-dtype", "e4m3",
+                         "--reps", "5", "--json", str(out)])
+    assert rc == 0, text
+    doc = strict_load(out)
+    own = [r for r in doc["results"] if r["system"] == "flashkv"]
+    assert sorted((r["workload"], r["shape"]) for r in own) == sorted(
+        [("D1", s) for s in W.SHAPES] + [("P4", "gqa-32-8")])
+    for r in own:
+        assert r["ref_ok"] and 0 < r["pct_of_ceiling"] < 150, r
+        assert "e4m3" in json.dumps(r), r
