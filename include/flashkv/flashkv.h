@@ -2,6 +2,7 @@
 #pragma once
 
 #include "flashkv/attention.h"
+#include "flashkv/block_sparse.h"
 #include "flashkv/cascade.h"
 #include "flashkv/decode.h"
 #include "flashkv/device_errors.h"
@@ -15,6 +16,7 @@
 #include "flashkv/plan_checks.h"
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
+#include "flashkv/reference_block_sparse.h"
 #include "flashkv/reference_cascade.h"
 #include "flashkv/reference_kv_ops.h"
 #include "flashkv/rope.h"

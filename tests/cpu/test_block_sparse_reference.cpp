@@ -1,0 +1,277 @@
+// The block-sparse layouts (flashkv/block_sparse.h) and their CPU reference
+// (reference_block_sparse.h): named errors for bad layouts; at full density the reference equals
+// dense attention (causal bottom-right aligned, R != C, M != N), an element mask equals the dense
+// reference under the same custom mask, soft-cap and sinks follow variants.h, empty block rows
+// give out 0 / lse -inf, and a BSR pattern and the variable layout of the same pattern agree.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "flashkv/block_sparse.h"
+#include "flashkv/error.h"
+#include "flashkv/reference.h"
+#include "flashkv/reference_block_sparse.h"
+#include "flashkv/reference_variants.h"
+
+namespace flashkv::test {
+namespace {
+
+struct Dense {
+  HostTensor q, k, v;
+  int64_t M, N;
+  int hq, hkv, d;
+};
+
+Dense make_dense(int64_t M, int64_t N, int hq, int hkv, int d, DType dt, uint64_t seed) {
+  Dense x{HostTensor(dt, {M, hq, d}), HostTensor(dt, {N, hkv, d}), HostTensor(dt, {N, hkv, d}),
+          M, N, hq, hkv, d};
+  x.q.fill_random(seed);
+  x.k.fill_random(seed + 1);
+  x.v.fill_random(seed + 2);
+  return x;
+}
+
+// Every block of an M x N matrix in R x C blocks.
+struct FullBsr {
+  std::vector<int32_t> indptr, indices;
+  BlockSparseLayout layout(int64_t M, int64_t N, int R, int C) {
+    indptr = {0};
+    indices.clear();
+    for (int64_t i = 0; i < M / R; ++i) {
+      for (int64_t j = 0; j < N / C; ++j) indices.push_back(static_cast<int32_t>(j));
+      indptr.push_back(static_cast<int32_t>(indices.size()));
+    }
+    return {indptr.data(), indices.data(), M, N, R, C};
+  }
+};
+
+void expect_close(const HostTensor& a, const HostTensor& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  const auto x = a.to_doubles(), y = b.to_doubles();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(y[i])) {
+      ASSERT_EQ(x[i], y[i]) << what << " [" << i << "]";
+    } else {
+      ASSERT_NEAR(x[i], y[i], tol * std::max(1.0, std::abs(y[i]))) << what << " [" << i << "]";
+    }
+  }
+}
+
+TEST(BlockSparseLayout, BadLayoutsAreNamed) {
+  std::vector<int32_t> indptr = {0, 2, 3}, indices = {0, 2, 1};
+  BlockSparseLayout ok{indptr.data(), indices.data(), 6, 9, 3, 3};
+  EXPECT_NO_THROW(check_block_sparse_layout(ok));
+  auto bad = ok;
+  bad.R = 0;
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("BlockSparseLayout.R"),
+            std::string::npos);
+  bad = ok;
+  bad.M = 7;
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("not a multiple of R"),
+            std::string::npos);
+  bad = ok;
+  bad.N = 10;
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("not a multiple of C"),
+            std::string::npos);
+  std::vector<int32_t> dec = {0, 2, 1};
+  bad = ok;
+  bad.indptr = dec.data();
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("non-decreasing"),
+            std::string::npos);
+  std::vector<int32_t> start1 = {1, 2, 3};
+  bad = ok;
+  bad.indptr = start1.data();
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("indptr[0] must be 0"),
+            std::string::npos);
+  std::vector<int32_t> far = {0, 3, 1};
+  bad = ok;
+  bad.indices = far.data();
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("outside [0, N / C = 3)"),
+            std::string::npos);
+  std::vector<int32_t> twice = {2, 2, 1};
+  bad = ok;
+  bad.indices = twice.data();
+  EXPECT_NE(error_of([&] { check_block_sparse_layout(bad); }).find("repeated in block row 0"),
+            std::string::npos);
+
+  std::vector<uint8_t> map(2 * 2 * 3, 1);
+  std::vector<int32_t> rows = {2, 4, 3, 3}, cols = {1, 1, 1, 2, 0, 1};
+  VariableBlockSparseLayout vl{map.data(), rows.data(), cols.data(), 2, 2, 3, 6, 3};
+  EXPECT_NO_THROW(check_variable_block_sparse_layout(vl));
+  std::vector<int32_t> short_rows = {2, 4, 3, 2};
+  auto vb = vl;
+  vb.block_row_sz = short_rows.data();
+  EXPECT_NE(error_of([&] { check_variable_block_sparse_layout(vb); })
+                .find("block_row_sz[1] sums to 5; expected M = 6"),
+            std::string::npos);
+  std::vector<int32_t> neg = {1, 1, 1, 3, -1, 1};
+  vb = vl;
+  vb.block_col_sz = neg.data();
+  EXPECT_NE(error_of([&] { check_variable_block_sparse_layout(vb); }).find("block_col_sz[1][1]"),
+            std::string::npos);
+}
+
+TEST(BlockSparseReference, FullDensityIsDenseAttention) {
+  // R != C, M != N, GQA 4 / 2, causal (bottom-right) and not.
+  const Dense x = make_dense(12, 20, 4, 2, 64, DType::f16, 11);
+  for (bool causal : {false, true}) {
+    FullBsr full;
+    const BlockSparseLayout l = full.layout(x.M, x.N, 3, 5);
+    HostTensor out(DType::f32, {x.M, x.hq, x.d}), lse(DType::f32, {x.M, x.hq});
+    HostTensor ref(DType::f32, {x.M, x.hq, x.d}), ref_lse(DType::f32, {x.M, x.hq});
+    BlockSparseOptions o;
+    o.causal = causal;
+    reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, out.view(),
+                                      lse.view(), o);
+    AttentionOptions ao;
+    ao.causal = causal;
+    reference::single_prefill(x.q.view(), x.k.view(), x.v.view(), ref.view(), ref_lse.view(),
+                              KVLayout::NHD, ao);
+    expect_close(out, ref, 1e-12, causal ? "causal out" : "out");
+    expect_close(lse, ref_lse, 1e-12, "lse");
+  }
+}
+
+TEST(BlockSparseReference, ElementMaskSoftCapAndSinksMatchTheVariantReference) {
+  const Dense x = make_dense(8, 12, 2, 1, 64, DType::bf16, 21);
+  FullBsr full;
+  BlockSparseLayout l = full.layout(x.M, x.N, 4, 3);
+  // A random element mask over every stored block, and the same mask as a dense custom mask.
+  std::mt19937 rng(5);
+  std::vector<uint8_t> bm(l.indptr[l.num_block_rows()] * l.R * l.C);
+  for (auto& b : bm) b = rng() % 3 != 0;
+  l.block_mask = bm.data();
+  std::vector<bool> dense(x.M * x.N);
+  for (int64_t i = 0; i < l.num_block_rows(); ++i)
+    for (int64_t t = l.indptr[i]; t < l.indptr[i + 1]; ++t)
+      for (int r = 0; r < l.R; ++r)
+        for (int c = 0; c < l.C; ++c)
+          dense[(i * l.R + r) * x.N + l.indices[t] * l.C + c] = bm[(t * l.R + r) * l.C + c] != 0;
+  std::vector<int32_t> mask_indptr;
+  const std::vector<uint8_t> packed = pack_custom_mask(dense, {x.M}, {x.N}, mask_indptr);
+  const HostTensor sinks = make_tensor(DType::f32, {x.hq}, {0.5, -1.0});
+
+  BlockSparseOptions o;
+  o.logits_soft_cap = 2.0f;
+  o.sinks = sinks.view();
+  o.sm_scale = 0.3f;
+  HostTensor out(DType::f32, {x.M, x.hq, x.d}), lse(DType::f32, {x.M, x.hq});
+  reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, out.view(), lse.view(),
+                                    o);
+  AttentionVariant av;
+  av.logits_soft_cap = 2.0f;
+  av.sinks = sinks.view();
+  av.sm_scale = 0.3f;
+  av.custom_mask = {packed.data(), static_cast<int64_t>(packed.size()), TensorView()};
+  HostTensor ref(DType::f32, {x.M, x.hq, x.d}), ref_lse(DType::f32, {x.M, x.hq});
+  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(),
+                                    ref_lse.view(), KVLayout::NHD, av);
+  expect_close(out, ref, 1e-12, "out");
+  expect_close(lse, ref_lse, 1e-12, "lse");
+}
+
+TEST(BlockSparseReference, EmptyRowsAndTheVariableLayoutOfTheSamePattern) {
+  // A random 30 % pattern, block row 1 empty; the same pattern as a variable layout (uniform
+  // sizes, both KV heads) must give the same answer; a row with no key: out 0, lse -inf.
+  const int R = 2, C = 4;
+  const Dense x = make_dense(10, 24, 4, 2, 64, DType::f16, 31);
+  std::mt19937 rng(9);
+  std::vector<int32_t> indptr = {0}, indices;
+  const int64_t MB = x.M / R, NB = x.N / C;
+  std::vector<uint8_t> map(2 * MB * NB, 0);
+  for (int64_t i = 0; i < MB; ++i) {
+    for (int64_t j = NB - 1; j >= 0; --j) {  // descending: any order is allowed
+      if (i == 1 || rng() % 10 >= 3) continue;
+      indices.push_back(static_cast<int32_t>(j));
+      map[i * NB + j] = map[(MB + i) * NB + j] = 1;
+    }
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  const BlockSparseLayout l{indptr.data(), indices.data(), x.M, x.N, R, C};
+  std::vector<int32_t> rows(2 * MB, R), cols(2 * NB, C);
+  const VariableBlockSparseLayout vl{map.data(), rows.data(), cols.data(), 2, MB, NB, x.M, x.N};
+  HostTensor a(DType::f16, {x.M, x.hq, x.d}), a_lse(DType::f32, {x.M, x.hq});
+  HostTensor b(DType::f16, {x.M, x.hq, x.d}), b_lse(DType::f32, {x.M, x.hq});
+  reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, a.view(), a_lse.view());
+  reference::variable_block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), vl, b.view(),
+                                             b_lse.view());
+  expect_close(a, b, 0.0, "out");
+  expect_close(a_lse, b_lse, 0.0, "lse");
+  for (int r = R; r < 2 * R; ++r)
+    for (int h = 0; h < x.hq; ++h) {
+      EXPECT_TRUE(std::isinf(a_lse.get(r * x.hq + h)) && a_lse.get(r * x.hq + h) < 0);
+      for (int d = 0; d < x.d; ++d) EXPECT_EQ(a.get((r * x.hq + h) * x.d + d), 0.0);
+    }
+}
+
+TEST(BlockSparseReference, VariableBlocksDifferPerKvHead) {
+  // Head 0: one block of everything; head 1: rows {3, 5} x cols {7, 9}, only the diagonal
+  // blocks. Each head must equal dense attention restricted to its pattern.
+  const Dense x = make_dense(8, 16, 2, 2, 64, DType::f16, 41);
+  std::vector<uint8_t> map = {1, 0, 0, 0,   // head 0: MB = 2, NB = 2; block (0, 0) only
+                              1, 0, 0, 1};  // head 1: the diagonal
+  std::vector<int32_t> rows = {8, 0, 3, 5}, cols = {16, 0, 7, 9};
+  const VariableBlockSparseLayout vl{map.data(), rows.data(), cols.data(), 2, 2, 2, 8, 16};
+  HostTensor out(DType::f32, {8, 2, 64}), lse(DType::f32, {8, 2});
+  reference::variable_block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), vl, out.view(),
+                                             lse.view());
+  // Head 0 is dense attention; head 1 row m < 3 sees keys [0, 7), the rest [7, 16).
+  HostTensor ref(DType::f32, {8, 2, 64}), ref_lse(DType::f32, {8, 2});
+  reference::single_prefill(x.q.view(), x.k.view(), x.v.view(), ref.view(), ref_lse.view(),
+                            KVLayout::NHD);
+  for (int m = 0; m < 8; ++m)
+    for (int d = 0; d < 64; ++d)
+      ASSERT_NEAR(out.get((m * 2) * 64 + d), ref.get((m * 2) * 64 + d), 1e-12);
+  std::vector<bool> dense(8 * 16);
+  for (int m = 0; m < 8; ++m)
+    for (int n = 0; n < 16; ++n) dense[m * 16 + n] = (m < 3) == (n < 7);
+  std::vector<int32_t> mi;
+  const std::vector<uint8_t> packed = pack_custom_mask(dense, {8}, {16}, mi);
+  AttentionVariant av;
+  av.custom_mask = {packed.data(), static_cast<int64_t>(packed.size()), TensorView()};
+  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(),
+                                    ref_lse.view(), KVLayout::NHD, av);
+  for (int m = 0; m < 8; ++m) {
+    ASSERT_NEAR(lse.get(m * 2 + 1), ref_lse.get(m * 2 + 1), 1e-12);
+    for (int d = 0; d < 64; ++d)
+      ASSERT_NEAR(out.get((m * 2 + 1) * 64 + d), ref.get((m * 2 + 1) * 64 + d), 1e-12);
+  }
+}
+
+TEST(BlockSparseReference, CallShapesAreChecked) {
+  const Dense x = make_dense(6, 9, 2, 1, 64, DType::f16, 51);
+  FullBsr full;
+  const BlockSparseLayout l = full.layout(x.M, x.N, 3, 3);
+  HostTensor out(DType::f32, {x.M, x.hq, x.d});
+  auto wrong = l;
+  wrong.M = 9;
+  FullBsr f2;
+  wrong = f2.layout(9, 9, 3, 3);
+  EXPECT_NE(error_of([&] {
+              reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), wrong,
+                                                out.view(), TensorView());
+            }).find("q: expected M = 9"),
+            std::string::npos);
+  FullBsr f3;
+  const BlockSparseLayout longer = f3.layout(6, 12, 3, 3);
+  EXPECT_NE(error_of([&] {
+              reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), longer,
+                                                out.view(), TensorView());
+            }).find("k: expected N = 12"),
+            std::string::npos);
+  BlockSparseOptions o;
+  const HostTensor sinks = make_tensor(DType::f32, {3}, {0, 0, 0});
+  o.sinks = sinks.view();
+  EXPECT_NE(error_of([&] {
+              reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, out.view(),
+                                                TensorView(), o);
+            }).find("opts.sinks"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashkv::test
