@@ -17,9 +17,12 @@
 // A query row that sees no key gets out = 0 and lse = -inf (with sinks: the sink alone).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "flashkv/attention.h"
+#include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
 
 namespace flashkv {
@@ -48,11 +51,60 @@ struct VariableBlockSparseLayout {
 };
 
 struct BlockSparseOptions {
-  bool causal = false;          // see the header comment: bottom-right aligned, by position
-  float sm_scale = 0.0f;        // 0: 1 / sqrt(head_dim)
+  bool causal = false;           // see the header comment: bottom-right aligned, by position
+  float sm_scale = 0.0f;         // 0: 1 / sqrt(head_dim)
   float logits_soft_cap = 0.0f;  // > 0: s = cap * tanh(s / cap) (variants.h)
-  TensorView sinks;             // optional f32 [H_qo]: one more logit per head (variants.h)
-  KVScale kv_scale;             // fp8 k, v: their dequantization scales
+  TensorView sinks;              // optional f32 [H_qo]: one more logit per head (variants.h)
+  KVScale kv_scale;              // fp8 k, v: their dequantization scales
+};
+
+// The bytes of the mask a plan of `l` uploads (causal or an element mask: R x (blocks x C) bits
+// per block row, byte-aligned per row; 0 otherwise): what BlockSparseConfig::max_mask_bytes bounds.
+int64_t block_sparse_mask_bytes(const BlockSparseLayout& l, bool causal);
+
+// Block-sparse attention on the GPU: each block row runs as a request of batch prefill over K/V
+// viewed as pages of C tokens (src/ops/block_sparse/bsr_paged_plan.h), so the scheduler balances
+// by stored blocks, splits long rows as split-KV and merges them with ⊕; causal and element
+// masks become a per-row custom mask. NOT YET RUN ON A GPU (issue 26): its GPU tests are written
+// (tests/gpu/test_block_sparse_gpu.cpp) and wait for a device session.
+//
+//   BlockSparseConfig cfg{.max_rows = 32768, .max_block_rows = 256, .max_blocks = 8192};
+//   DeviceBuffer ws(BlockSparseAttention::workspace_bytes(cfg));
+//   BlockSparseAttention bsa(cfg, ws.data(), ws.size());
+//   bsa.plan(layout, {.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128}, {}, stream);
+//   bsa.run(q, k, v, out, lse, stream);
+struct BlockSparseConfig {
+  int64_t max_rows = 32768;       // M per plan, at most
+  int64_t max_block_rows = 4096;  // M / R per plan, at most
+  int64_t max_blocks = 1 << 20;   // stored blocks (indptr[M / R]) per plan, at most
+  int64_t max_mask_bytes = 0;     // block_sparse_mask_bytes of a plan, at most (0: no masks)
+  int num_qo_heads = 32;          // at most
+  int head_dim = 128;             // at most
+  int device = 0;
+};
+
+class BlockSparseAttention {
+ public:
+  static size_t workspace_bytes(const BlockSparseConfig& cfg);
+  // `workspace`: device memory of at least workspace_bytes(cfg) bytes, owned by the caller.
+  BlockSparseAttention(const BlockSparseConfig& cfg, void* workspace, size_t workspace_bytes);
+  ~BlockSparseAttention();
+  BlockSparseAttention(const BlockSparseAttention&) = delete;
+  BlockSparseAttention& operator=(const BlockSparseAttention&) = delete;
+
+  // Checks and maps the layout (host arrays, read during plan() only), compiles the kernel on
+  // first use, and copies the plan to the workspace asynchronously on `stream`. opts.sinks and
+  // opts.kv_scale's tensors must be on the device.
+  void plan(const BlockSparseLayout& layout, const AttentionShape& shape,
+            const BlockSparseOptions& opts = {}, Stream stream = nullptr);
+  // q [M, H_qo, D]; k, v [N, H_kv, D] (tokens at one stride, 16-byte multiples); out
+  // [M, H_qo, D]; lse f32 [M, H_qo] or undefined.
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse, Stream stream = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Validate a layout; each failure is a flashkv::Error naming the argument and what was expected

@@ -18,9 +18,8 @@ void block_sparse_attention(const TensorView& q, const TensorView& k, const Tens
                             const TensorView& lse, const BlockSparseOptions& opts = {});
 
 // As above with a per-KV-head layout (layout.num_kv_heads must equal k's heads).
-void variable_block_sparse_attention(const TensorView& q, const TensorView& k,
-                                     const TensorView& v, const VariableBlockSparseLayout& layout,
-                                     const TensorView& out, const TensorView& lse,
-                                     const BlockSparseOptions& opts = {});
+void variable_block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const VariableBlockSparseLayout& layout, const TensorView& out,
+                                     const TensorView& lse, const BlockSparseOptions& opts = {});
 
 }  // namespace flashkv::reference

@@ -13,12 +13,13 @@ void check_block_sparse_layout(const BlockSparseLayout& l) {
   check(l.C >= 1, "BlockSparseLayout.C: expected key tokens per block >= 1, got ", l.C);
   check(l.M >= 0 && l.N >= 0, "BlockSparseLayout.M / N: expected >= 0, got M = ", l.M,
         ", N = ", l.N);
-  check(l.M % l.R == 0, "BlockSparseLayout.M: ", l.M, " query rows are not a multiple of R = ",
-        l.R);
-  check(l.N % l.C == 0, "BlockSparseLayout.N: ", l.N, " key tokens are not a multiple of C = ",
-        l.C);
-  check(l.indptr != nullptr, "BlockSparseLayout.indptr: null (expected M / R + 1 = ",
-        l.num_block_rows() + 1, " host int32 entries)");
+  check(l.M % l.R == 0, "BlockSparseLayout.M: ", l.M,
+        " query rows are not a multiple of R = ", l.R);
+  check(l.N % l.C == 0, "BlockSparseLayout.N: ", l.N,
+        " key tokens are not a multiple of C = ", l.C);
+  check(l.indptr != nullptr,
+        "BlockSparseLayout.indptr: null (expected M / R + 1 = ", l.num_block_rows() + 1,
+        " host int32 entries)");
   const int64_t rows = l.num_block_rows(), cols = l.num_block_cols();
   check(l.indptr[0] == 0, "BlockSparseLayout.indptr[0] must be 0, got ", l.indptr[0]);
   for (int64_t i = 1; i <= rows; ++i) {
@@ -44,8 +45,8 @@ void check_block_sparse_layout(const BlockSparseLayout& l) {
 void check_variable_block_sparse_layout(const VariableBlockSparseLayout& l) {
   check(l.num_kv_heads >= 1, "VariableBlockSparseLayout.num_kv_heads: expected >= 1, got ",
         l.num_kv_heads);
-  check(l.MB >= 0 && l.NB >= 0, "VariableBlockSparseLayout.MB / NB: expected >= 0, got MB = ",
-        l.MB, ", NB = ", l.NB);
+  check(l.MB >= 0 && l.NB >= 0, "VariableBlockSparseLayout.MB / NB: expected >= 0, got MB = ", l.MB,
+        ", NB = ", l.NB);
   check(l.M >= 0 && l.N >= 0, "VariableBlockSparseLayout.M / N: expected >= 0, got M = ", l.M,
         ", N = ", l.N);
   check(l.block_row_sz != nullptr && l.block_col_sz != nullptr,

@@ -137,14 +137,14 @@ void block_sparse_attention(const TensorView& q, const TensorView& k, const Tens
   });
 }
 
-void variable_block_sparse_attention(const TensorView& q, const TensorView& k,
-                                     const TensorView& v, const VariableBlockSparseLayout& l,
-                                     const TensorView& out, const TensorView& lse,
-                                     const BlockSparseOptions& opts) {
+void variable_block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const VariableBlockSparseLayout& l, const TensorView& out,
+                                     const TensorView& lse, const BlockSparseOptions& opts) {
   check_variable_block_sparse_layout(l);
   const Checked c = check_call(q, k, v, out, lse, l.M, l.N, opts);
-  check(c.num_kv_heads == l.num_kv_heads, "VariableBlockSparseLayout.num_kv_heads: ",
-        l.num_kv_heads, ", but k has ", c.num_kv_heads, " KV heads");
+  check(c.num_kv_heads == l.num_kv_heads,
+        "VariableBlockSparseLayout.num_kv_heads: ", l.num_kv_heads, ", but k has ", c.num_kv_heads,
+        " KV heads");
   // Each head's block starts: rows [row_start[a], row_start[a + 1]), keys likewise.
   std::vector<std::vector<int64_t>> row_start(l.num_kv_heads), col_start(l.num_kv_heads);
   for (int h = 0; h < l.num_kv_heads; ++h) {

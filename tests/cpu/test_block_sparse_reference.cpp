@@ -27,8 +27,14 @@ struct Dense {
 };
 
 Dense make_dense(int64_t M, int64_t N, int hq, int hkv, int d, DType dt, uint64_t seed) {
-  Dense x{HostTensor(dt, {M, hq, d}), HostTensor(dt, {N, hkv, d}), HostTensor(dt, {N, hkv, d}),
-          M, N, hq, hkv, d};
+  Dense x{HostTensor(dt, {M, hq, d}),
+          HostTensor(dt, {N, hkv, d}),
+          HostTensor(dt, {N, hkv, d}),
+          M,
+          N,
+          hq,
+          hkv,
+          d};
   x.q.fill_random(seed);
   x.k.fill_random(seed + 1);
   x.v.fill_random(seed + 2);
@@ -105,8 +111,9 @@ TEST(BlockSparseLayout, BadLayoutsAreNamed) {
   std::vector<int32_t> short_rows = {2, 4, 3, 2};
   auto vb = vl;
   vb.block_row_sz = short_rows.data();
-  EXPECT_NE(error_of([&] { check_variable_block_sparse_layout(vb); })
-                .find("block_row_sz[1] sums to 5; expected M = 6"),
+  EXPECT_NE(error_of([&] {
+              check_variable_block_sparse_layout(vb);
+            }).find("block_row_sz[1] sums to 5; expected M = 6"),
             std::string::npos);
   std::vector<int32_t> neg = {1, 1, 1, 3, -1, 1};
   vb = vl;
@@ -125,8 +132,8 @@ TEST(BlockSparseReference, FullDensityIsDenseAttention) {
     HostTensor ref(DType::f32, {x.M, x.hq, x.d}), ref_lse(DType::f32, {x.M, x.hq});
     BlockSparseOptions o;
     o.causal = causal;
-    reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, out.view(),
-                                      lse.view(), o);
+    reference::block_sparse_attention(x.q.view(), x.k.view(), x.v.view(), l, out.view(), lse.view(),
+                                      o);
     AttentionOptions ao;
     ao.causal = causal;
     reference::single_prefill(x.q.view(), x.k.view(), x.v.view(), ref.view(), ref_lse.view(),
@@ -168,8 +175,8 @@ TEST(BlockSparseReference, ElementMaskSoftCapAndSinksMatchTheVariantReference) {
   av.sm_scale = 0.3f;
   av.custom_mask = {packed.data(), static_cast<int64_t>(packed.size()), TensorView()};
   HostTensor ref(DType::f32, {x.M, x.hq, x.d}), ref_lse(DType::f32, {x.M, x.hq});
-  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(),
-                                    ref_lse.view(), KVLayout::NHD, av);
+  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(), ref_lse.view(),
+                                    KVLayout::NHD, av);
   expect_close(out, ref, 1e-12, "out");
   expect_close(lse, ref_lse, 1e-12, "lse");
 }
@@ -233,8 +240,8 @@ TEST(BlockSparseReference, VariableBlocksDifferPerKvHead) {
   const std::vector<uint8_t> packed = pack_custom_mask(dense, {8}, {16}, mi);
   AttentionVariant av;
   av.custom_mask = {packed.data(), static_cast<int64_t>(packed.size()), TensorView()};
-  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(),
-                                    ref_lse.view(), KVLayout::NHD, av);
+  reference::single_prefill_variant(x.q.view(), x.k.view(), x.v.view(), ref.view(), ref_lse.view(),
+                                    KVLayout::NHD, av);
   for (int m = 0; m < 8; ++m) {
     ASSERT_NEAR(lse.get(m * 2 + 1), ref_lse.get(m * 2 + 1), 1e-12);
     for (int d = 0; d < 64; ++d)

@@ -79,6 +79,7 @@ void run_case(const Case& c) {
 
   const ops::BsrPagedPlan p = ops::bsr_as_paged_prefill(l, c.causal);
   EXPECT_EQ(p.has_mask(), c.causal || c.element_mask);
+  EXPECT_EQ(block_sparse_mask_bytes(l, c.causal), static_cast<int64_t>(p.mask.size()));
   // k, v [N, H, D] as pages [N / C, C, H, D].
   const int64_t shape[4] = {c.NB, c.C, c.hkv, c.d};
   const int64_t strides[4] = {c.C * c.hkv * c.d, c.hkv * c.d, c.d, 1};
@@ -123,13 +124,13 @@ void run_case(const Case& c) {
 TEST(BsrPagedPlan, RandomPatternsMatchTheBlockSparseReference) {
   uint64_t seed = 100;
   const Case cases[] = {
-      {1, 1, 40, 60, 0.3},                          // vector sparsity
-      {3, 16, 10, 8, 0.5, true},                    // causal, R != C, M != N
-      {16, 3, 4, 30, 0.2, false, true},             // element mask
-      {64, 64, 3, 4, 1.0, true},                    // full density, causal
-      {200, 1, 2, 300, 0.01},                       // 1 %: rows of a few keys
-      {1, 200, 300, 2, 0.6, true, true, true},      // everything at once
-      {16, 64, 6, 5, 0.4, false, false, true},      // soft-cap and sinks
+      {1, 1, 40, 60, 0.3},                      // vector sparsity
+      {3, 16, 10, 8, 0.5, true},                // causal, R != C, M != N
+      {16, 3, 4, 30, 0.2, false, true},         // element mask
+      {64, 64, 3, 4, 1.0, true},                // full density, causal
+      {200, 1, 2, 300, 0.01},                   // 1 %: rows of a few keys
+      {1, 200, 300, 2, 0.6, true, true, true},  // everything at once
+      {16, 64, 6, 5, 0.4, false, false, true},  // soft-cap and sinks
   };
   for (Case c : cases) {
     c.seed = seed++;
@@ -153,9 +154,9 @@ TEST(BsrPagedPlan, PlainLayoutsNeedNoMaskAndKeepTheirArrays) {
   EXPECT_EQ(p.kv_indptr, indptr);
   EXPECT_EQ(p.kv_indices, indices);
   EXPECT_EQ(p.kv_last_page_len, (std::vector<int32_t>{5, 0, 5}));
-  EXPECT_NE(error_of([&] { ops::bsr_as_paged_prefill({indptr.data(), indices.data(), 9, 20, 3, 5},
-                                                     false); })
-                .find("outside [0, N / C = 4)"),
+  EXPECT_NE(error_of([&] {
+              ops::bsr_as_paged_prefill({indptr.data(), indices.data(), 9, 20, 3, 5}, false);
+            }).find("outside [0, N / C = 4)"),
             std::string::npos);
 }
 

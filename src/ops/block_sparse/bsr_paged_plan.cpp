@@ -2,6 +2,21 @@
 
 #include "flashkv/variants.h"
 
+namespace flashkv::ops {}  // namespace flashkv::ops
+
+namespace flashkv {
+
+int64_t block_sparse_mask_bytes(const BlockSparseLayout& l, bool causal) {
+  check_block_sparse_layout(l);
+  if (!causal && l.block_mask == nullptr) return 0;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < l.num_block_rows(); ++i)
+    bytes += (static_cast<int64_t>(l.R) * (l.indptr[i + 1] - l.indptr[i]) * l.C + 7) / 8;
+  return bytes;
+}
+
+}  // namespace flashkv
+
 namespace flashkv::ops {
 
 BsrPagedPlan bsr_as_paged_prefill(const BlockSparseLayout& l, bool causal) {

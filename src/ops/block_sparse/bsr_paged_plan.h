@@ -18,9 +18,9 @@
 namespace flashkv::ops {
 
 struct BsrPagedPlan {
-  std::vector<int32_t> qo_indptr;       // [MB + 1]: i R
-  std::vector<int32_t> kv_indptr;       // [MB + 1]: the layout's indptr (pages)
-  std::vector<int32_t> kv_indices;      // the layout's indices (page ids)
+  std::vector<int32_t> qo_indptr;         // [MB + 1]: i R
+  std::vector<int32_t> kv_indptr;         // [MB + 1]: the layout's indptr (pages)
+  std::vector<int32_t> kv_indices;        // the layout's indices (page ids)
   std::vector<int32_t> kv_last_page_len;  // [MB]: C, or 0 for an empty block row
   int page_size = 1;                      // C
   // With `causal` or an element mask: request i's R x (nnz_i C) bits over its gathered keys
