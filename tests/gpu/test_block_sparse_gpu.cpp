@@ -142,14 +142,14 @@ void run_case(const BsCase& c) {
 TEST_F(BlockSparseGpu, RandomPatternsBlockSizesAndDensities) {
   uint64_t seed = 10;
   const BsCase cases[] = {
-      {1, 1, 64, 256, 0.05},                       // vector sparsity
-      {3, 3, 40, 40, 0.5, true},                   // causal, odd block sizes
-      {16, 64, 8, 6, 1.0, true},                   // full density, causal, R != C
-      {64, 16, 4, 20, 0.3, false, true},           // element mask
-      {128, 128, 3, 4, 0.5},                       // large blocks
-      {200, 200, 2, 3, 0.7, true, true},           // any size, not a power of two
-      {16, 3, 10, 100, 0.01},                      // 1 %
-      {64, 64, 4, 8, 0.4, false, false, true},     // soft-cap and sinks
+      {1, 1, 64, 256, 0.05},                    // vector sparsity
+      {3, 3, 40, 40, 0.5, true},                // causal, odd block sizes
+      {16, 64, 8, 6, 1.0, true},                // full density, causal, R != C
+      {64, 16, 4, 20, 0.3, false, true},        // element mask
+      {128, 128, 3, 4, 0.5},                    // large blocks
+      {200, 200, 2, 3, 0.7, true, true},        // any size, not a power of two
+      {16, 3, 10, 100, 0.01},                   // 1 %
+      {64, 64, 4, 8, 0.4, false, false, true},  // soft-cap and sinks
   };
   for (BsCase c : cases) {
     c.seed = seed++;
@@ -218,8 +218,9 @@ TEST_F(BlockSparseGpu, BadLayoutsAreNamedAndWriteNothing) {
   bsa.plan(pat.layout, shape);
   HostTensor short_k(c.dt, {pat.layout.N - c.C, c.hkv, c.d});
   const DeviceTensor dks = to_device(short_k);
-  EXPECT_NE(error_of([&] { bsa.run(dq.view, dks.view, dks.view, dout.view, {}); })
-                .find("k: expected [N = "),
+  EXPECT_NE(error_of([&] {
+              bsa.run(dq.view, dks.view, dks.view, dout.view, {});
+            }).find("k: expected [N = "),
             std::string::npos);
   EXPECT_TRUE(all_bytes_are(dout));
 }

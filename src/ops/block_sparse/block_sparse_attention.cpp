@@ -56,8 +56,7 @@ struct BlockSparseAttention::Impl {
 };
 
 size_t BlockSparseAttention::workspace_bytes(const BlockSparseConfig& cfg) {
-  return align_up(BatchPrefillPaged::workspace_bytes(prefill_config(cfg))) +
-         IndexLayout(cfg).total;
+  return align_up(BatchPrefillPaged::workspace_bytes(prefill_config(cfg))) + IndexLayout(cfg).total;
 }
 
 BlockSparseAttention::BlockSparseAttention(const BlockSparseConfig& cfg, void* workspace,
@@ -98,8 +97,9 @@ void BlockSparseAttention::plan(const BlockSparseLayout& l, const AttentionShape
         "config allows BlockSparseConfig.max_block_rows = ", m.cfg.max_block_rows);
   check(blocks <= m.cfg.max_blocks, "BlockSparseLayout.indptr[M / R] = ", blocks,
         " blocks; the config allows BlockSparseConfig.max_blocks = ", m.cfg.max_blocks);
-  check(static_cast<int64_t>(p.mask.size()) <= m.cfg.max_mask_bytes, "BlockSparseOptions: ",
-        "the causal / element mask takes ", p.mask.size(), " bytes (block_sparse_mask_bytes); ",
+  check(static_cast<int64_t>(p.mask.size()) <= m.cfg.max_mask_bytes,
+        "BlockSparseOptions: ", "the causal / element mask takes ", p.mask.size(),
+        " bytes (block_sparse_mask_bytes); ",
         "the config allows BlockSparseConfig.max_mask_bytes = ", m.cfg.max_mask_bytes);
   check(l.N / l.C < (int64_t{1} << 31), "BlockSparseLayout: N / C = ", l.N / l.C,
         " pages; expected < 2^31");
