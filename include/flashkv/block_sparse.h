@@ -98,9 +98,12 @@ class BlockSparseAttention {
   void plan(const BlockSparseLayout& layout, const AttentionShape& shape,
             const BlockSparseOptions& opts = {}, Stream stream = nullptr);
   // q [M, H_qo, D]; k, v [N, H_kv, D] (tokens at one stride, 16-byte multiples); out
-  // [M, H_qo, D]; lse f32 [M, H_qo] or undefined.
+  // [M, H_qo, D]; lse f32 [M, H_qo] or undefined. An fp8 k, v is dequantized with the plan's
+  // opts.kv_scale, or with `kv_scale` (on k's device) in the second form.
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse, Stream stream = nullptr);
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse, const KVScale& kv_scale, Stream stream = nullptr);
 
  private:
   struct Impl;

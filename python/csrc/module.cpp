@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "array_view.h"
+#include "binding_util.h"
+#include "block_sparse_binding.h"
 #include "flashkv/flashkv.h"
 #include "variant.h"
 
@@ -20,15 +22,6 @@ namespace flashkv::python {
 namespace {
 
 using nb::arg;
-using LseArg = std::optional<OutArray>;
-using OptionalIn = std::optional<InArray>;
-
-// Runs f with the GIL released (the views were built while it was held).
-template <class F>
-void without_gil(F&& f) {
-  nb::gil_scoped_release release;
-  f();
-}
 
 AttentionOptions attention_options(float sm_scale, bool causal, const KVScale& kv_scale = {}) {
   AttentionOptions o;
@@ -37,12 +30,6 @@ AttentionOptions attention_options(float sm_scale, bool causal, const KVScale& k
   o.kv_scale = kv_scale;
   return o;
 }
-
-// The keyword arguments of FlashInfer's k_scale / v_scale (array_view.h: kv_scale_of) that every
-// op reading or writing a KV cache takes after its others.
-#define FLASHKV_KV_SCALE_ARGS                                                              \
-  arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("k_scale_tensor").none() = nb::none(), \
-  arg("v_scale_tensor").none() = nb::none()
 
 RopeOptions llama_rope(int rotary_dim, bool interleave, double rope_scale, double rope_theta) {
   RopeOptions o;
@@ -83,27 +70,6 @@ CascadePlanOptions::Use parse_cascade_use(const std::string& use) {
   if (use == "never") return Use::kNever;
   fail("use_cascade: expected 'auto', 'always' or 'never', got '", use, "'");
 }
-
-// The caller's workspace: contiguous device memory of any dtype (FlashInfer's is uint8) on the
-// op's device, kept alive by the op.
-struct Workspace {
-  OutArray array;
-  void* data = nullptr;
-  size_t bytes = 0;
-
-  Workspace(OutArray a, int device) : array(std::move(a)) {
-    check(array.device_type() == nb::device::cuda::value && array.device_id() == device,
-          "float_workspace_buffer: expected memory on device cuda:", device);
-    int64_t expected = 1;
-    for (int i = static_cast<int>(array.ndim()) - 1; i >= 0; --i) {
-      check(array.shape(i) <= 1 || array.stride(i) == expected,
-            "float_workspace_buffer: expected a contiguous buffer");
-      expected *= static_cast<int64_t>(array.shape(i));
-    }
-    data = array.data();
-    bytes = array.nbytes();
-  }
-};
 
 int batch_of(const InArray& indptr, const char* name) {
   check(indptr.ndim() == 1 && indptr.shape(0) >= 1, name,
@@ -637,6 +603,7 @@ void bind_module(nb::module_& m) {
   bind_plan_checks(m);
 
   bind_variants(m);
+  bind_block_sparse(m);
   m.def("fp8_view", &fp8_view, arg("array"), arg("dtype"));
   m.def("cuda_available", &cuda_available);
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason);

@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "binding_util.h"
 #include "flashkv/error.h"
 #include "flashkv/reference_variants.h"
 
@@ -21,8 +22,6 @@ namespace flashkv::python {
 namespace {
 
 using nb::arg;
-using OptionalIn = std::optional<InArray>;
-using LseArg = std::optional<OutArray>;
 
 RopeMode parse_rope_mode(const std::string& s) {
   if (s == "none") return RopeMode::none;
@@ -141,12 +140,6 @@ const AttentionVariant& builtin_of(const PyVariant& pv) {
   check(pv.variant.is_builtin() || pv.variant.is_plain(),
         "the CPU reference runs the built-in variants only");
   return pv.variant.builtin_description();
-}
-
-template <class F>
-void without_gil(F&& f) {
-  nb::gil_scoped_release release;
-  f();
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
+from .sparse import BlockSparseAttentionWrapper  # noqa: E402
 from .variants import Variant  # noqa: E402
 
 __version__ = "0.1.0"
@@ -109,6 +110,7 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "BlockSparseAttentionWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "MultiLevelCascadeWrapper",
     "Variant",

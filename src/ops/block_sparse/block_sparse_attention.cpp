@@ -153,6 +153,13 @@ void BlockSparseAttention::plan(const BlockSparseLayout& l, const AttentionShape
 
 void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, Stream stream) {
+  impl_->life.require_planned("run");
+  run(q, k, v, out, lse, impl_->kv_scale, stream);
+}
+
+void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse,
+                               const KVScale& kv_scale, Stream stream) {
   Impl& m = *impl_;
   m.life.require_planned("run");
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
@@ -179,7 +186,7 @@ void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const T
   cache.indices = TensorView(ids, DType::i32, {m.blocks}, dev);
   cache.indptr = TensorView(ids, DType::i32, {m.block_rows + 1}, dev);
   cache.last_page_len = TensorView(ids, DType::i32, {m.block_rows}, dev);
-  cache.scale = m.kv_scale;
+  cache.scale = kv_scale;
   const bool capturing = m.life.begin_run(false, "BlockSparseOptions", stream);
   m.prefill->run(q, cache, out, lse, stream);
   m.life.end_run(capturing, stream);
