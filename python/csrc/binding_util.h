@@ -26,8 +26,8 @@ void without_gil(F&& f) {
 
 // The keyword arguments of FlashInfer's k_scale / v_scale (array_view.h: kv_scale_of) that every
 // op reading or writing a KV cache takes after its others.
-#define FLASHKV_KV_SCALE_ARGS                                                                 \
-  nb::arg("k_scale") = 1.0f, nb::arg("v_scale") = 1.0f,                                       \
+#define FLASHKV_KV_SCALE_ARGS                           \
+  nb::arg("k_scale") = 1.0f, nb::arg("v_scale") = 1.0f, \
   nb::arg("k_scale_tensor").none() = nb::none(), nb::arg("v_scale_tensor").none() = nb::none()
 
 // The caller's workspace: contiguous device memory of any dtype (FlashInfer's is uint8) on the

@@ -74,8 +74,8 @@ BlockSparseConfig config_of(int64_t max_rows, int64_t max_block_rows, int64_t ma
 class PyBlockSparseAttention {
  public:
   PyBlockSparseAttention(OutArray workspace, int64_t max_rows, int64_t max_block_rows,
-                         int64_t max_blocks, int64_t max_mask_bytes, int num_qo_heads,
-                         int head_dim, int device)
+                         int64_t max_blocks, int64_t max_mask_bytes, int num_qo_heads, int head_dim,
+                         int device)
       : ws_(std::move(workspace), device) {
     op_ = std::make_unique<BlockSparseAttention>(
         config_of(max_rows, max_block_rows, max_blocks, max_mask_bytes, num_qo_heads, head_dim,
@@ -91,8 +91,8 @@ class PyBlockSparseAttention {
 
   void plan(const InArray& indptr, const InArray& indices, int64_t M, int64_t N, int R, int C,
             const OptionalIn& mask, int num_qo_heads, int num_kv_heads, int head_dim,
-            const std::string& q_dtype, const std::string& kv_dtype, bool causal,
-            float sm_scale, float logits_soft_cap, const OptionalIn& sinks, uintptr_t stream) {
+            const std::string& q_dtype, const std::string& kv_dtype, bool causal, float sm_scale,
+            float logits_soft_cap, const OptionalIn& sinks, uintptr_t stream) {
     const BlockSparseLayout l = layout_of(indptr, indices, M, N, R, C, mask);
     AttentionShape shape;
     shape.num_qo_heads = num_qo_heads;
@@ -130,13 +130,13 @@ void bind_block_sparse(nb::module_& m) {
       .def_static("workspace_bytes", &PyBlockSparseAttention::workspace_bytes, arg("max_rows"),
                   arg("max_block_rows"), arg("max_blocks"), arg("max_mask_bytes"),
                   arg("num_qo_heads"), arg("head_dim"), arg("device"))
-      .def_static("min_workspace_bytes", &PyBlockSparseAttention::workspace_bytes,
-                  arg("max_rows"), arg("max_block_rows"), arg("max_blocks"),
-                  arg("max_mask_bytes"), arg("num_qo_heads"), arg("head_dim"), arg("device"))
-      .def("plan", &PyBlockSparseAttention::plan, arg("indptr"), arg("indices"), arg("M"),
-           arg("N"), arg("R"), arg("C"), arg("mask").none(), arg("num_qo_heads"),
-           arg("num_kv_heads"), arg("head_dim"), arg("q_dtype"), arg("kv_dtype"), arg("causal"),
-           arg("sm_scale"), arg("logits_soft_cap"), arg("sinks").none(), arg("stream"))
+      .def_static("min_workspace_bytes", &PyBlockSparseAttention::workspace_bytes, arg("max_rows"),
+                  arg("max_block_rows"), arg("max_blocks"), arg("max_mask_bytes"),
+                  arg("num_qo_heads"), arg("head_dim"), arg("device"))
+      .def("plan", &PyBlockSparseAttention::plan, arg("indptr"), arg("indices"), arg("M"), arg("N"),
+           arg("R"), arg("C"), arg("mask").none(), arg("num_qo_heads"), arg("num_kv_heads"),
+           arg("head_dim"), arg("q_dtype"), arg("kv_dtype"), arg("causal"), arg("sm_scale"),
+           arg("logits_soft_cap"), arg("sinks").none(), arg("stream"))
       .def("run", &PyBlockSparseAttention::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS);
   m.def(
@@ -151,9 +151,9 @@ void bind_block_sparse(nb::module_& m) {
       "reference_block_sparse_attention",
       [](const InArray& q, const InArray& k, const InArray& v, const InArray& indptr,
          const InArray& indices, int64_t M, int64_t N, int R, int C, const OptionalIn& mask,
-         const OutArray& out, const LseArg& lse, bool causal, float sm_scale,
-         float logits_soft_cap, const OptionalIn& sinks, float k_scale, float v_scale,
-         const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
+         const OutArray& out, const LseArg& lse, bool causal, float sm_scale, float logits_soft_cap,
+         const OptionalIn& sinks, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
+         const OptionalIn& v_scale_tensor) {
         const BlockSparseLayout l = layout_of(indptr, indices, M, N, R, C, mask);
         const BlockSparseOptions o =
             options_of(causal, sm_scale, logits_soft_cap, sinks,
