@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/test_util.h"
@@ -25,14 +26,15 @@ struct Case {
   int64_t MB, NB;
   double density;
   bool causal = false, element_mask = false, soft_cap_and_sinks = false;
+  bool diagonal = false;  // every non-empty block row holds its diagonal block (MB == NB)
   int hq = 4, hkv = 2, d = 64;
   uint64_t seed = 1;
   std::string str() const {
     return "R " + std::to_string(R) + " C " + std::to_string(C) + " MB " + std::to_string(MB) +
            " NB " + std::to_string(NB) + " density " + std::to_string(density) +
            (causal ? " causal" : "") + (element_mask ? " mask" : "") +
-           (soft_cap_and_sinks ? " cap+sinks" : "") + " H " + std::to_string(hq) + "/" +
-           std::to_string(hkv);
+           (soft_cap_and_sinks ? " cap+sinks" : "") + (diagonal ? " diagonal" : "") + " H " +
+           std::to_string(hq) + "/" + std::to_string(hkv);
   }
 };
 
@@ -45,7 +47,8 @@ void run_case(const Case& c) {
   for (int64_t i = 0; i < c.MB; ++i) {
     std::vector<int32_t> row;
     for (int64_t j = 0; j < c.NB; ++j)
-      if (i != c.MB / 2 && u(rng) < c.density) row.push_back(static_cast<int32_t>(j));
+      if (i != c.MB / 2 && ((c.diagonal && j == i) || u(rng) < c.density))
+        row.push_back(static_cast<int32_t>(j));
     std::shuffle(row.begin(), row.end(), rng);  // any order
     indices.insert(indices.end(), row.begin(), row.end());
     indptr.push_back(static_cast<int32_t>(indices.size()));
@@ -78,7 +81,9 @@ void run_case(const Case& c) {
                                     o);
 
   const ops::BsrPagedPlan p = ops::bsr_as_paged_prefill(l, c.causal);
-  EXPECT_EQ(p.has_mask(), c.causal || c.element_mask);
+  // The kernel's own causal mask exactly where it is the positional one.
+  EXPECT_EQ(p.causal, c.causal && c.diagonal && c.R == c.C && c.MB == c.NB && !c.element_mask);
+  EXPECT_EQ(p.has_mask(), (c.causal && !p.causal) || c.element_mask);
   EXPECT_EQ(block_sparse_mask_bytes(l, c.causal), static_cast<int64_t>(p.mask.size()));
   // k, v [N, H, D] as pages [N / C, C, H, D].
   const int64_t shape[4] = {c.NB, c.C, c.hkv, c.d};
@@ -96,6 +101,7 @@ void run_case(const Case& c) {
   cache.indices = kv_indices.view();
   cache.last_page_len = last.view();
   AttentionVariant av;
+  av.causal = p.causal;
   if (c.soft_cap_and_sinks) {
     av.logits_soft_cap = 3.0f;
     av.sinks = sinks.view();
@@ -135,6 +141,18 @@ TEST(BsrPagedPlan, RandomPatternsMatchTheBlockSparseReference) {
   for (Case c : cases) {
     c.seed = seed++;
     run_case(c);
+  }
+  // R == C, M == N, causal, diagonal blocks present: the kernel's causal mask, no custom mask
+  // (blocks above the diagonal are dropped); also with soft-cap and sinks, and with C = 1.
+  Case diag{16, 16, 8, 8, 0.4, true};
+  diag.diagonal = true;
+  for (const auto& [R, cap] : {std::pair{16, false}, std::pair{16, true}, std::pair{1, false}}) {
+    Case d = diag;
+    d.R = d.C = R;
+    d.MB = d.NB = R == 1 ? 50 : 8;
+    d.soft_cap_and_sinks = cap;
+    d.seed = seed++;
+    run_case(d);
   }
   Case mqa{3, 3, 12, 12, 0.5, true, true};  // MQA, head_dim 128
   mqa.hq = 8;

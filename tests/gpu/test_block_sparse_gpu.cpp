@@ -2,8 +2,9 @@
 // (reference_block_sparse.h: dense masked attention from the layout), outputs poisoned before each
 // run, STYLE.md's tolerance rule for the dtype: random patterns at densities 1 %-100 % with R, C in
 // {1, 3, 16, 64, 128, 200}, empty block rows (out 0, lse -inf), rows masked entirely inside their
-// blocks, causal with R != C, GQA 1/4/8, head_dim 64/128/256, f16 and bf16, soft-cap and sinks,
-// e4m3 keys and values; bad layouts are named errors that write nothing.
+// blocks, causal with R != C and with the kernel's own causal mask (R == C, diagonal blocks), GQA
+// 1/4/8, head_dim 64/128/256, f16 and bf16, soft-cap and sinks, e4m3 keys and values; bad layouts
+// are named errors that write nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@ struct BsCase {
   int64_t MB = 8, NB = 8;
   double density = 0.3;
   bool causal = false, element_mask = false, cap_and_sinks = false;
+  bool diagonal = false;  // every non-empty block row holds its diagonal block (MB == NB)
   int hq = 8, hkv = 2, d = 128;
   DType dt = DType::f16;
   DType fp8_kv = DType::f32;  // e4m3 / e5m2: k, v in fp8 (scales 0.5, 2)
@@ -36,9 +38,9 @@ struct BsCase {
     return "R " + std::to_string(R) + " C " + std::to_string(C) + " MB " + std::to_string(MB) +
            " NB " + std::to_string(NB) + " density " + std::to_string(density) +
            (causal ? " causal" : "") + (element_mask ? " mask" : "") +
-           (cap_and_sinks ? " cap+sinks" : "") + " H " + std::to_string(hq) + "/" +
-           std::to_string(hkv) + " D " + std::to_string(d) + " " + dtype_name(dt) +
-           (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "");
+           (cap_and_sinks ? " cap+sinks" : "") + (diagonal ? " diagonal" : "") + " H " +
+           std::to_string(hq) + "/" + std::to_string(hkv) + " D " + std::to_string(d) + " " +
+           dtype_name(dt) + (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "");
   }
 };
 
@@ -55,7 +57,8 @@ Pattern make_pattern(const BsCase& c) {
   for (int64_t i = 0; i < c.MB; ++i) {
     std::vector<int32_t> row;
     for (int64_t j = 0; j < c.NB; ++j)
-      if (i != c.MB / 2 && u(rng) < c.density) row.push_back(static_cast<int32_t>(j));
+      if (i != c.MB / 2 && ((c.diagonal && j == i) || u(rng) < c.density))
+        row.push_back(static_cast<int32_t>(j));
     std::shuffle(row.begin(), row.end(), rng);
     p.indices.insert(p.indices.end(), row.begin(), row.end());
     p.indptr.push_back(static_cast<int32_t>(p.indices.size()));
@@ -154,6 +157,14 @@ TEST_F(BlockSparseGpu, RandomPatternsBlockSizesAndDensities) {
   for (BsCase c : cases) {
     c.seed = seed++;
     run_case(c);
+  }
+  // R == C, M == N, causal with every diagonal block: the kernel's own causal mask (no custom
+  // mask: bsr_paged_plan.h), at 128 x 128 and 1 x 1.
+  for (int b : {128, 1}) {
+    BsCase d{b, b, b == 1 ? 256 : 8, b == 1 ? 256 : 8, 0.2, true};
+    d.diagonal = true;
+    d.seed = seed++;
+    run_case(d);
   }
 }
 

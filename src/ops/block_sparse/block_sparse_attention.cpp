@@ -116,6 +116,7 @@ void BlockSparseAttention::plan(const BlockSparseLayout& l, const AttentionShape
                       TensorView(mask_indptr_dev, DType::i32, {rows + 1}, dev)};
   }
   PrefillPlanOptions pp;
+  pp.causal = p.causal;  // the kernel's own causal mask (bsr_paged_plan.h)
   pp.sm_scale = opts.sm_scale;
   pp.kv_indices_host = p.kv_indices.data();
   pp.num_pages = l.N / l.C;
