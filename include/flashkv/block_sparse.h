@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "flashkv/attention.h"
+#include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
 
@@ -109,6 +110,15 @@ class BlockSparseAttention {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Sparse-KV decode (Quest-style selection) needs no op of its own: BatchDecode attends to the
+// pages its page table names, so a selection of pages is a page table (plan with each request's
+// number of selected pages; a CUDA graph replays with new ids written into the same device
+// kv_indices, counts unchanged). A selection of single tokens is a page table over this view of
+// the cache: k [pages, page_size, H, D] (NHD) as [pages * page_size, 1, H, D], token s of page p
+// being view page p * page_size + s. NHD only (an HND cache's tokens are not evenly strided
+// across pages): anything else is a named error.
+TensorView token_pages(const TensorView& paged_k, KVLayout layout);
 
 // Validate a layout; each failure is a flashkv::Error naming the argument and what was expected
 // (R or C < 1, M not divisible by R, indptr not monotone or not ending at the block count, a

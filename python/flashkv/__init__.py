@@ -88,7 +88,7 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from .sparse import BlockSparseAttentionWrapper  # noqa: E402
+from .sparse import BlockSparseAttentionWrapper, token_pages  # noqa: E402
 from .variants import Variant  # noqa: E402
 
 __version__ = "0.1.0"
@@ -134,4 +134,5 @@ __all__ = [
     "merge_states",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
+    "token_pages",
 ]

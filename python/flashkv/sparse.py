@@ -12,6 +12,9 @@ key gets zeros and lse -inf. ``logits_soft_cap`` and (flashkv extension) ``sinks
 ``[num_qo_heads]`` as in the prefill wrappers; fp8 k / v (q float16 or bfloat16) with run()'s
 ``k_scale`` / ``v_scale``. RoPE / ALiBi raise NotImplementedError.
 
+:func:`token_pages` views a paged cache as pages of one token, for sparse-KV decode over
+selected tokens (Quest-style selection) with the ordinary decode wrapper.
+
 A host workspace runs the CPU reference (dense masked attention built from the layout). The GPU
 path (a CUDA workspace) composes batch prefill over k, v viewed as pages of C tokens; it has NOT
 been run on a GPU yet (issue 26).
@@ -53,6 +56,28 @@ def _host_mask(mask, packed_mask, nnz, R, C_):
     if m.size != n:
         raise ValueError(f"mask: expected [nnz, R, C] = {n} elements, got shape {m.shape}")
     return np.ascontiguousarray(m.reshape(int(nnz), int(R), int(C_)), dtype=np.uint8)
+
+
+def token_pages(k_cache, kv_layout="NHD"):
+    """A paged cache ``[pages, page_size, num_kv_heads, head_dim]`` (NHD) as pages of one token,
+    ``[pages * page_size, 1, num_kv_heads, head_dim]``, the same memory (a view: appends to the
+    cache show in it). Token s of page p is page ``p * page_size + s`` of the view: a selection of
+    single tokens (sparse-KV decode, C++ flashkv::token_pages) is then an ordinary page table for
+    the decode and prefill wrappers with page_size 1. A selection of whole pages needs no view:
+    plan with the selected page ids (a CUDA graph replays with new ids written into the same
+    indices array). NHD only (an HND cache's tokens are not evenly strided across pages)."""
+    if kv_layout != "NHD":
+        raise ValueError(f"kv_layout: token_pages takes an NHD cache, got {kv_layout!r} (an HND "
+                         f"cache's tokens are not evenly strided across pages)")
+    if len(k_cache.shape) != 4:
+        raise ValueError(f"k_cache: expected [pages, page_size, num_kv_heads, head_dim], got "
+                         f"shape {tuple(k_cache.shape)}")
+    p, s, h, d = (int(x) for x in k_cache.shape)
+    if A.framework(k_cache) == "torch":
+        return k_cache.view(p * s, 1, h, d)  # raises where no view exists
+    view = np.asarray(k_cache).view()
+    view.shape = (p * s, 1, h, d)  # raises where no view exists
+    return view
 
 
 class BlockSparseAttentionWrapper:

@@ -162,3 +162,69 @@ def test_gpu_matches_dense_masked_attention(dtype):
         assert err <= min(4 * UNIT_ROUNDOFF[dtype], 1e-2), (R, C, err)
         got = lse.cpu().numpy().astype(np.float64)
         np.testing.assert_allclose(got, ref_lse * LOG2E, rtol=1e-3, atol=1e-3)
+
+
+def test_token_selection_decode_over_token_pages(fw):
+    """Sparse-KV decode: each request attends to a chosen subset of its tokens through the
+    ordinary decode wrapper over token_pages(k) with page_size 1; equals attention over the
+    gathered tokens."""
+    from conftest import PagedCache, attention_ref
+
+    rng = np.random.default_rng(21)
+    kv_lens, page, hq, hk, d = [300, 40, 1], 16, 8, 2, 64
+    cache = PagedCache(rng, kv_lens, page, hk, d, np.float16, "NHD")
+    kt, vt = flashkv.token_pages(cache.k), flashkv.token_pages(cache.v)
+    assert kt.shape == (cache.k.shape[0] * page, 1, hk, d)
+    assert np.shares_memory(kt, cache.k)
+    chosen, ids, indptr = [], [], [0]
+    for r, n in enumerate(kv_lens):
+        toks = [t for t in range(n) if n == 1 or rng.uniform() < 0.3]
+        chosen.append(toks)
+        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
+        ids += [int(pages[t // page]) * page + t % page for t in toks]
+        indptr.append(len(ids))
+    q = rand(rng, (len(kv_lens), hq, d), np.float16)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8))
+    w.plan(to_fw(np.array(indptr, np.int32), fw), to_fw(np.array(ids, np.int32), fw),
+           to_fw(np.ones(len(kv_lens), np.int32), fw), hq, hk, d, 1, q_data_type="float16")
+    out, lse = w.run(to_fw(q, fw), (to_fw(kt, fw), to_fw(vt, fw)), return_lse=True)
+    for r, toks in enumerate(chosen):
+        k, v = cache.gather(r)
+        ref, ref_lse = attention_ref(q[r:r + 1], k[toks], v[toks])
+        assert_close(out[r], ref[0], "float16")
+        assert_lse2(lse[r], ref_lse[0])
+    with pytest.raises(ValueError, match="NHD"):
+        flashkv.token_pages(cache.k, "HND")
+
+
+@requires_gpu
+def test_gpu_token_selection_decode():
+    import torch
+
+    from conftest import PagedCache, attention_ref
+
+    rng = np.random.default_rng(22)
+    kv_lens, page, hq, hk, d = [4000, 513, 1, 64], 16, 32, 8, 128
+    cache = PagedCache(rng, kv_lens, page, hk, d, np.float16, "NHD")
+    k, v = (torch.from_numpy(x).cuda() for x in (cache.k, cache.v))
+    kt, vt = flashkv.token_pages(k), flashkv.token_pages(v)
+    assert kt.data_ptr() == k.data_ptr()
+    chosen, ids, indptr = [], [], [0]
+    for r, n in enumerate(kv_lens):
+        toks = [t for t in range(n) if n == 1 or rng.uniform() < 0.1]
+        chosen.append(toks)
+        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
+        ids += [int(pages[t // page]) * page + t % page for t in toks]
+        indptr.append(len(ids))
+    q = rand(rng, (len(kv_lens), hq, d), np.float16)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8,
+                                                               device="cuda"))
+    w.plan(torch.tensor(indptr, dtype=torch.int32, device="cuda"),
+           torch.tensor(ids, dtype=torch.int32, device="cuda"),
+           torch.ones(len(kv_lens), dtype=torch.int32, device="cuda"), hq, hk, d, 1,
+           q_data_type="float16")
+    out = w.run(torch.from_numpy(q).cuda(), (kt, vt)).cpu().numpy()
+    for r, toks in enumerate(chosen):
+        kg, vg = cache.gather(r)
+        ref, _ = attention_ref(q[r:r + 1], kg[toks], vg[toks])
+        assert_close(out[r], ref[0], "float16")

@@ -72,4 +72,20 @@ void check_variable_block_sparse_layout(const VariableBlockSparseLayout& l) {
   check_sizes(l.block_col_sz, l.NB, l.num_kv_heads, l.N, "block_col_sz", "N");
 }
 
+TensorView token_pages(const TensorView& k, KVLayout layout) {
+  check_defined(k, "paged_kv.k");
+  check_ndim(k, "paged_kv.k", 4);
+  check(layout == KVLayout::NHD,
+        "token_pages: expected an NHD cache ([pages, page_size, H, D]); an HND cache's tokens are "
+        "not evenly strided across pages");
+  const int64_t pages = k.size(0), page = k.size(1);
+  check(pages <= 1 || page <= 1 || k.stride(0) == page * k.stride(1), "token_pages: paged_kv.k ",
+        k.shape_str(), ": expected pages of tokens at one stride (page stride = page_size x token ",
+        "stride, as a contiguous cache has), got strides ", k.stride(0), " and ", k.stride(1));
+  const int64_t token_stride = page > 1 ? k.stride(1) : k.stride(0);
+  const int64_t shape[4] = {pages * page, 1, k.size(2), k.size(3)};
+  const int64_t strides[4] = {token_stride, token_stride, k.stride(2), k.stride(3)};
+  return TensorView(k.data(), k.dtype(), 4, shape, strides, k.device());
+}
+
 }  // namespace flashkv

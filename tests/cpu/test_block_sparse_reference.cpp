@@ -282,3 +282,70 @@ TEST(BlockSparseReference, CallShapesAreChecked) {
 
 }  // namespace
 }  // namespace flashkv::test
+
+namespace flashkv::test {
+namespace {
+
+// Sparse-KV decode (block_sparse.h): a selection of single tokens is a page table over
+// token_pages(k); the reference decode over it equals attention over the gathered tokens.
+TEST(SparseKvDecode, TokenSelectionsOverTheTokenPagesView) {
+  const std::vector<int64_t> lens = {300, 77, 1};
+  const int page = 16, hq = 8, hkv = 2, d = 64;
+  PagedCacheHost c = make_paged_cache(lens, page, hkv, d, KVLayout::NHD, DType::f16, 5);
+  const TensorView kt = token_pages(c.cache.k, KVLayout::NHD);
+  const TensorView vt = token_pages(c.cache.v, KVLayout::NHD);
+  ASSERT_EQ(kt.size(0), c.cache.k.size(0) * page);
+  ASSERT_EQ(kt.size(1), 1);
+  // Each request keeps a random subset of its tokens, in position order.
+  std::mt19937 rng(3);
+  std::vector<int64_t> indptr = {0}, ids;
+  std::vector<std::vector<int64_t>> chosen(lens.size());
+  const int32_t* pages = c.indices.view().data_as<int32_t>();
+  const int32_t* page_ptr = c.indptr.view().data_as<int32_t>();
+  for (size_t r = 0; r < lens.size(); ++r) {
+    for (int64_t t = 0; t < lens[r]; ++t) {
+      if (lens[r] > 1 && rng() % 4 != 0) continue;
+      chosen[r].push_back(t);
+      ids.push_back(static_cast<int64_t>(pages[page_ptr[r] + t / page]) * page + t % page);
+    }
+    indptr.push_back(static_cast<int64_t>(ids.size()));
+  }
+  const HostTensor sel_indptr = make_i32(indptr), sel_ids = make_i32(ids),
+                   last = make_i32(std::vector<int64_t>(lens.size(), 1));
+  PagedKVCache sel;
+  sel.k = kt;
+  sel.v = vt;
+  sel.indptr = sel_indptr.view();
+  sel.indices = sel_ids.view();
+  sel.last_page_len = last.view();
+  const int64_t B = static_cast<int64_t>(lens.size());
+  HostTensor q(DType::f16, {B, hq, d});
+  q.fill_random(9);
+  HostTensor out(DType::f32, {B, hq, d}), lse(DType::f32, {B, hq});
+  reference::batch_decode(q.view(), sel, out.view(), lse.view());
+  // The same attention over the gathered tokens, request by request.
+  for (int64_t r = 0; r < B; ++r) {
+    const int64_t n = static_cast<int64_t>(chosen[r].size());
+    HostTensor k(DType::f16, {n, hkv, d}), v(DType::f16, {n, hkv, d});
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = chosen[r][i], p = pages[page_ptr[r] + t / page];
+      for (int64_t e = 0; e < hkv * d; ++e) {
+        k.set(i * hkv * d + e, c.k.get(((p * page) + t % page) * hkv * d + e));
+        v.set(i * hkv * d + e, c.v.get(((p * page) + t % page) * hkv * d + e));
+      }
+    }
+    const int64_t qs[2] = {hq, d}, q_st[2] = {d, 1};
+    HostTensor o1(DType::f32, {hq, d}), l1(DType::f32, {hq});
+    const TensorView qr(static_cast<uint8_t*>(q.data()) + r * hq * d * 2, DType::f16, 2, qs, q_st,
+                        Device::cpu());
+    reference::single_decode(qr, k.view(), v.view(), o1.view(), l1.view(), KVLayout::NHD);
+    for (int64_t i = 0; i < hq * d; ++i) ASSERT_NEAR(out.get(r * hq * d + i), o1.get(i), 1e-12);
+    for (int h = 0; h < hq; ++h) ASSERT_NEAR(lse.get(r * hq + h), l1.get(h), 1e-12);
+  }
+  PagedCacheHost hnd = make_paged_cache(lens, page, hkv, d, KVLayout::HND, DType::f16, 6);
+  EXPECT_NE(error_of([&] { token_pages(hnd.cache.k, KVLayout::HND); }).find("NHD"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashkv::test
