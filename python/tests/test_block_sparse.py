@@ -164,6 +164,19 @@ def test_gpu_matches_dense_masked_attention(dtype):
         np.testing.assert_allclose(got, ref_lse * LOG2E, rtol=1e-3, atol=1e-3)
 
 
+def select_tokens(rng, cache, kv_lens, page, frac):
+    """(chosen token positions per request, view page ids, indptr): a random subset of each
+    request's tokens (all of a one-token request), as a page table over token_pages()."""
+    chosen, ids, indptr = [], [], [0]
+    for r, n in enumerate(kv_lens):
+        toks = [t for t in range(n) if n == 1 or rng.uniform() < frac]
+        chosen.append(toks)
+        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
+        ids += [int(pages[t // page]) * page + t % page for t in toks]
+        indptr.append(len(ids))
+    return chosen, ids, indptr
+
+
 def test_token_selection_decode_over_token_pages(fw):
     """Sparse-KV decode: each request attends to a chosen subset of its tokens through the
     ordinary decode wrapper over token_pages(k) with page_size 1; equals attention over the
@@ -176,13 +189,7 @@ def test_token_selection_decode_over_token_pages(fw):
     kt, vt = flashkv.token_pages(cache.k), flashkv.token_pages(cache.v)
     assert kt.shape == (cache.k.shape[0] * page, 1, hk, d)
     assert np.shares_memory(kt, cache.k)
-    chosen, ids, indptr = [], [], [0]
-    for r, n in enumerate(kv_lens):
-        toks = [t for t in range(n) if n == 1 or rng.uniform() < 0.3]
-        chosen.append(toks)
-        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
-        ids += [int(pages[t // page]) * page + t % page for t in toks]
-        indptr.append(len(ids))
+    chosen, ids, indptr = select_tokens(rng, cache, kv_lens, page, 0.3)
     q = rand(rng, (len(kv_lens), hq, d), np.float16)
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8))
     w.plan(to_fw(np.array(indptr, np.int32), fw), to_fw(np.array(ids, np.int32), fw),
@@ -209,13 +216,7 @@ def test_gpu_token_selection_decode():
     k, v = (torch.from_numpy(x).cuda() for x in (cache.k, cache.v))
     kt, vt = flashkv.token_pages(k), flashkv.token_pages(v)
     assert kt.data_ptr() == k.data_ptr()
-    chosen, ids, indptr = [], [], [0]
-    for r, n in enumerate(kv_lens):
-        toks = [t for t in range(n) if n == 1 or rng.uniform() < 0.1]
-        chosen.append(toks)
-        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
-        ids += [int(pages[t // page]) * page + t % page for t in toks]
-        indptr.append(len(ids))
+    chosen, ids, indptr = select_tokens(rng, cache, kv_lens, page, 0.1)
     q = rand(rng, (len(kv_lens), hq, d), np.float16)
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8,
                                                                device="cuda"))
