@@ -8,6 +8,7 @@
 #include "bench_cascade.h"
 #include "bench_decode.h"
 #include "bench_prefill.h"
+#include "bench_sparse.h"
 #include "bench_step.h"
 #include "bench_util.h"
 #include "bench_variants.h"
@@ -21,6 +22,7 @@
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
 #include "json_out.h"
+#include "sparse_workloads.h"
 #include "workloads.h"
 
 namespace flashkv::cli {
@@ -40,6 +42,7 @@ struct BenchArgs {
   StepBenchOptions step;
   CascadeBenchOptions cascade;
   VariantsBenchOptions variants;
+  SparseBenchOptions sparse;
   // bench variants runs f16 and GQA 32/8 alone unless --dtypes / --shapes were given.
   bool dtypes_given = false, shapes_given = false;
   bool plan_time = true;
@@ -73,6 +76,8 @@ struct BenchArgs {
     variants.reps = reps;
     variants.page_size = page_size;
     variants.ctas_per_sm = ctas_per_sm;  // decode as given; prefill: see bench_variants_prefill
+    sparse.workloads = workloads;
+    sparse.reps = reps;
   }
 };
 
@@ -149,6 +154,8 @@ void check_workload_ids(const BenchArgs& a) {
        a.workloads_file.empty() ? standard_workloads() : read_workloads(a.workloads_file))
     known.push_back(w.id);
   known.push_back("PV");
+  for (const auto& w : block_workloads()) known.push_back(w.id);
+  for (const auto& w : select_workloads()) known.push_back(w.id);
   for (const auto& id : a.workloads)
     check(std::find(known.begin(), known.end(), id) != known.end(), "--workloads: unknown id '", id,
           "' (expected some of ", join(known), a.workloads_file.empty() ? "" : " from ",
@@ -160,7 +167,7 @@ void bench_cpu_only(const BenchArgs& a) {
   // Kinds that time GPU kernels and have no CPU form: asked for by name, they fail rather than
   // time something else.
   std::vector<std::string> gpu_only;
-  for (const char* k : {"step", "cascade", "variants"})
+  for (const char* k : {"step", "cascade", "variants", "sparse"})
     if (a.has(k)) gpu_only.push_back(k);
   check(gpu_only.empty(), "bench ", join(gpu_only, " "), " needs a CUDA GPU (none here: ", why,
         "); it times GPU kernels and has no CPU form. Without a GPU, `flashkv bench decode` and "
@@ -199,15 +206,18 @@ void add_bench_command(CLI::App& app) {
          "prompt: MultiLevelCascade vs plain decode), variants "
          "(built-in variants and fused vs unfused RoPE on D1-D6, variants on a 4 x 2048 "
          "prefill (PV), their JIT cost; f16 "
-         "GQA 32/8 unless --dtypes/--shapes)")
-      ->check(one_of({"ceilings", "merge", "decode", "prefill", "step", "cascade", "variants"}))
+         "GQA 32/8 unless --dtypes/--shapes), sparse (B1-B4: block-sparse prefill and sparse-KV "
+         "decode beside dense flashkv; f16 GQA 32/8)")
+      ->check(one_of(
+          {"ceilings", "merge", "decode", "prefill", "step", "cascade", "variants", "sparse"}))
       ->capture_default_str();
   cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file")
       ->check(writable_file());
   cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file")
       ->check(writable_file());
   cmd->add_option("--workloads", a->workloads,
-                  "workload ids: D1-D6, P1-P5, A1, S1, PV (bench variants' prefill) or those of "
+                  "workload ids: D1-D6, P1-P5, A1, S1, PV (bench variants' prefill), B1-B4 "
+                  "(bench sparse) or those of "
                   "--workloads-file (default: all of the kind)");
   cmd->add_option("--workloads-file", a->workloads_file,
                   "workloads from peers_torch.py --emit-workloads")
@@ -336,6 +346,11 @@ void add_bench_command(CLI::App& app) {
         std::printf("wrote %s\n", a->md.c_str());
       }
     }
+    int sparse_failed = 0;
+    if (a->has("sparse")) {
+      j["sparse"] = bench_sparse(a->sparse, ceil, s);
+      for (const auto& r : j["sparse"]) sparse_failed += r.contains("ref_ok") && !r["ref_ok"];
+    }
     const JitCounters jc = jit_counters();
     j["jit"] = {
         {"compiles", jc.compiles}, {"compile_ms", jc.compile_ms}, {"disk_hits", jc.disk_hits}};
@@ -348,6 +363,8 @@ void add_bench_command(CLI::App& app) {
           " prefill configurations failed the reference check or did not run (see above)");
     check(variants_failed == 0, variants_failed,
           " variant configurations failed the reference check or did not run (ERROR above)");
+    check(sparse_failed == 0, sparse_failed,
+          " sparse configurations failed the reference check (FAIL above)");
     check(cascade_failed == 0, cascade_failed,
           " cascade configurations chose the slower path by more than 3 % or failed the reference "
           "check (FAIL above)");

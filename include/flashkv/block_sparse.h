@@ -120,6 +120,17 @@ class BlockSparseAttention {
 // across pages): anything else is a named error.
 TensorView token_pages(const TensorView& paged_k, KVLayout layout);
 
+// Selections per request AND KV head (Quest selects per KV head): a view of the cache with one KV
+// head, so that (request r, KV head h) is request r * H + h of a decode batch with the group's
+// num_qo_heads / H query heads and 1 KV head; q [B, H_qo, D] and out are then the same memory as
+// [B * H, H_qo / H, D] (contiguous heads). The view's pages:
+// - NHD [P, S, H, D] -> [P * S * H, 1, 1, D]: page (p * S + s) * H + h is token s of page p in
+//   head h (select tokens; whole pages as their S tokens; plan with page_size 1).
+// - HND [P, H, S, D] -> [P * H, 1, S, D] (HND): page p * H + h is page p of head h (select pages;
+//   plan with page_size S).
+// The cache's heads must be evenly strided (a contiguous cache is): else a named error.
+TensorView head_pages(const TensorView& paged_k, KVLayout layout);
+
 // Validate a layout; each failure is a flashkv::Error naming the argument and what was expected
 // (R or C < 1, M not divisible by R, indptr not monotone or not ending at the block count, a
 // block column out of range or repeated in a row, row / column sizes that do not sum to M / N).

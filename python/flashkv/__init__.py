@@ -88,7 +88,7 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
-from .sparse import BlockSparseAttentionWrapper, token_pages  # noqa: E402
+from .sparse import BlockSparseAttentionWrapper, head_pages, token_pages  # noqa: E402
 from .variants import Variant  # noqa: E402
 
 __version__ = "0.1.0"
@@ -135,4 +135,5 @@ __all__ = [
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
     "token_pages",
+    "head_pages",
 ]

@@ -13,7 +13,8 @@ key gets zeros and lse -inf. ``logits_soft_cap`` and (flashkv extension) ``sinks
 ``k_scale`` / ``v_scale``. RoPE / ALiBi raise NotImplementedError.
 
 :func:`token_pages` views a paged cache as pages of one token, for sparse-KV decode over
-selected tokens (Quest-style selection) with the ordinary decode wrapper.
+selected tokens (Quest-style selection) with the ordinary decode wrapper; :func:`head_pages` as
+one KV head, for selections per request and KV head.
 
 A host workspace runs the CPU reference (dense masked attention built from the layout). The GPU
 path (a CUDA workspace) composes batch prefill over k, v viewed as pages of C tokens; it has NOT
@@ -77,6 +78,32 @@ def token_pages(k_cache, kv_layout="NHD"):
         return k_cache.view(p * s, 1, h, d)  # raises where no view exists
     view = np.asarray(k_cache).view()
     view.shape = (p * s, 1, h, d)  # raises where no view exists
+    return view
+
+
+def head_pages(k_cache, kv_layout="NHD"):
+    """The cache as one KV head, for selections per request AND KV head (Quest selects per KV
+    head; C++ flashkv::head_pages): (request r, KV head h) becomes request ``r * H + h`` of a
+    decode wrapper planned with ``num_qo_heads / H`` query heads and 1 KV head, and q / out
+    ``[B, num_qo_heads, D]`` are the same memory as ``[B * H, num_qo_heads / H, D]``
+    (``q.view(B * H, -1, D)``). A view, no copy:
+
+    - NHD ``[P, S, H, D]`` -> ``[P * S * H, 1, 1, D]``: page ``(p * S + s) * H + h`` is token s of
+      page p in head h (select tokens, or a page as its S tokens; plan with page_size 1).
+    - HND ``[P, H, S, D]`` -> ``[P * H, 1, S, D]`` (HND): page ``p * H + h`` is page p of head h
+      (select pages; plan with page_size S).
+    """
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+    if len(k_cache.shape) != 4:
+        raise ValueError(f"k_cache: expected a paged cache of 4 dimensions, got shape "
+                         f"{tuple(k_cache.shape)}")
+    p, a, b, d = (int(x) for x in k_cache.shape)
+    shape = (p * a * b, 1, 1, d) if kv_layout == "NHD" else (p * a, 1, b, d)
+    if A.framework(k_cache) == "torch":
+        return k_cache.view(shape)  # raises where no view exists
+    view = np.asarray(k_cache).view()
+    view.shape = shape  # raises where no view exists
     return view
 
 

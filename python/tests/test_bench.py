@@ -214,3 +214,44 @@ def test_gpu_run_fp8_kv(tmp_path):
     for r in own:
         assert r["ref_ok"] and 0 < r["pct_of_ceiling"] < 150, r
         assert "e4m3" in json.dumps(r), r
+
+
+def test_sparse_patterns_are_the_cli_ones():
+    """B1 / B2 draw the bits `flashkv bench sparse` draws (tests/cpu/test_sparse_workloads.cpp
+    pins the same numbers): stored blocks, a position-weighted checksum, the visible pairs; the
+    density is of the causal triangle."""
+    from flashkv.bench import sparse_workloads as SW
+
+    for w, blocks, checksum, pairs in ((SW.B1, 3296, 1188712, 51920896),
+                                       (SW.B2, 1287, 716784, 4239360)):
+        indptr, ind = SW.bsr_pattern(w)
+        assert len(ind) == blocks
+        assert sum(x * (i % 7 + 1) for i, x in enumerate(ind)) == checksum
+        assert SW.causal_pairs(w, indptr, ind) == pairs
+        assert abs(len(ind) / SW.causal_blocks(w.blocks_per_side) - w.density) < 0.1 * w.density
+        for i in range(w.blocks_per_side):
+            row = ind[indptr[i]:indptr[i + 1]]
+            assert row[0] == 0 and row[-1] == i and row == sorted(set(row))
+
+
+def test_cpu_mode_sparse(tmp_path):
+    """--kinds sparse without a GPU: B1's construction at 1k through the wrapper on host
+    arrays, checked on every row."""
+    out = tmp_path / "sparse.json"
+    rc, text = run_main(["--kinds", "sparse", "--cpu", "--cpu-reps", "1", "--json", str(out)])
+    assert rc == 0, text
+    (r,) = strict_load(out)["results"]
+    assert r["workload"] == "B-cpu" and r["kind"] == "sparse" and r["ref_ok"] is True
+
+
+@pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
+def test_gpu_run_sparse_b3(tmp_path):
+    """--kinds sparse --workloads B3 (without peers' compile: --no-flex): flashkv's row checked
+    against the reference, the dense comparators beside it."""
+    out = tmp_path / "b3.json"
+    rc, text = run_main(["--kinds", "sparse", "--workloads", "B3", "--reps", "5", "--no-flex",
+                         "--json", str(out)])
+    assert rc == 0, text
+    rows = {r["system"]: r for r in strict_load(out)["results"]}
+    assert rows["flashkv"]["ref_ok"] and 0 < rows["flashkv"]["pct_of_ceiling"] < 150
+    assert {"flashkv-dense-selected-len", "flashkv-dense", "torch-sdpa-dense-mask"} <= set(rows)

@@ -229,3 +229,136 @@ def test_gpu_token_selection_decode():
         kg, vg = cache.gather(r)
         ref, _ = attention_ref(q[r:r + 1], kg[toks], vg[toks])
         assert_close(out[r], ref[0], "float16")
+
+
+def select_per_head(rng, cache, kv_lens, page, hk, layout, frac):
+    """Per (request, KV head) selections as page tables over head_pages(): NHD tokens (view page
+    (p * S + s) * H + h, page_size 1), HND pages (view page p * H + h, page_size S; a request's
+    partial last page, when chosen, last). Returns (chosen token positions per (r, h), ids,
+    indptr, last_page_len)."""
+    chosen, ids, indptr, last = [], [], [0], []
+    for r, n in enumerate(kv_lens):
+        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
+        for h in range(hk):
+            toks, last_len = [], page if layout == "HND" else 1
+            for pi, p in enumerate(pages):
+                in_page = min(page, n - pi * page)
+                if layout == "HND":
+                    if len(pages) > 1 and rng.uniform() >= frac:
+                        continue
+                    ids.append(int(p) * hk + h)
+                    toks += range(pi * page, pi * page + in_page)
+                    last_len = in_page
+                    continue
+                for s in range(in_page):
+                    if n == 1 or rng.uniform() < frac:
+                        ids.append((int(p) * page + s) * hk + h)
+                        toks.append(pi * page + s)
+            chosen.append(toks)
+            indptr.append(len(ids))
+            last.append(last_len)
+    return chosen, ids, indptr, last
+
+
+def check_head_selection(out, lse, q, cache, chosen, hk, dtype):
+    from conftest import attention_ref
+
+    B, hq, d = q.shape
+    g = hq // hk
+    for rh, toks in enumerate(chosen):
+        r, h = divmod(rh, hk)
+        kg, vg = cache.gather(r)
+        ref, ref_lse = attention_ref(q[r:r + 1, h * g:(h + 1) * g],
+                                     kg[toks][:, h:h + 1], vg[toks][:, h:h + 1])
+        assert_close(out[r, h * g:(h + 1) * g], ref[0], dtype)
+        if lse is not None:
+            assert_lse2(lse[r, h * g:(h + 1) * g], ref_lse[0])
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_per_head_selection_decode_over_head_pages(fw, layout):
+    """Selections per request and KV head: the decode wrapper over head_pages(k) with the
+    group's query heads and one KV head, q / out viewed [B * H, group, D]; equals attention over
+    each head's gathered tokens."""
+    from conftest import PagedCache
+
+    rng = np.random.default_rng(23)
+    kv_lens, page, hq, hk, d = [300, 40, 1], 16, 8, 2, 64
+    cache = PagedCache(rng, kv_lens, page, hk, d, np.float16, layout)
+    kh, vh = flashkv.head_pages(cache.k, layout), flashkv.head_pages(cache.v, layout)
+    assert np.shares_memory(kh, cache.k)
+    chosen, ids, indptr, last = select_per_head(rng, cache, kv_lens, page, hk, layout, 0.4)
+    q = rand(rng, (len(kv_lens), hq, d), np.float16)
+    B = len(kv_lens)
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(np.empty(1, np.uint8), kv_layout=layout)
+    w.plan(to_fw(np.array(indptr, np.int32), fw), to_fw(np.array(ids, np.int32), fw),
+           to_fw(np.array(last, np.int32), fw), hq // hk, 1, d,
+           1 if layout == "NHD" else page, q_data_type="float16")
+    out, lse = w.run(to_fw(q.reshape(B * hk, hq // hk, d), fw), (to_fw(kh, fw), to_fw(vh, fw)),
+                     return_lse=True)
+    out = np.asarray(out).reshape(B, hq, d)
+    lse = np.asarray(lse).reshape(B, hq)
+    check_head_selection(out, lse, q, cache, chosen, hk, "float16")
+    with pytest.raises(ValueError, match="kv_layout"):
+        flashkv.head_pages(cache.k, "XYZ")
+
+
+@requires_gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_gpu_per_head_selection_decode_in_a_graph(layout):
+    """Per-head selections on the GPU, captured once in a CUDA graph and replayed with a new
+    selection written into the same page-id buffer (same counts)."""
+    import torch
+
+    from conftest import PagedCache
+
+    rng = np.random.default_rng(24)
+    kv_lens, page, hq, hk, d = [4000, 513, 1, 64], 16, 32, 8, 128
+    cache = PagedCache(rng, kv_lens, page, hk, d, np.float16, layout)
+    k, v = (torch.from_numpy(x).cuda() for x in (cache.k, cache.v))
+    kh, vh = flashkv.head_pages(k, layout), flashkv.head_pages(v, layout)
+    assert kh.data_ptr() == k.data_ptr()
+    B, g = len(kv_lens), hq // hk
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    chosen, ids, indptr, last = select_per_head(rng, cache, kv_lens, page, hk, layout, 0.3)
+    ids_d = torch.tensor(ids, dtype=torch.int32, device="cuda")
+    indptr_d = torch.tensor(indptr, dtype=torch.int32, device="cuda")
+    last_d = torch.tensor(last, dtype=torch.int32, device="cuda")
+    w = flashkv.BatchDecodeWithPagedKVCacheWrapper(
+        ws, layout, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_d,
+        paged_kv_indices_buffer=ids_d, paged_kv_last_page_len_buffer=last_d)
+    w.plan(indptr_d, ids_d, last_d, g, 1, d, 1 if layout == "NHD" else page,
+           q_data_type="float16")
+    q = torch.from_numpy(rand(rng, (B, hq, d), np.float16)).cuda()
+    out = torch.empty_like(q)
+    w.run(q.view(B * hk, g, d), (kh, vh), out=out.view(B * hk, g, d))  # warm-up, outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q.view(B * hk, g, d), (kh, vh), out=out.view(B * hk, g, d))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_head_selection(out.cpu().numpy(), None, q.cpu().numpy(), cache, chosen, hk, "float16")
+    # A new selection with the same counts per (request, head): new ids, same graph.
+    ids2 = []
+    for rh in range(B * hk):
+        r, h = divmod(rh, hk)
+        n = indptr[rh + 1] - indptr[rh]
+        pages = cache.indices[cache.indptr[r]:cache.indptr[r + 1]]
+        if layout == "NHD":
+            toks = sorted(rng.choice(kv_lens[r], size=n, replace=False).tolist())
+            ids2 += [(int(pages[t // page]) * page + t % page) * hk + h for t in toks]
+            chosen[rh] = toks
+        else:  # the request's last page stays last where it was chosen (last_page_len)
+            last_kept = bool(chosen[rh]) and chosen[rh][-1] == kv_lens[r] - 1
+            m = n - (1 if last_kept else 0)
+            pick = sorted(rng.choice(len(pages) - 1, size=m, replace=False).tolist()) if m else []
+            if last_kept:
+                pick.append(len(pages) - 1)
+            ids2 += [int(pages[pi]) * hk + h for pi in pick]
+            chosen[rh] = [t for pi in pick
+                          for t in range(pi * page, min(kv_lens[r], (pi + 1) * page))]
+    ids_d.copy_(torch.tensor(ids2, dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check_head_selection(out.cpu().numpy(), None, q.cpu().numpy(), cache, chosen, hk, "float16")

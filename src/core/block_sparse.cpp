@@ -88,4 +88,28 @@ TensorView token_pages(const TensorView& k, KVLayout layout) {
   return TensorView(k.data(), k.dtype(), 4, shape, strides, k.device());
 }
 
+TensorView head_pages(const TensorView& k, KVLayout layout) {
+  check_defined(k, "paged_kv.k");
+  check_ndim(k, "paged_kv.k", 4);
+  const int64_t pages = k.size(0), d = k.size(3);
+  if (layout == KVLayout::NHD) {
+    const int64_t page = k.size(1), heads = k.size(2), hs = k.stride(2);
+    check((page <= 1 || k.stride(1) == heads * hs) &&
+              (pages <= 1 || k.stride(0) == page * heads * hs),
+          "head_pages: paged_kv.k ", k.shape_str(), " (NHD): expected its heads evenly strided ",
+          "(token stride = H x head stride, page stride = page_size x token stride, as a ",
+          "contiguous cache has), got strides ", k.stride(0), ", ", k.stride(1), ", ", hs);
+    const int64_t shape[4] = {pages * page * heads, 1, 1, d};
+    const int64_t strides[4] = {hs, hs, hs, k.stride(3)};
+    return TensorView(k.data(), k.dtype(), 4, shape, strides, k.device());
+  }
+  const int64_t heads = k.size(1), page = k.size(2), hs = k.stride(1);
+  check(pages <= 1 || k.stride(0) == heads * hs, "head_pages: paged_kv.k ", k.shape_str(),
+        " (HND): expected its heads evenly strided (page stride = H x head stride, as a ",
+        "contiguous cache has), got strides ", k.stride(0), ", ", hs);
+  const int64_t shape[4] = {pages * heads, 1, page, d};
+  const int64_t strides[4] = {hs, hs, k.stride(2), k.stride(3)};
+  return TensorView(k.data(), k.dtype(), 4, shape, strides, k.device());
+}
+
 }  // namespace flashkv

@@ -5,6 +5,7 @@
 // give out 0 / lse -inf, and a BSR pattern and the variable layout of the same pattern agree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -344,6 +345,105 @@ TEST(SparseKvDecode, TokenSelectionsOverTheTokenPagesView) {
   }
   PagedCacheHost hnd = make_paged_cache(lens, page, hkv, d, KVLayout::HND, DType::f16, 6);
   EXPECT_NE(error_of([&] { token_pages(hnd.cache.k, KVLayout::HND); }).find("NHD"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashkv::test
+
+namespace flashkv::test {
+namespace {
+
+// Selections per request and KV head (block_sparse.h head_pages): (request r, KV head h) is
+// request r * H + h of a decode over the one-head view with the group's query heads; the
+// reference decode over it equals attention over each head's gathered tokens. NHD selects
+// tokens (page_size 1), HND whole pages (page_size S, the request's partial last page last).
+void check_head_selection(KVLayout layout) {
+  SCOPED_TRACE(layout == KVLayout::NHD ? "NHD" : "HND");
+  const std::vector<int64_t> lens = {300, 77, 1};
+  const int page = 16, hq = 8, hkv = 2, d = 64, g = hq / hkv;
+  PagedCacheHost c = make_paged_cache(lens, page, hkv, d, layout, DType::f16, 5);
+  const TensorView kh = head_pages(c.cache.k, layout), vh = head_pages(c.cache.v, layout);
+  const int view_page = layout == KVLayout::NHD ? 1 : page;
+  ASSERT_EQ(kh.size(0), c.cache.k.size(0) * (page / view_page) * hkv);
+  const auto elem = [&](int64_t p, int64_t s, int64_t h) {  // offset of (page, slot, head)
+    return (layout == KVLayout::NHD ? (p * page + s) * hkv + h : (p * hkv + h) * page + s) * d;
+  };
+  std::mt19937 rng(4);
+  std::vector<int64_t> indptr = {0}, ids, last;
+  std::vector<std::vector<int64_t>> chosen;  // cache element offsets, per (r, h)
+  const int32_t* pages = c.indices.view().data_as<int32_t>();
+  const int32_t* page_ptr = c.indptr.view().data_as<int32_t>();
+  for (size_t r = 0; r < lens.size(); ++r) {
+    for (int h = 0; h < hkv; ++h) {
+      std::vector<int64_t> offs;
+      int64_t last_len = view_page;
+      const int64_t np = (lens[r] + page - 1) / page;
+      for (int64_t pi = 0; pi < np; ++pi) {
+        const int64_t p = pages[page_ptr[r] + pi];
+        const int64_t in_page = std::min<int64_t>(page, lens[r] - pi * page);
+        if (layout == KVLayout::HND) {
+          if (np > 1 && rng() % 3 == 0) continue;  // drop this page
+          ids.push_back(p * hkv + h);
+          for (int64_t s = 0; s < in_page; ++s) offs.push_back(elem(p, s, h));
+          last_len = in_page;  // only the request's last page can be partial
+          continue;
+        }
+        for (int64_t s = 0; s < in_page; ++s) {
+          if (lens[r] > 1 && rng() % 4 != 0) continue;
+          ids.push_back((p * page + s) * hkv + h);
+          offs.push_back(elem(p, s, h));
+        }
+      }
+      indptr.push_back(static_cast<int64_t>(ids.size()));
+      last.push_back(last_len);
+      chosen.push_back(offs);
+    }
+  }
+  const HostTensor sel_indptr = make_i32(indptr), sel_ids = make_i32(ids),
+                   sel_last = make_i32(last);
+  PagedKVCache sel;
+  sel.k = kh;
+  sel.v = vh;
+  sel.layout = layout;
+  sel.indptr = sel_indptr.view();
+  sel.indices = sel_ids.view();
+  sel.last_page_len = sel_last.view();
+  const int64_t B = static_cast<int64_t>(lens.size());
+  HostTensor q(DType::f16, {B * hkv, g, d});  // the memory of q [B, hq, d]
+  q.fill_random(9);
+  HostTensor out(DType::f32, {B * hkv, g, d}), lse(DType::f32, {B * hkv, g});
+  reference::batch_decode(q.view(), sel, out.view(), lse.view());
+  for (int64_t rh = 0; rh < B * hkv; ++rh) {
+    const int64_t n = static_cast<int64_t>(chosen[rh].size());
+    HostTensor k(DType::f16, {n, 1, d}), v(DType::f16, {n, 1, d});
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t e = 0; e < d; ++e) {
+        k.set(i * d + e, c.k.get(chosen[rh][i] + e));
+        v.set(i * d + e, c.v.get(chosen[rh][i] + e));
+      }
+    const int64_t qs[2] = {g, d}, q_st[2] = {d, 1};
+    HostTensor o1(DType::f32, {g, d}), l1(DType::f32, {g});
+    const TensorView qr(static_cast<uint8_t*>(q.data()) + rh * g * d * 2, DType::f16, 2, qs, q_st,
+                        Device::cpu());
+    reference::single_decode(qr, k.view(), v.view(), o1.view(), l1.view(), KVLayout::NHD);
+    for (int64_t i = 0; i < g * d; ++i) ASSERT_NEAR(out.get(rh * g * d + i), o1.get(i), 1e-12);
+    for (int j = 0; j < g; ++j) ASSERT_NEAR(lse.get(rh * g + j), l1.get(j), 1e-12);
+  }
+}
+
+TEST(SparseKvDecode, PerHeadSelectionsOverTheHeadPagesView) {
+  check_head_selection(KVLayout::NHD);
+  check_head_selection(KVLayout::HND);
+}
+
+TEST(SparseKvDecode, HeadPagesRefusesUnevenlyStridedHeads) {
+  PagedCacheHost c = make_paged_cache({40}, 16, 2, 64, KVLayout::NHD, DType::f16, 5);
+  const TensorView& k = c.cache.k;
+  const int64_t shape[4] = {k.size(0), k.size(1), 1, k.size(3)};  // head 0 of 2: stride gaps
+  const int64_t strides[4] = {k.stride(0), k.stride(1), k.stride(2), k.stride(3)};
+  const TensorView one(k.data(), k.dtype(), 4, shape, strides, k.device());
+  EXPECT_NE(error_of([&] { head_pages(one, KVLayout::NHD); }).find("evenly strided"),
             std::string::npos);
 }
 

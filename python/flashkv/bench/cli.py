@@ -7,6 +7,7 @@ import sys
 import flashkv
 
 from . import cpu, report
+from . import sparse_workloads as SW
 from . import workloads as W
 
 SHAPES = list(W.SHAPES)
@@ -26,9 +27,12 @@ def parse_args(argv):
                     "through the Python API, with the ceilings and, optionally, the torch peers "
                     "of peers_torch.py measured in the same process. Without a GPU (or with "
                     "--cpu) it runs the CPU reference at a small size instead.")
-    ap.add_argument("--kinds", nargs="+", choices=["decode", "prefill"],
-                    default=["decode", "prefill"])
-    ap.add_argument("--workloads", nargs="+", metavar="ID", help="e.g. D1 D4 P2 (default: all)")
+    ap.add_argument("--kinds", nargs="+", choices=["decode", "prefill", "sparse"],
+                    default=["decode", "prefill"],
+                    help="sparse: B1-B4 (block-sparse prefill, sparse-KV decode) with their "
+                         "peers (dense flashkv, FlexAttention, SDPA with a dense mask)")
+    ap.add_argument("--workloads", nargs="+", metavar="ID",
+                    help="e.g. D1 D4 P2 B3 (default: all of each kind)")
     ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=SHAPES,
                     help="decode head shapes (default: both)")
     ap.add_argument("--prefill-shapes", nargs="+", choices=SHAPES, default=["gqa-32-8"],
@@ -55,7 +59,7 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.reps < 1 or args.cpu_reps < 1:
         ap.error("--reps and --cpu-reps must be >= 1")
-    known = {w.id for w in W.standard_workloads()}
+    known = {w.id for w in W.standard_workloads()} | set(SW.WORKLOADS)
     for wl in args.workloads or []:
         if wl not in known:
             ap.error(f"--workloads: unknown id {wl!r} (expected some of {sorted(known)})")
@@ -135,6 +139,15 @@ def run_gpu(args, log):
             doc["results"] += rows
             doc["failures"] += fails
             doc["env"]["peers"] = args.peers
+    if "sparse" in args.kinds:
+        from . import sparse_gpu
+
+        ids = [i for i in args.workloads or [] if i in SW.WORKLOADS] or list(SW.WORKLOADS)
+        if "f16" not in args.dtypes or args.head_dim != 128:
+            log("sparse: B1-B4 are f16 with head_dim 128 (BENCHMARKS.md); they run so")
+        rows, fails = sparse_gpu.run(ids, args.reps, log, args.no_flex)
+        doc["results"] += rows
+        doc["failures"] += fails
     return report.fill_pct(doc)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import flashkv
 
 from . import report
+from . import sparse_workloads as SW
 from . import workloads as W
 
 SYSTEM = "flashkv-cpu-reference"
@@ -93,10 +94,55 @@ def run_config(w: W.Workload, reps, seed):
     return row
 
 
+def run_sparse(reps, seed):
+    """B-cpu: B1's construction at 1024 x 1024 in blocks of 64 (density 30 %), causal, through
+    BlockSparseAttentionWrapper on host arrays, checked on every row against float32 NumPy
+    attention under the dense mask."""
+    w = SW.BlockWorkload("B-cpu", 1024, 64, 0.30, 2, 7)
+    indptr, indices = SW.bsr_pattern(w)
+    rng = np.random.default_rng(seed)
+    n, mb = w.n, w.blocks_per_side
+    q = rng.uniform(-1, 1, (n, HQ, D)).astype(np.float16)
+    k = rng.uniform(-1, 1, (n, HKV, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (n, HKV, D)).astype(np.float16)
+    wr = flashkv.BlockSparseAttentionWrapper(np.empty(1, np.uint8))
+    wr.plan(np.array(indptr, np.int32), np.array(indices, np.int32), n, n, w.block, w.block, HQ,
+            HKV, D, causal=True)
+    out = np.full(q.shape, np.nan, np.float16)
+    us = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        wr.run(q, k, v, out=out)
+        us.append((time.perf_counter() - t0) * 1e6)
+    blocks = np.zeros((mb, mb), bool)
+    for i in range(mb):
+        blocks[i, indices[indptr[i]:indptr[i + 1]]] = True
+    keys = np.arange(n)
+    vis = blocks[keys[:, None] // w.block, keys[None, :] // w.block] & (keys[None, :] <= keys[:, None])
+    kk, vv = (np.repeat(x.astype(np.float32), HQ // HKV, axis=1) for x in (k, v))
+    s = np.einsum("nhd,khd->nhk", q.astype(np.float32), kk) / np.float32(math.sqrt(D))
+    s = np.where(vis[:, None, :], s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = np.einsum("nhk,khd->nhd", p / p.sum(axis=-1, keepdims=True), vv)
+    got = out.astype(np.float32)
+    err = rel(got, ref) if np.isfinite(got).all() else math.nan
+    bound = W.error_bound(rel(ref.astype(np.float16).astype(np.float32), ref), "f16")
+    t = sorted(us)[len(us) // 2]
+    flops = 4.0 * D * HQ * SW.causal_pairs(w, indptr, indices)
+    return dict(workload=w.id, kind="sparse", shape="gqa-32-8", dtype="f16", system=SYSTEM,
+                api="python", time_us=t, min_us=min(us), reps=reps, tbps=None,
+                tflops=flops / (t * 1e-6) / 1e12, flops=flops, rel_err=err,
+                rel_err_bound=bound, ref_ok=bool(err <= bound), ref_rows_checked=n,
+                blocks=len(indices), notes="host wall-clock of the CPU reference")
+
+
 def run(kinds, reps, log):
     rows = []
     for seed, w in enumerate(WORKLOADS, start=1):
         if w.kind in kinds:
             rows.append(run_config(w, reps, seed))
             log(report.fmt_row(rows[-1]))
+    if "sparse" in kinds:
+        rows.append(run_sparse(reps, len(WORKLOADS) + 1))
+        log(report.fmt_row(rows[-1]))
     return rows

@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 
-KIND_ORDER = {"decode": 0, "prefill": 1}
+KIND_ORDER = {"decode": 0, "prefill": 1, "sparse": 2}
 
 
 def commit() -> str:
@@ -43,10 +43,15 @@ def kind_of(row):
 
 
 def fill_pct(doc):
-    """pct_of_ceiling of every row, from the document's ceilings (None where one is missing)."""
+    """pct_of_ceiling of every row, from the document's ceilings (None where one is missing):
+    a rate in TB/s of the read ceiling, one in TFLOP/s of the fp16 GEMM rate (the sparse rows
+    carry one or the other)."""
+    c = doc.get("ceilings") or {}
     for r in doc["results"]:
-        ceil, _, _ = ceiling_of(doc, kind_of(r))
-        rate = r.get("tbps") if kind_of(r) == "decode" else r.get("tflops")
+        if r.get("tbps") is not None:
+            ceil, rate = c.get("read_tbps"), r["tbps"]
+        else:
+            ceil, rate = c.get("gemm_f16_tflops"), r.get("tflops")
         r["pct_of_ceiling"] = 100 * rate / ceil if ceil and rate is not None else None
     return doc
 
