@@ -111,6 +111,63 @@ class BlockSparseAttention {
   std::unique_ptr<Impl> impl_;
 };
 
+// Variable block sparsity per KV head on the GPU (FlashInfer's
+// VariableBlockSparseAttentionWrapper): each KV head's layout runs as a batch prefill of its own
+// over that head's keys as pages of one token (src/ops/block_sparse/variable_paged_plan.h), its
+// query heads read through a strided view of q, so q and k may be laid out by token
+// ([M, H_qo, D], [N, H_kv, D]) or by head (FlashInfer's [H_qo, M, D], [H_kv, N, D], passed as
+// transposed views): any strides with 16-byte-multiple rows. Causal masks become custom masks.
+//
+//   VariableBlockSparseConfig cfg{.max_rows = 8192, .max_block_rows = 64, .max_kv_ids = 1 << 20};
+//   DeviceBuffer ws(VariableBlockSparseAttention::workspace_bytes(cfg));
+//   VariableBlockSparseAttention vbsa(cfg, ws.data(), ws.size());
+//   vbsa.plan(layout, {.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128}, {}, stream);
+//   vbsa.run(q, k, v, out, lse, stream);
+struct VariableBlockSparseConfig {
+  int64_t max_rows = 32768;       // M per plan, at most
+  int64_t max_block_rows = 4096;  // MB per plan, at most
+  // Per KV head: the gathered key tokens summed over its block rows (sum over a, b of
+  // block_mask_map[h][a][b] x block_col_sz[h][b], less what causal drops), at most.
+  int64_t max_kv_ids = 1 << 22;
+  int64_t max_mask_bytes = 0;  // per KV head: its causal mask (rows x gathered keys bits)
+  int num_qo_heads = 32;       // at most
+  int num_kv_heads = 8;        // at most
+  int head_dim = 128;          // at most
+  int device = 0;
+};
+
+// What a plan of `l` needs of a VariableBlockSparseConfig: the most gathered key tokens and
+// causal-mask bytes of any one KV head (max_kv_ids, max_mask_bytes). Checks `l`.
+struct VariableBlockSparseNeeds {
+  int64_t kv_ids = 0, mask_bytes = 0;
+};
+VariableBlockSparseNeeds variable_block_sparse_needs(const VariableBlockSparseLayout& l,
+                                                     bool causal);
+
+class VariableBlockSparseAttention {
+ public:
+  static size_t workspace_bytes(const VariableBlockSparseConfig& cfg);
+  VariableBlockSparseAttention(const VariableBlockSparseConfig& cfg, void* workspace,
+                               size_t workspace_bytes);
+  ~VariableBlockSparseAttention();
+  VariableBlockSparseAttention(const VariableBlockSparseAttention&) = delete;
+  VariableBlockSparseAttention& operator=(const VariableBlockSparseAttention&) = delete;
+
+  // layout.num_kv_heads must equal shape.num_kv_heads. Host arrays, read during plan() only.
+  void plan(const VariableBlockSparseLayout& layout, const AttentionShape& shape,
+            const BlockSparseOptions& opts = {}, Stream stream = nullptr);
+  // q [M, H_qo, D], k, v [N, H_kv, D], out [M, H_qo, D] (any strides with 16-byte-multiple
+  // rows); lse f32 [M, H_qo] (contiguous heads) or undefined.
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse, Stream stream = nullptr);
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse, const KVScale& kv_scale, Stream stream = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Sparse-KV decode (Quest-style selection) needs no op of its own: BatchDecode attends to the
 // pages its page table names, so a selection of pages is a page table (plan with each request's
 // number of selected pages; a CUDA graph replays with new ids written into the same device

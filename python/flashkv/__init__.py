@@ -89,6 +89,7 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache_inplace,
 )
 from .sparse import BlockSparseAttentionWrapper, head_pages, token_pages  # noqa: E402
+from .variable_sparse import VariableBlockSparseAttentionWrapper  # noqa: E402
 from .variants import Variant  # noqa: E402
 
 __version__ = "0.1.0"
@@ -136,4 +137,5 @@ __all__ = [
     "single_prefill_with_kv_cache",
     "token_pages",
     "head_pages",
+    "VariableBlockSparseAttentionWrapper",
 ]

@@ -202,3 +202,6 @@ class BlockSparseAttentionWrapper:
 
     begin_forward = plan
     forward = run
+
+# FlashInfer has both wrappers in flashinfer.sparse.
+from .variable_sparse import VariableBlockSparseAttentionWrapper  # noqa: E402,F401
