@@ -146,7 +146,12 @@ VariableBlockSparseNeeds variable_block_sparse_needs(const VariableBlockSparseLa
 
 class VariableBlockSparseAttention {
  public:
+  // The workspace that never limits split-KV, and the least one may have (each KV head's share
+  // holds its prefill plan arrays and page ids; plans then split KV into what fits).
   static size_t workspace_bytes(const VariableBlockSparseConfig& cfg);
+  static size_t min_workspace_bytes(const VariableBlockSparseConfig& cfg);
+  // `workspace`: device memory of at least min_workspace_bytes(cfg) bytes, owned by the caller,
+  // shared equally among the KV heads.
   VariableBlockSparseAttention(const VariableBlockSparseConfig& cfg, void* workspace,
                                size_t workspace_bytes);
   ~VariableBlockSparseAttention();

@@ -186,6 +186,13 @@ class PyVariableBlockSparseAttention {
         variable_config_of(max_rows, max_block_rows, max_kv_ids, max_mask_bytes, num_qo_heads,
                            num_kv_heads, head_dim, device));
   }
+  static size_t min_workspace_bytes(int64_t max_rows, int64_t max_block_rows, int64_t max_kv_ids,
+                                    int64_t max_mask_bytes, int num_qo_heads, int num_kv_heads,
+                                    int head_dim, int device) {
+    return VariableBlockSparseAttention::min_workspace_bytes(
+        variable_config_of(max_rows, max_block_rows, max_kv_ids, max_mask_bytes, num_qo_heads,
+                           num_kv_heads, head_dim, device));
+  }
 
   void plan(const InArray& map, const InArray& row_sz, const InArray& col_sz, int64_t MB,
             int64_t NB, int64_t M, int64_t N, int num_qo_heads, int num_kv_heads, int head_dim,
@@ -228,7 +235,7 @@ void bind_variable_block_sparse(nb::module_& m) {
       .def_static("workspace_bytes", &PyVariableBlockSparseAttention::workspace_bytes,
                   arg("max_rows"), arg("max_block_rows"), arg("max_kv_ids"), arg("max_mask_bytes"),
                   arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("device"))
-      .def_static("min_workspace_bytes", &PyVariableBlockSparseAttention::workspace_bytes,
+      .def_static("min_workspace_bytes", &PyVariableBlockSparseAttention::min_workspace_bytes,
                   arg("max_rows"), arg("max_block_rows"), arg("max_kv_ids"), arg("max_mask_bytes"),
                   arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("device"))
       .def("plan", &PyVariableBlockSparseAttention::plan, arg("block_mask_map"),

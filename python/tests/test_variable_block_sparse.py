@@ -60,6 +60,11 @@ def reference(q, k, v, m, rows, cols, causal, cap=0.0, sinks=None):
     return out, lse
 
 
+def to_side(x, fw, cuda):
+    t = to_fw(x, fw)
+    return t.cuda() if cuda else t
+
+
 def run_case(ws, fw, rng, hq, hk, d, MB, NB, M, N, density, causal, layout, cap=0.0,
              with_sinks=False, dtype=np.float16):
     m, rows, cols = make_layout(rng, hk, MB, NB, M, N, density)
@@ -67,16 +72,18 @@ def run_case(ws, fw, rng, hq, hk, d, MB, NB, M, N, density, causal, layout, cap=
                                                                                   dtype)
     sinks = (rng.uniform(-1, 1, hq)).astype(np.float32) if with_sinks else None
     ref, ref_lse = reference(q, k, v, m, rows, cols, causal, cap, sinks)
+    cuda = fw == "cuda"
+    fw = "torch" if cuda else fw
     w = flashkv.VariableBlockSparseAttentionWrapper(ws, layout=layout)
     kw = dict(logits_soft_cap=cap or None)
     if with_sinks:
-        kw["sinks"] = to_fw(sinks, fw)
+        kw["sinks"] = to_side(sinks, fw, cuda)
     w.plan(to_fw(m, fw), to_fw(rows, fw), to_fw(cols, fw), hq, hk, d, causal=causal,
            q_data_type=np.dtype(dtype).name, **kw)
     hm = layout == "HND"
     arrange = (lambda x: np.ascontiguousarray(x.transpose(1, 0, 2))) if hm else (lambda x: x)
-    out, lse = w.run(to_fw(arrange(q), fw), to_fw(arrange(k), fw), to_fw(arrange(v), fw),
-                     return_lse=True)
+    out, lse = w.run(to_side(arrange(q), fw, cuda), to_side(arrange(k), fw, cuda),
+                     to_side(arrange(v), fw, cuda), return_lse=True)
     out = np.asarray(out.cpu() if hasattr(out, "cpu") else out, np.float64)
     lse = np.asarray(lse.cpu() if hasattr(lse, "cpu") else lse, np.float64)
     if hm:
@@ -136,6 +143,6 @@ def test_gpu_matches_dense_masked_attention(case):
 
     rng = np.random.default_rng(41 + len(case) + int(case[5]))
     hq, hk, d, MB, NB, M, N, dens, causal, layout, cap, sinks = case
-    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    run_case(ws, "torch", rng, hq, hk, d, MB, NB, M, N, dens, causal, layout, cap, sinks,
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")  # FlashInfer's usual size
+    run_case(ws, "cuda", rng, hq, hk, d, MB, NB, M, N, dens, causal, layout, cap, sinks,
              dtype=np.float16)

@@ -150,8 +150,13 @@ TEST(TuningPolicy, DecodeAutoCtasPerSmThresholds) {
   EXPECT_EQ(policy::kDecodeSmallCtaMinTokens, 896);
   EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 1000, false, sms), 4);
   EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from - 1, 1000, false, sms), 2);
-  // Plenty of tokens wins over equal lengths.
-  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 128, true, sms), 4);
+  // Plenty of tokens wins over equal lengths in fewer pairs than 7/8 of the SMs (MHA D4: 32)...
+  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 32, true, sms), 4);
+  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 115, true, sms), 4);
+  // ... but equal pairs filling the SMs stream whole, one per CTA (16 x 4096 GQA: 128 pairs).
+  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 116, true, sms), 1);
+  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 128, true, sms), 1);
+  EXPECT_EQ(policy::decode_auto_ctas_per_sm(small_from, 128, false, sms), 4);
   // Equal lengths in at most one pair per SM: one CTA.
   EXPECT_EQ(policy::decode_auto_ctas_per_sm(16 * 1024 * 8, 128, true, sms), 1);
   EXPECT_EQ(policy::decode_auto_ctas_per_sm(16 * 1024 * 8, sms, true, sms), 1);

@@ -27,6 +27,7 @@ struct VCase {
   int64_t MB = 6, NB = 5, M = 300, N = 400;
   double density = 0.4;
   bool causal = false, cap_and_sinks = false, head_major = false;
+  bool min_workspace = false;  // min_workspace_bytes: plans split KV into what fits
   int hq = 8, hkv = 2, d = 128;
   DType dt = DType::f16;
   DType fp8_kv = DType::f32;  // e4m3: k, v in fp8 with per-head scales
@@ -138,7 +139,8 @@ void run_case(const VCase& c) {
   const HostTensor ref_lowp = rounded_to(ref, c.dt);
 
   const VariableBlockSparseConfig cfg = config_for(c, l);
-  DeviceBuffer ws(VariableBlockSparseAttention::workspace_bytes(cfg));
+  DeviceBuffer ws(c.min_workspace ? VariableBlockSparseAttention::min_workspace_bytes(cfg)
+                                  : VariableBlockSparseAttention::workspace_bytes(cfg));
   VariableBlockSparseAttention op(cfg, ws.data(), ws.size());
   HostTensor out(c.dt, {c.M, c.hq, c.d}), lse(DType::f32, {c.M, c.hq});
   DeviceTensor dlse = poisoned_like(lse);
@@ -202,6 +204,10 @@ TEST_F(VariableBlockSparseGpu, RandomLayoutsBothLayoutsAndCausal) {
     c.seed = seed++;
     run_case(c);
   }
+  VCase small{4, 8, 256, 8192, 0.6, true};  // long rows in the least workspace
+  small.min_workspace = true;
+  small.seed = seed++;
+  run_case(small);
 }
 
 TEST_F(VariableBlockSparseGpu, HeadDimsGroupsDtypesAndFp8) {
@@ -236,6 +242,11 @@ TEST_F(VariableBlockSparseGpu, BadInputsAreNamedAndWriteNothing) {
   VCase c;
   VLayout lay = make_layout(c);
   const VariableBlockSparseConfig cfg = config_for(c, lay.layout);
+  EXPECT_NE(error_of([&] {
+              DeviceBuffer tiny(VariableBlockSparseAttention::min_workspace_bytes(cfg) - 256);
+              VariableBlockSparseAttention t(cfg, tiny.data(), tiny.size());
+            }).find("min_workspace_bytes"),
+            std::string::npos);
   DeviceBuffer ws(VariableBlockSparseAttention::workspace_bytes(cfg));
   VariableBlockSparseAttention op(cfg, ws.data(), ws.size());
   const AttentionShape shape{.num_qo_heads = c.hq, .num_kv_heads = c.hkv, .head_dim = c.d};

@@ -33,11 +33,12 @@ BatchPrefillConfig head_prefill_config(const VariableBlockSparseConfig& c) {
   return p;
 }
 
-// One head's slice of the workspace: the prefill workspace, then page ids, mask offsets, mask.
+// One head's slice of the workspace: the prefill workspace (`prefill` bytes), then page ids, mask
+// offsets, mask.
 struct HeadLayout {
   size_t prefill = 0, ids = 0, mask_indptr = 0, mask = 0, total = 0;
-  explicit HeadLayout(const VariableBlockSparseConfig& c) {
-    prefill = align_up(BatchPrefillPaged::workspace_bytes(head_prefill_config(c)));
+  HeadLayout(const VariableBlockSparseConfig& c, size_t prefill_bytes) {
+    prefill = align_up(prefill_bytes);
     ids = prefill;
     mask_indptr = ids + align_up(static_cast<size_t>(c.max_kv_ids) * 4);
     mask = mask_indptr + align_up(static_cast<size_t>(c.max_block_rows + 1) * 4);
@@ -45,6 +46,10 @@ struct HeadLayout {
   }
   size_t index_bytes() const { return total - ids; }
 };
+
+size_t heads(const VariableBlockSparseConfig& c) {
+  return static_cast<size_t>(std::max(c.num_kv_heads, 1));
+}
 
 // Columns [h * g, (h + 1) * g) of a [rows, H, ...] view (dimension 1).
 TensorView head_slice(const TensorView& t, int64_t first, int64_t count) {
@@ -78,7 +83,7 @@ KVScale head_scale(const KVScale& s, int h) {
 
 struct VariableBlockSparseAttention::Impl {
   VariableBlockSparseConfig cfg;
-  HeadLayout head{VariableBlockSparseConfig{}};
+  HeadLayout head{VariableBlockSparseConfig{}, 0};
   std::byte* base = nullptr;                                // device workspace
   std::vector<std::unique_ptr<BatchPrefillPaged>> prefill;  // one per KV head
   ops::PlanLifecycle life;
@@ -90,7 +95,13 @@ struct VariableBlockSparseAttention::Impl {
 };
 
 size_t VariableBlockSparseAttention::workspace_bytes(const VariableBlockSparseConfig& cfg) {
-  return HeadLayout(cfg).total * static_cast<size_t>(std::max(cfg.num_kv_heads, 1));
+  return HeadLayout(cfg, BatchPrefillPaged::workspace_bytes(head_prefill_config(cfg))).total *
+         heads(cfg);
+}
+
+size_t VariableBlockSparseAttention::min_workspace_bytes(const VariableBlockSparseConfig& cfg) {
+  return HeadLayout(cfg, BatchPrefillPaged::min_workspace_bytes(head_prefill_config(cfg))).total *
+         heads(cfg);
 }
 
 VariableBlockSparseAttention::VariableBlockSparseAttention(const VariableBlockSparseConfig& cfg,
@@ -105,11 +116,19 @@ VariableBlockSparseAttention::VariableBlockSparseAttention(const VariableBlockSp
   check(cfg.max_block_rows < (int64_t{1} << 31) && cfg.max_kv_ids < (int64_t{1} << 31),
         "VariableBlockSparseConfig: max_block_rows and max_kv_ids must be < 2^31");
   check(workspace != nullptr, "workspace: expected a device buffer, got null");
-  check(bytes >= workspace_bytes(cfg), "workspace: ", bytes, " bytes is too small; expected ",
-        "VariableBlockSparseAttention::workspace_bytes(cfg) = ", workspace_bytes(cfg));
+  check(bytes >= min_workspace_bytes(cfg), "workspace: ", bytes, " bytes is too small; expected ",
+        "at least VariableBlockSparseAttention::min_workspace_bytes(cfg) = ",
+        min_workspace_bytes(cfg), " (workspace_bytes(cfg) = ", workspace_bytes(cfg),
+        " never limits split-KV)");
   Impl& m = *impl_;
   m.cfg = cfg;
-  m.head = HeadLayout(cfg);
+  // Each KV head gets an equal slice; its prefill op the slice less its index region (a plan
+  // splits KV into what fits, as BatchPrefillPaged does with any workspace >= its minimum).
+  const size_t slice = bytes / heads(cfg) / kAlign * kAlign;
+  const size_t index = HeadLayout(cfg, 0).index_bytes();
+  m.head = HeadLayout(
+      cfg, std::min(slice - index, BatchPrefillPaged::workspace_bytes(head_prefill_config(cfg))) /
+               kAlign * kAlign);
   m.base = static_cast<std::byte*>(workspace);
   runtime::ensure_context(cfg.device);
   for (int h = 0; h < cfg.num_kv_heads; ++h)
