@@ -72,7 +72,7 @@ void add_check(nlohmann::json& r, const std::vector<double>& got, const std::vec
 }
 
 // B1 / B2: BlockSparseAttention (causal) and dense causal prefill over all keys.
-void bench_block(const BlockWorkload& w, int reps, const Ceilings& ceil, Stream s,
+void bench_block(const BlockWorkload& w, int reps, int ctas_per_sm, const Ceilings& ceil, Stream s,
                  nlohmann::json& rows) {
   const BsrPattern p = bsr_pattern(w);
   const int64_t n = w.n, mb = w.blocks_per_side(), nnz = static_cast<int64_t>(p.indices.size());
@@ -93,7 +93,8 @@ void bench_block(const BlockWorkload& w, int reps, const Ceilings& ceil, Stream 
   BlockSparseConfig cfg{.max_rows = n,
                         .max_block_rows = mb,
                         .max_blocks = nnz,
-                        .max_mask_bytes = block_sparse_mask_bytes(layout, true)};
+                        .max_mask_bytes = block_sparse_mask_bytes(layout, true),
+                        .ctas_per_sm = ctas_per_sm};
   DeviceBuffer ws(BlockSparseAttention::workspace_bytes(cfg));
   BlockSparseAttention bsa(cfg, ws.data(), ws.size());
   bsa.plan(layout, {.num_qo_heads = kHq, .num_kv_heads = kHkv, .head_dim = kD}, {.causal = true},
@@ -105,6 +106,7 @@ void bench_block(const BlockWorkload& w, int reps, const Ceilings& ceil, Stream 
   r["flops"] = flops;
   r["blocks"] = nnz;
   r["density"] = double(nnz) / double(causal_blocks(mb));
+  r["ctas_per_sm"] = ctas_per_sm;
   // Check sampled rows (every head) against the host reference.
   synchronize(s);
   out.fill_bytes(0xFF);  // f16 NaN: a row the kernel does not write fails the check
@@ -300,7 +302,7 @@ void bench_select(const SelectWorkload& w, int reps, const Ceilings& ceil, Strea
 nlohmann::json bench_sparse(const SparseBenchOptions& opts, const Ceilings& ceil, Stream s) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& w : block_workloads())
-    if (selected(opts.workloads, w.id)) bench_block(w, opts.reps, ceil, s, rows);
+    if (selected(opts.workloads, w.id)) bench_block(w, opts.reps, opts.ctas_per_sm, ceil, s, rows);
   for (const auto& w : select_workloads())
     if (selected(opts.workloads, w.id)) bench_select(w, opts.reps, ceil, s, rows);
   return rows;

@@ -14,6 +14,7 @@ namespace flashkv::cli {
 struct SparseBenchOptions {
   std::vector<std::string> workloads;  // B1-B4; empty: all
   int reps = 30;
+  int ctas_per_sm = 0;  // B1 / B2: BlockSparseConfig.ctas_per_sm (0: the prefill default)
 };
 
 // Rows {workload, kind "sparse", system (flashkv, flashkv-hnd, flashkv-dense, ...), time_us,

@@ -78,6 +78,7 @@ struct BenchArgs {
     variants.ctas_per_sm = ctas_per_sm;  // decode as given; prefill: see bench_variants_prefill
     sparse.workloads = workloads;
     sparse.reps = reps;
+    sparse.ctas_per_sm = ctas_per_sm;
   }
 };
 

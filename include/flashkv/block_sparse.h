@@ -82,6 +82,7 @@ struct BlockSparseConfig {
   int num_qo_heads = 32;          // at most
   int head_dim = 128;             // at most
   int device = 0;
+  int ctas_per_sm = 0;  // the prefill op's persistent CTAs per SM (0: BatchPrefillConfig's)
 };
 
 class BlockSparseAttention {

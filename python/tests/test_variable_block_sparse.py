@@ -101,7 +101,7 @@ CASES = [  # hq, hk, d, MB, NB, M, N, density, causal, layout, cap, sinks
     (8, 2, 64, 5, 4, 60, 80, 0.5, False, "HND", 0.0, False),
     (8, 2, 64, 5, 4, 60, 80, 0.5, True, "NHD", 0.0, False),
     (4, 1, 64, 4, 6, 50, 120, 0.4, True, "HND", 0.0, False),  # MQA, M != N
-    (4, 4, 32, 3, 3, 40, 30, 1.0, True, "HND", 2.5, True),  # M > N, soft-cap + sinks
+    (4, 4, 64, 3, 3, 40, 30, 1.0, True, "HND", 2.5, True),  # M > N, soft-cap + sinks
 ]
 
 

@@ -27,6 +27,7 @@ BatchPrefillConfig prefill_config(const BlockSparseConfig& c) {
   p.num_qo_heads = c.num_qo_heads;
   p.head_dim = c.head_dim;
   p.device = c.device;
+  if (c.ctas_per_sm > 0) p.ctas_per_sm = c.ctas_per_sm;
   return p;
 }
 
