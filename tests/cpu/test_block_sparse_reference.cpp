@@ -449,3 +449,57 @@ TEST(SparseKvDecode, HeadPagesRefusesUnevenlyStridedHeads) {
 
 }  // namespace
 }  // namespace flashkv::test
+
+namespace flashkv::test {
+namespace {
+
+// A shared-prefix level (every row sees the prefix) ⊕ a causal sparse level equals one
+// block-sparse layout over [prefix; keys] with the prefix's blocks in every row: the composition
+// with the cascade stays exact (the GPU test checks the same composition on the device).
+TEST(BlockSparseReference, SharedPrefixLevelPlusSparseLevelComposeUnderMerge) {
+  const int R = 4, C = 4, hq = 4, hkv = 2, d = 64;
+  const int64_t MB = 6, NB = 8, M = R * MB, N = C * NB, pb = 3, Lp = pb * C;
+  std::mt19937 rng(12);
+  std::vector<int32_t> indptr = {0}, indices, cptr = {0}, cind;
+  for (int64_t i = 0; i < MB; ++i) {
+    for (int32_t b = 0; b < pb; ++b) cind.push_back(b);
+    for (int32_t j = 0; j < NB; ++j)
+      if (i != 2 && rng() % 2 == 0) {
+        indices.push_back(j);
+        cind.push_back(j + static_cast<int32_t>(pb));
+      }
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    cptr.push_back(static_cast<int32_t>(cind.size()));
+  }
+  const BlockSparseLayout l{indptr.data(), indices.data(), M, N, R, C};
+  const BlockSparseLayout lc{cptr.data(), cind.data(), M, Lp + N, R, C};
+  HostTensor q(DType::f16, {M, hq, d}), kc(DType::f16, {Lp + N, hkv, d}),
+      vc(DType::f16, {Lp + N, hkv, d});
+  q.fill_random(1);
+  kc.fill_random(2);
+  vc.fill_random(3);
+  const auto rows = [&](const HostTensor& t, int64_t first, int64_t n) {  // a view of rows
+    const int64_t shape[3] = {n, hkv, d}, strides[3] = {hkv * d, d, 1};
+    return TensorView(static_cast<uint8_t*>(const_cast<void*>(t.data())) + first * hkv * d * 2,
+                      DType::f16, 3, shape, strides, Device::cpu());
+  };
+  BlockSparseOptions causal;
+  causal.causal = true;
+  HostTensor o1(DType::f32, {M, hq, d}), s1(DType::f32, {M, hq}), o2(DType::f32, {M, hq, d}),
+      s2(DType::f32, {M, hq}), o(DType::f32, {M, hq, d}), so(DType::f32, {M, hq});
+  reference::single_prefill(q.view(), rows(kc, 0, Lp), rows(vc, 0, Lp), o1.view(), s1.view(),
+                            KVLayout::NHD);
+  reference::block_sparse_attention(q.view(), rows(kc, Lp, N), rows(vc, Lp, N), l, o2.view(),
+                                    s2.view(), causal);
+  reference::merge_state(o1.view(), s1.view(), o2.view(), s2.view(), o.view(), so.view());
+  HostTensor want(DType::f32, {M, hq, d}), want_lse(DType::f32, {M, hq});
+  reference::block_sparse_attention(q.view(), kc.view(), vc.view(), lc, want.view(),
+                                    want_lse.view(), causal);
+  const auto a = o.to_doubles(), b = want.to_doubles();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 2e-6) << "out[" << i << "]";
+  const auto al = so.to_doubles(), bl = want_lse.to_doubles();
+  for (size_t i = 0; i < al.size(); ++i) ASSERT_NEAR(al[i], bl[i], 2e-6) << "lse[" << i << "]";
+}
+
+}  // namespace
+}  // namespace flashkv::test

@@ -16,6 +16,8 @@
 #include "common/gpu_util.h"
 #include "common/test_util.h"
 #include "flashkv/block_sparse.h"
+#include "flashkv/merge.h"
+#include "flashkv/prefill.h"
 #include "flashkv/reference_block_sparse.h"
 #include "gpu/prefill_case.h"
 
@@ -234,6 +236,77 @@ TEST_F(BlockSparseGpu, BadLayoutsAreNamedAndWriteNothing) {
             }).find("k: expected [N = "),
             std::string::npos);
   EXPECT_TRUE(all_bytes_are(dout));
+}
+
+// A cascade's shared-prefix level plus a sparse level, merged with ⊕ on the GPU, equals
+// block-sparse attention over the prefix's blocks followed by the sparse layout's (shifted):
+// prefill over the prefix (every row sees it) and BlockSparseAttention (causal) each return
+// (out, lse); merge_state composes them.
+TEST_F(BlockSparseGpu, SharedPrefixLevelPlusSparseLevelComposeUnderMerge) {
+  BsCase c{16, 16, 8, 10, 0.4, true};  // N = 160 >= M = 128: the prefix is visible to every row
+  c.seed = 77;
+  const Pattern pat = make_pattern(c);
+  const BlockSparseLayout& l = pat.layout;
+  const int64_t prefix_blocks = 5, Lp = prefix_blocks * c.C;
+  HostTensor q(c.dt, {l.M, c.hq, c.d}), kp(c.dt, {Lp, c.hkv, c.d}), vp(c.dt, {Lp, c.hkv, c.d}),
+      k(c.dt, {l.N, c.hkv, c.d}), v(c.dt, {l.N, c.hkv, c.d});
+  q.fill_random(1);
+  kp.fill_random(2);
+  vp.fill_random(3);
+  k.fill_random(4);
+  v.fill_random(5);
+  // The reference: one layout over [prefix; keys], each row's prefix blocks then its own + 5.
+  HostTensor kc(c.dt, {Lp + l.N, c.hkv, c.d}), vc(c.dt, {Lp + l.N, c.hkv, c.d});
+  for (int64_t i = 0; i < Lp * c.hkv * c.d; ++i) {
+    kc.set(i, kp.get(i));
+    vc.set(i, vp.get(i));
+  }
+  for (int64_t i = 0; i < l.N * c.hkv * c.d; ++i) {
+    kc.set(Lp * c.hkv * c.d + i, k.get(i));
+    vc.set(Lp * c.hkv * c.d + i, v.get(i));
+  }
+  std::vector<int32_t> indptr = {0}, indices;
+  for (int64_t i = 0; i < c.MB; ++i) {
+    for (int32_t b = 0; b < prefix_blocks; ++b) indices.push_back(b);
+    for (int32_t t = pat.indptr[i]; t < pat.indptr[i + 1]; ++t)
+      indices.push_back(pat.indices[t] + static_cast<int32_t>(prefix_blocks));
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+  }
+  const BlockSparseLayout lc{indptr.data(), indices.data(), l.M, Lp + l.N, c.R, c.C};
+  BlockSparseOptions causal;
+  causal.causal = true;
+  HostTensor ref(DType::f32, {l.M, c.hq, c.d}), ref_lse(DType::f32, {l.M, c.hq});
+  reference::block_sparse_attention(q.view(), kc.view(), vc.view(), lc, ref.view(), ref_lse.view(),
+                                    causal);
+  // The GPU: the two levels and their merge.
+  const DeviceTensor dq = to_device(q), dkp = to_device(kp), dvp = to_device(vp), dk = to_device(k),
+                     dv = to_device(v);
+  HostTensor out(c.dt, {l.M, c.hq, c.d}), lse(DType::f32, {l.M, c.hq});
+  DeviceTensor o1 = poisoned_like(out), s1 = poisoned_like(lse), o2 = poisoned_like(out),
+               s2 = poisoned_like(lse), o = poisoned_like(out), so = poisoned_like(lse);
+  ScopedStream s;
+  single_prefill(dq.view, dkp.view, dvp.view, o1.view, s1.view, KVLayout::NHD, {}, s);
+  BlockSparseConfig cfg;
+  cfg.max_rows = l.M;
+  cfg.max_block_rows = c.MB;
+  cfg.max_blocks = static_cast<int64_t>(pat.indices.size());
+  cfg.max_mask_bytes = block_sparse_mask_bytes(l, true);
+  cfg.num_qo_heads = c.hq;
+  DeviceBuffer ws(BlockSparseAttention::workspace_bytes(cfg));
+  BlockSparseAttention bsa(cfg, ws.data(), ws.size());
+  bsa.plan(l, {.num_qo_heads = c.hq, .num_kv_heads = c.hkv, .head_dim = c.d}, causal, s);
+  bsa.run(dq.view, dk.view, dv.view, o2.view, s2.view, s);
+  merge_state(o1.view, s1.view, o2.view, s2.view, o.view, so.view, s);
+  synchronize(s);
+  to_host(o, out);
+  to_host(so, lse);
+  const HostTensor ref_lowp = rounded_to(ref, c.dt);
+  const ToleranceCheck t = check_tolerance(out.to_doubles(), ref.to_doubles(),
+                                           ref_lowp.to_doubles(), tolerance_floor(c.dt));
+  EXPECT_TRUE(t.pass) << t.str();
+  const auto got = lse.to_doubles(), want = ref_lse.to_doubles();
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-3 * std::max(1.0, std::abs(want[i]))) << "lse[" << i << "]";
 }
 
 }  // namespace
