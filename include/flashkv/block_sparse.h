@@ -66,8 +66,7 @@ int64_t block_sparse_mask_bytes(const BlockSparseLayout& l, bool causal);
 // Block-sparse attention on the GPU: each block row runs as a request of batch prefill over K/V
 // viewed as pages of C tokens (src/ops/block_sparse/bsr_paged_plan.h), so the scheduler balances
 // by stored blocks, splits long rows as split-KV and merges them with ⊕; causal and element
-// masks become a per-row custom mask. NOT YET RUN ON A GPU (issue 26): its GPU tests are written
-// (tests/gpu/test_block_sparse_gpu.cpp) and wait for a device session.
+// masks become a per-row custom mask (none where the kernel's own causal mask is exact).
 //
 //   BlockSparseConfig cfg{.max_rows = 32768, .max_block_rows = 256, .max_blocks = 8192};
 //   DeviceBuffer ws(BlockSparseAttention::workspace_bytes(cfg));

@@ -17,8 +17,7 @@ selected tokens (Quest-style selection) with the ordinary decode wrapper; :func:
 one KV head, for selections per request and KV head.
 
 A host workspace runs the CPU reference (dense masked attention built from the layout). The GPU
-path (a CUDA workspace) composes batch prefill over k, v viewed as pages of C tokens; it has NOT
-been run on a GPU yet (issue 26).
+path (a CUDA workspace) composes batch prefill over k, v viewed as pages of C tokens.
 """
 
 import numpy as np
