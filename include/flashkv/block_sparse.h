@@ -25,6 +25,7 @@
 #include "flashkv/paged_kv.h"
 #include "flashkv/runtime.h"
 #include "flashkv/tensor.h"
+#include "flashkv/variants.h"
 
 namespace flashkv {
 
@@ -57,6 +58,13 @@ struct BlockSparseOptions {
   float logits_soft_cap = 0.0f;  // > 0: s = cap * tanh(s / cap) (variants.h)
   TensorView sinks;              // optional f32 [H_qo]: one more logit per head (variants.h)
   KVScale kv_scale;              // fp8 k, v: their dequantization scales
+  // ALiBi and RoPE at the tokens' own positions (query row m at m + N - M, key token n at n),
+  // however the layout gathers the keys: optional f32 [H_qo] slopes (logit += slope * (n - q_pos))
+  // and RoPE on q and k (mode llama or llama31; its q / k_rope_offset are not taken). On the GPU
+  // these run as a generated variant on the mma.sync kernel (src/ops/block_sparse/
+  // sparse_positions_variant.h).
+  TensorView alibi_slopes;
+  RopeParams rope;
 };
 
 // The bytes of the mask a plan of `l` uploads (causal or an element mask: R x (blocks x C) bits

@@ -48,14 +48,30 @@ BlockSparseLayout layout_of(const InArray& indptr, const InArray& indices, int64
   return l;
 }
 
+// pos: (alibi_slopes f32 [H_qo] or None, rope mode "none" / "llama", rope_scale, rope_theta).
+struct PosArgs {
+  OptionalIn alibi_slopes;
+  std::string rope = "none";
+  float rope_scale = 1.f, rope_theta = 1e4f;
+};
+
 BlockSparseOptions options_of(bool causal, float sm_scale, float logits_soft_cap,
-                              const OptionalIn& sinks, const KVScale& scale) {
+                              const OptionalIn& sinks, const KVScale& scale,
+                              const PosArgs& pos = {}) {
   BlockSparseOptions o;
   o.causal = causal;
   o.sm_scale = sm_scale;
   o.logits_soft_cap = logits_soft_cap;
   o.sinks = view_of(sinks, "sinks");
   o.kv_scale = scale;
+  o.alibi_slopes = view_of(pos.alibi_slopes, "alibi_slopes");
+  check(pos.rope == "none" || pos.rope == "llama", "rope: expected 'none' or 'llama', got '",
+        pos.rope, "'");
+  if (pos.rope == "llama") {
+    o.rope.mode = RopeMode::llama;
+    o.rope.rope_scale = pos.rope_scale;
+    o.rope.rope_theta = pos.rope_theta;
+  }
   return o;
 }
 
@@ -93,7 +109,8 @@ class PyBlockSparseAttention {
   void plan(const InArray& indptr, const InArray& indices, int64_t M, int64_t N, int R, int C,
             const OptionalIn& mask, int num_qo_heads, int num_kv_heads, int head_dim,
             const std::string& q_dtype, const std::string& kv_dtype, bool causal, float sm_scale,
-            float logits_soft_cap, const OptionalIn& sinks, uintptr_t stream) {
+            float logits_soft_cap, const OptionalIn& sinks, const OptionalIn& alibi_slopes,
+            const std::string& rope, float rope_scale, float rope_theta, uintptr_t stream) {
     const BlockSparseLayout l = layout_of(indptr, indices, M, N, R, C, mask);
     AttentionShape shape;
     shape.num_qo_heads = num_qo_heads;
@@ -101,8 +118,10 @@ class PyBlockSparseAttention {
     shape.head_dim = head_dim;
     shape.q_dtype = shape.o_dtype = parse_dtype(q_dtype);
     shape.kv_dtype = parse_dtype(kv_dtype);
-    sinks_ = sinks;  // the plan's variant points into it
-    const BlockSparseOptions o = options_of(causal, sm_scale, logits_soft_cap, sinks_, {});
+    sinks_ = sinks;  // the plan's variant points into them
+    slopes_ = alibi_slopes;
+    const BlockSparseOptions o = options_of(causal, sm_scale, logits_soft_cap, sinks_, {},
+                                            {slopes_, rope, rope_scale, rope_theta});
     without_gil([&] { op_->plan(l, shape, o, stream_of(stream)); });
   }
 
@@ -118,7 +137,7 @@ class PyBlockSparseAttention {
  private:
   Workspace ws_;  // declared first: destroyed after the op that uses it
   std::unique_ptr<BlockSparseAttention> op_;
-  OptionalIn sinks_;
+  OptionalIn sinks_, slopes_;
 };
 
 // The per-head layout's host arrays: block_mask_map [H, MB, NB] (bool / uint8, contiguous),
@@ -197,7 +216,8 @@ class PyVariableBlockSparseAttention {
   void plan(const InArray& map, const InArray& row_sz, const InArray& col_sz, int64_t MB,
             int64_t NB, int64_t M, int64_t N, int num_qo_heads, int num_kv_heads, int head_dim,
             const std::string& q_dtype, const std::string& kv_dtype, bool causal, float sm_scale,
-            float logits_soft_cap, const OptionalIn& sinks, uintptr_t stream) {
+            float logits_soft_cap, const OptionalIn& sinks, const OptionalIn& alibi_slopes,
+            const std::string& rope, float rope_scale, float rope_theta, uintptr_t stream) {
     const VariableBlockSparseLayout l =
         variable_layout_of(map, row_sz, col_sz, num_kv_heads, MB, NB, M, N);
     AttentionShape shape;
@@ -206,8 +226,10 @@ class PyVariableBlockSparseAttention {
     shape.head_dim = head_dim;
     shape.q_dtype = shape.o_dtype = parse_dtype(q_dtype);
     shape.kv_dtype = parse_dtype(kv_dtype);
-    sinks_ = sinks;  // the plan's variant points into it
-    const BlockSparseOptions o = options_of(causal, sm_scale, logits_soft_cap, sinks_, {});
+    sinks_ = sinks;  // the plan's variant points into them
+    slopes_ = alibi_slopes;
+    const BlockSparseOptions o = options_of(causal, sm_scale, logits_soft_cap, sinks_, {},
+                                            {slopes_, rope, rope_scale, rope_theta});
     without_gil([&] { op_->plan(l, shape, o, stream_of(stream)); });
   }
 
@@ -223,7 +245,7 @@ class PyVariableBlockSparseAttention {
  private:
   Workspace ws_;  // declared first: destroyed after the op that uses it
   std::unique_ptr<VariableBlockSparseAttention> op_;
-  OptionalIn sinks_;
+  OptionalIn sinks_, slopes_;
 };
 
 void bind_variable_block_sparse(nb::module_& m) {
@@ -242,7 +264,8 @@ void bind_variable_block_sparse(nb::module_& m) {
            arg("block_row_sz"), arg("block_col_sz"), arg("MB"), arg("NB"), arg("M"), arg("N"),
            arg("num_qo_heads"), arg("num_kv_heads"), arg("head_dim"), arg("q_dtype"),
            arg("kv_dtype"), arg("causal"), arg("sm_scale"), arg("logits_soft_cap"),
-           arg("sinks").none(), arg("stream"))
+           arg("sinks").none(), arg("alibi_slopes").none(), arg("rope"), arg("rope_scale"),
+           arg("rope_theta"), arg("stream"))
       .def("run", &PyVariableBlockSparseAttention::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS);
   m.def(
@@ -260,13 +283,15 @@ void bind_variable_block_sparse(nb::module_& m) {
       [](const InArray& q, const InArray& k, const InArray& v, const InArray& map,
          const InArray& row_sz, const InArray& col_sz, int num_kv_heads, int64_t MB, int64_t NB,
          int64_t M, int64_t N, const OutArray& out, const LseArg& lse, bool causal, float sm_scale,
-         float logits_soft_cap, const OptionalIn& sinks, float k_scale, float v_scale,
+         float logits_soft_cap, const OptionalIn& sinks, const OptionalIn& alibi_slopes,
+         const std::string& rope, float rope_scale, float rope_theta, float k_scale, float v_scale,
          const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
         const VariableBlockSparseLayout l =
             variable_layout_of(map, row_sz, col_sz, num_kv_heads, MB, NB, M, N);
         const BlockSparseOptions o =
             options_of(causal, sm_scale, logits_soft_cap, sinks,
-                       kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+                       kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor),
+                       {alibi_slopes, rope, rope_scale, rope_theta});
         const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
         without_gil([&] { reference::variable_block_sparse_attention(qv, kv, vv, l, ov, lv, o); });
@@ -274,6 +299,7 @@ void bind_variable_block_sparse(nb::module_& m) {
       arg("q"), arg("k"), arg("v"), arg("block_mask_map"), arg("block_row_sz"), arg("block_col_sz"),
       arg("num_kv_heads"), arg("MB"), arg("NB"), arg("M"), arg("N"), arg("out"), arg("lse").none(),
       arg("causal"), arg("sm_scale"), arg("logits_soft_cap"), arg("sinks").none(),
+      arg("alibi_slopes").none(), arg("rope"), arg("rope_scale"), arg("rope_theta"),
       FLASHKV_KV_SCALE_ARGS);
 }
 
@@ -293,7 +319,8 @@ void bind_block_sparse(nb::module_& m) {
       .def("plan", &PyBlockSparseAttention::plan, arg("indptr"), arg("indices"), arg("M"), arg("N"),
            arg("R"), arg("C"), arg("mask").none(), arg("num_qo_heads"), arg("num_kv_heads"),
            arg("head_dim"), arg("q_dtype"), arg("kv_dtype"), arg("causal"), arg("sm_scale"),
-           arg("logits_soft_cap"), arg("sinks").none(), arg("stream"))
+           arg("logits_soft_cap"), arg("sinks").none(), arg("alibi_slopes").none(), arg("rope"),
+           arg("rope_scale"), arg("rope_theta"), arg("stream"))
       .def("run", &PyBlockSparseAttention::run, arg("q"), arg("k"), arg("v"), arg("out"),
            arg("lse").none(), arg("stream"), FLASHKV_KV_SCALE_ARGS);
   m.def(
@@ -309,19 +336,22 @@ void bind_block_sparse(nb::module_& m) {
       [](const InArray& q, const InArray& k, const InArray& v, const InArray& indptr,
          const InArray& indices, int64_t M, int64_t N, int R, int C, const OptionalIn& mask,
          const OutArray& out, const LseArg& lse, bool causal, float sm_scale, float logits_soft_cap,
-         const OptionalIn& sinks, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
-         const OptionalIn& v_scale_tensor) {
+         const OptionalIn& sinks, const OptionalIn& alibi_slopes, const std::string& rope,
+         float rope_scale, float rope_theta, float k_scale, float v_scale,
+         const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
         const BlockSparseLayout l = layout_of(indptr, indices, M, N, R, C, mask);
         const BlockSparseOptions o =
             options_of(causal, sm_scale, logits_soft_cap, sinks,
-                       kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+                       kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor),
+                       {alibi_slopes, rope, rope_scale, rope_theta});
         const TensorView qv = view_of(q, "q"), kv = view_of(k, "k"), vv = view_of(v, "v"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
         without_gil([&] { reference::block_sparse_attention(qv, kv, vv, l, ov, lv, o); });
       },
       arg("q"), arg("k"), arg("v"), arg("indptr"), arg("indices"), arg("M"), arg("N"), arg("R"),
       arg("C"), arg("mask").none(), arg("out"), arg("lse").none(), arg("causal"), arg("sm_scale"),
-      arg("logits_soft_cap"), arg("sinks").none(), FLASHKV_KV_SCALE_ARGS);
+      arg("logits_soft_cap"), arg("sinks").none(), arg("alibi_slopes").none(), arg("rope"),
+      arg("rope_scale"), arg("rope_theta"), FLASHKV_KV_SCALE_ARGS);
   bind_variable_block_sparse(m);
 }
 

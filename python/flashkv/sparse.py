@@ -10,7 +10,9 @@ keys as every flashkv op: key n is visible to query row m iff ``n <= m + N - M``
 wrapper applies its causal mask inside each block row's gathered keys instead). A row that sees no
 key gets zeros and lse -inf. ``logits_soft_cap`` and (flashkv extension) ``sinks`` float32
 ``[num_qo_heads]`` as in the prefill wrappers; fp8 k / v (q float16 or bfloat16) with run()'s
-``k_scale`` / ``v_scale``. RoPE / ALiBi raise NotImplementedError.
+``k_scale`` / ``v_scale``. ``pos_encoding_mode`` "ALIBI" (FlashInfer's slopes) and "ROPE_LLAMA"
+(``rope_scale``, ``rope_theta``) act at the tokens' own positions (query row m at m + N - M, key
+n at n), not at a key's index among the gathered blocks.
 
 :func:`token_pages` views a paged cache as pages of one token, for sparse-KV decode over
 selected tokens (Quest-style selection) with the ordinary decode wrapper; :func:`head_pages` as
@@ -106,6 +108,23 @@ def head_pages(k_cache, kv_layout="NHD"):
     return view
 
 
+def _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, on_gpu, like):
+    """The C++ plan's ALiBi / RoPE arguments for FlashInfer's pos_encoding_mode: (alibi_slopes
+    or None, rope mode, rope_scale, rope_theta). Both act at the tokens' own positions (query row
+    m at m + N - M, key n at n), however the layout gathers the keys."""
+    from .variants import _alibi_slopes_on
+
+    if pos_encoding_mode == "NONE":
+        return None, "none", 1.0, 1e4
+    if pos_encoding_mode == "ALIBI":
+        return _alibi_slopes_on(int(num_qo_heads), on_gpu, like), "none", 1.0, 1e4
+    if pos_encoding_mode == "ROPE_LLAMA":
+        return (None, "llama", float(1.0 if rope_scale is None else rope_scale),
+                float(1e4 if rope_theta is None else rope_theta))
+    raise ValueError(f"pos_encoding_mode: expected 'NONE', 'ROPE_LLAMA' or 'ALIBI', got "
+                     f"{pos_encoding_mode!r}")
+
+
 class BlockSparseAttentionWrapper:
     """FlashInfer's ``BlockSparseAttentionWrapper``: plan() the mask, run() attention under it.
 
@@ -136,11 +155,9 @@ class BlockSparseAttentionWrapper:
         argument (M not a multiple of R, indptr not monotone, a block column out of range or
         repeated in a row). ``use_fp16_qk_reduction`` is accepted and ignored (flashkv reduces in
         float32); ``non_blocking`` too."""
-        del use_fp16_qk_reduction, non_blocking, rope_scale, rope_theta
-        if pos_encoding_mode != "NONE":
-            raise NotImplementedError(f"pos_encoding_mode={pos_encoding_mode!r}: block-sparse "
-                                      f"attention takes 'NONE' only (RoPE and ALiBi would need "
-                                      f"the keys' token positions)")
+        del use_fp16_qk_reduction, non_blocking
+        pos = _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
+                          self._float_workspace_buffer)
         q_dt, kv_dt, o_dt = CM.plan_dtypes(q_data_type, kv_data_type, o_data_type)
         if (kv_dt != q_dt and kv_dt not in A.FP8_DTYPES) or o_dt != q_dt:
             raise ValueError(f"kv_data_type / o_data_type: expected the q dtype {q_dt} (k, v may "
@@ -161,7 +178,7 @@ class BlockSparseAttentionWrapper:
                     num_kv_heads=int(num_kv_heads), head_dim=int(head_dim), M=M, N=N, R=R, C=C_,
                     indptr=indptr_h, indices=indices_h, mask=mask_h, causal=bool(causal),
                     sm_scale=CM.sm_scale_arg(sm_scale),
-                    logits_soft_cap=float(logits_soft_cap or 0.0), sinks=sinks)
+                    logits_soft_cap=float(logits_soft_cap or 0.0), sinks=sinks, pos=pos)
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
         what = f"M {M}, N {N}, R {R}, C {C_}, {nnz} blocks, num_qo_heads {num_qo_heads}"
         if not self._on_gpu:
@@ -175,7 +192,7 @@ class BlockSparseAttentionWrapper:
         op = self._slot.acquire(need, what)
         A.call(op.plan, indptr_h, indices_h, M, N, R, C_, mask_h, plan["num_qo_heads"],
                plan["num_kv_heads"], plan["head_dim"], q_dt, kv_dt, plan["causal"],
-               plan["sm_scale"], plan["logits_soft_cap"], sinks,
+               plan["sm_scale"], plan["logits_soft_cap"], sinks, *pos,
                A.cuda_stream(self._float_workspace_buffer))
         self._plan = plan
 
@@ -196,7 +213,7 @@ class BlockSparseAttentionWrapper:
             A.call(_C.reference_block_sparse_attention, q, k, v, plan["indptr"],
                    plan["indices"], plan["M"], plan["N"], plan["R"], plan["C"], plan["mask"],
                    out, lse, plan["causal"], plan["sm_scale"], plan["logits_soft_cap"],
-                   plan["sinks"], **scale.kwargs())
+                   plan["sinks"], *plan["pos"], **scale.kwargs())
         return CM.finish(out, lse, return_lse)
 
     begin_forward = plan

@@ -9,6 +9,7 @@ n visible to query row m iff ``n <= m + N - M``). q ``[num_qo_heads, M, head_dim
 ``[num_kv_heads, N, head_dim]`` as FlashInfer lays them out (flashkv also takes token-major
 ``[M, num_qo_heads, head_dim]`` / ``[N, num_kv_heads, head_dim]`` with ``layout="NHD"``); out like
 q; lse float32 ``[num_qo_heads, M]`` (``[M, num_qo_heads]`` for "NHD"), base 2.
+``pos_encoding_mode`` "ALIBI" and "ROPE_LLAMA" act at the tokens' own positions.
 
 On the GPU each KV head runs as a batch prefill of its own over strided views (no copy of q, k or
 out); a host workspace runs the CPU reference (dense masked attention from the layout).
@@ -68,11 +69,11 @@ class VariableBlockSparseAttentionWrapper:
         ``[num_kv_heads, MB]``, block_col_sz int32 ``[num_kv_heads, NB]`` (host or device; host
         copies are taken). Bad layouts raise ValueError naming the argument (a shape that is not
         [num_kv_heads, ...], a negative size, a head whose sizes do not sum to the others')."""
-        del use_fp16_qk_reduction, non_blocking, rope_scale, rope_theta
-        if pos_encoding_mode != "NONE":
-            raise NotImplementedError(f"pos_encoding_mode={pos_encoding_mode!r}: block-sparse "
-                                      f"attention takes 'NONE' only (RoPE and ALiBi would need "
-                                      f"the keys' token positions)")
+        del use_fp16_qk_reduction, non_blocking
+        from .sparse import _positional
+
+        pos = _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
+                          self._float_workspace_buffer)
         q_dt, kv_dt, o_dt = CM.plan_dtypes(q_data_type, kv_data_type, None)
         if kv_dt != q_dt and kv_dt not in A.FP8_DTYPES:
             raise ValueError(f"kv_data_type: expected the q dtype {q_dt} (or fp8), got {kv_dt}")
@@ -100,7 +101,7 @@ class VariableBlockSparseAttentionWrapper:
         plan = dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
                     num_kv_heads=hk, head_dim=int(head_dim), MB=MB, NB=NB, M=M, N=N, map=m,
                     rows=rows, cols=cols, causal=bool(causal), sm_scale=CM.sm_scale_arg(sm_scale),
-                    logits_soft_cap=float(logits_soft_cap or 0.0), sinks=sinks)
+                    logits_soft_cap=float(logits_soft_cap or 0.0), sinks=sinks, pos=pos)
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
         what = f"M {M}, N {N}, {hk} KV heads of {MB} x {NB} blocks"
         if not self._on_gpu:
@@ -114,7 +115,7 @@ class VariableBlockSparseAttentionWrapper:
                     num_kv_heads=hk, head_dim=plan["head_dim"])
         op = self._slot.acquire(need, what)
         A.call(op.plan, m, rows, cols, MB, NB, M, N, plan["num_qo_heads"], hk, plan["head_dim"],
-               q_dt, kv_dt, plan["causal"], plan["sm_scale"], plan["logits_soft_cap"], sinks,
+               q_dt, kv_dt, plan["causal"], plan["sm_scale"], plan["logits_soft_cap"], sinks, *pos,
                A.cuda_stream(self._float_workspace_buffer))
         self._plan = plan
 
@@ -145,7 +146,7 @@ class VariableBlockSparseAttentionWrapper:
             A.call(_C.reference_variable_block_sparse_attention, qt, kt, vt, plan["map"],
                    plan["rows"], plan["cols"], plan["num_kv_heads"], plan["MB"], plan["NB"], M,
                    plan["N"], ot, lse_tok, plan["causal"], plan["sm_scale"],
-                   plan["logits_soft_cap"], plan["sinks"], **scale.kwargs())
+                   plan["logits_soft_cap"], plan["sinks"], *plan["pos"], **scale.kwargs())
             np.copyto(np.asarray(tok(out)), ot)
         if lse_tok is None:
             return out

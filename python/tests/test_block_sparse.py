@@ -37,13 +37,32 @@ def dense_visible(indptr, indices, M, N, R, C, mask=None, causal=False):
     return vis
 
 
-def masked_attention(q, k, v, vis, sm_scale=None, cap=0.0, sinks=None):
-    """(out, natural-log lse) in float64 over the visible keys; GQA by head // group."""
+def rope_rows(x, pos, theta):
+    """Llama RoPE (rotate-half pairs) of x [n, h, d] at positions pos [n], float64."""
+    d = x.shape[-1]
+    f = theta ** (-np.arange(0, d // 2) * 2.0 / d)
+    a = np.asarray(pos, np.float64)[:, None] * f[None, :]
+    c, s = np.cos(a)[:, None, :], np.sin(a)[:, None, :]
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def masked_attention(q, k, v, vis, sm_scale=None, cap=0.0, sinks=None, slopes=None,
+                     rope_theta=None):
+    """(out, natural-log lse) in float64 over the visible keys; GQA by head // group. ALiBi
+    (slopes [hq]) and RoPE (rope_theta) at token positions: query row m at m + N - M, key n."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     M, hq, d = q.shape
+    N = k.shape[0]
+    qpos = np.arange(M) + N - M
+    if rope_theta is not None:
+        q, k = rope_rows(q, qpos, rope_theta), rope_rows(k, np.arange(N), rope_theta)
     group = hq // k.shape[1]
     kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s = np.einsum("qhd,khd->qhk", q, kk) * (1.0 / math.sqrt(d) if sm_scale is None else sm_scale)
+    if slopes is not None:
+        s = s + np.asarray(slopes, np.float64)[None, :, None] * (
+            np.arange(N)[None, None, :] - qpos[:, None, None])
     if cap:
         s = cap * np.tanh(s / cap)
     s = np.where(vis[:, None, :], s, -np.inf)
@@ -113,6 +132,23 @@ def test_packed_mask_soft_cap_and_sinks():
     assert_lse2(lse_p, ref_lse)
 
 
+@pytest.mark.parametrize("mode", ["ALIBI", "ROPE_LLAMA"])
+def test_alibi_and_rope_at_token_positions(mode):
+    """Blocks gathered out of order and with gaps: ALiBi / RoPE use the tokens' own positions."""
+    from flashkv.variants import alibi_slopes_for
+
+    rng = np.random.default_rng(19)
+    c = make_case(rng, 4, 8, MB=6, NB=5, density=0.5, hq=4, hkv=2, d=64, dtype="float32")
+    w = flashkv.BlockSparseAttentionWrapper(np.empty(1, np.uint8))
+    out, lse = plan_run(w, c, causal=True, pos_encoding_mode=mode, rope_theta=500.0)
+    vis = dense_visible(c["indptr"], c["indices"], c["M"], c["N"], 4, 8, None, True)
+    ref, ref_lse = masked_attention(
+        c["q"], c["k"], c["v"], vis, slopes=alibi_slopes_for(4) if mode == "ALIBI" else None,
+        rope_theta=500.0 if mode == "ROPE_LLAMA" else None)
+    assert_close(out, ref, "float32")
+    assert_lse2(lse, ref_lse)
+
+
 def test_bad_plans_and_runs_are_named():
     rng = np.random.default_rng(3)
     c = make_case(rng, 2, 2, MB=3, NB=3, density=1.0, hq=2, hkv=2, d=64, dtype="float16")
@@ -129,13 +165,35 @@ def test_bad_plans_and_runs_are_named():
         w.plan(c["indptr"], twice, 6, 6, 2, 2, 2, 2, 64)
     with pytest.raises(ValueError, match="not a multiple of R"):
         w.plan(c["indptr"], c["indices"], 7, 6, 2, 2, 2, 2, 64)
-    with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
-        w.plan(c["indptr"], c["indices"], 6, 6, 2, 2, 2, 2, 64, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="pos_encoding_mode"):
+        w.plan(c["indptr"], c["indices"], 6, 6, 2, 2, 2, 2, 64, pos_encoding_mode="XPOS")
     with pytest.raises(ValueError, match="mask"):
         w.plan(c["indptr"], c["indices"], 6, 6, 2, 2, 2, 2, 64, mask=np.ones(5, bool))
     w.plan(c["indptr"], c["indices"], 6, 6, 2, 2, 2, 2, 64)
     with pytest.raises(ValueError, match="k: expected N = 6"):
         w.run(c["q"], c["k"][:4], c["v"][:4])
+
+
+@requires_gpu
+@pytest.mark.parametrize("mode", ["ALIBI", "ROPE_LLAMA"])
+def test_gpu_alibi_and_rope_at_token_positions(mode):
+    import torch
+
+    from flashkv.variants import alibi_slopes_for
+
+    rng = np.random.default_rng(29)
+    c = make_case(rng, 16, 16, MB=8, NB=8, density=0.4, hq=8, hkv=2, d=128, dtype="float16")
+    t = {n: torch.from_numpy(c[n]).cuda() for n in "qkv"}
+    w = flashkv.BlockSparseAttentionWrapper(torch.empty(64 << 20, dtype=torch.uint8,
+                                                        device="cuda"))
+    w.plan(c["indptr"], c["indices"], c["M"], c["N"], 16, 16, 8, 2, 128, causal=True,
+           q_data_type="float16", pos_encoding_mode=mode, rope_theta=500.0)
+    out = w.run(t["q"], t["k"], t["v"]).cpu().numpy()
+    vis = dense_visible(c["indptr"], c["indices"], c["M"], c["N"], 16, 16, None, True)
+    ref, _ = masked_attention(c["q"], c["k"], c["v"], vis,
+                              slopes=alibi_slopes_for(8) if mode == "ALIBI" else None,
+                              rope_theta=500.0 if mode == "ROPE_LLAMA" else None)
+    assert_close(out, ref, "float16")
 
 
 @requires_gpu

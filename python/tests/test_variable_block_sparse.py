@@ -44,7 +44,7 @@ def visible(m, rows, cols, h, M, N, causal):
     return vis
 
 
-def reference(q, k, v, m, rows, cols, causal, cap=0.0, sinks=None):
+def reference(q, k, v, m, rows, cols, causal, cap=0.0, sinks=None, slopes=None, rope_theta=None):
     """Token-major q [M, hq, d], k, v [N, hk, d]: (out, natural lse) per head group."""
     M, hq, d = q.shape
     N, hk = k.shape[:2]
@@ -54,7 +54,9 @@ def reference(q, k, v, m, rows, cols, causal, cap=0.0, sinks=None):
     for h in range(hk):
         vis = visible(m, rows, cols, h, M, N, causal)
         o, s = masked_attention(q[:, h * g:(h + 1) * g], k[:, h:h + 1], v[:, h:h + 1], vis,
-                                cap=cap, sinks=None if sinks is None else sinks[h * g:(h + 1) * g])
+                                cap=cap, sinks=None if sinks is None else sinks[h * g:(h + 1) * g],
+                                slopes=None if slopes is None else slopes[h * g:(h + 1) * g],
+                                rope_theta=rope_theta)
         out[:, h * g:(h + 1) * g] = o
         lse[:, h * g:(h + 1) * g] = s
     return out, lse
@@ -66,16 +68,20 @@ def to_side(x, fw, cuda):
 
 
 def run_case(ws, fw, rng, hq, hk, d, MB, NB, M, N, density, causal, layout, cap=0.0,
-             with_sinks=False, dtype=np.float16):
+             with_sinks=False, dtype=np.float16, mode="NONE"):
     m, rows, cols = make_layout(rng, hk, MB, NB, M, N, density)
     q, k, v = rand(rng, (M, hq, d), dtype), rand(rng, (N, hk, d), dtype), rand(rng, (N, hk, d),
                                                                                   dtype)
     sinks = (rng.uniform(-1, 1, hq)).astype(np.float32) if with_sinks else None
-    ref, ref_lse = reference(q, k, v, m, rows, cols, causal, cap, sinks)
+    from flashkv.variants import alibi_slopes_for
+
+    ref, ref_lse = reference(q, k, v, m, rows, cols, causal, cap, sinks,
+                             alibi_slopes_for(hq) if mode == "ALIBI" else None,
+                             500.0 if mode == "ROPE_LLAMA" else None)
     cuda = fw == "cuda"
     fw = "torch" if cuda else fw
     w = flashkv.VariableBlockSparseAttentionWrapper(ws, layout=layout)
-    kw = dict(logits_soft_cap=cap or None)
+    kw = dict(logits_soft_cap=cap or None, pos_encoding_mode=mode, rope_theta=500.0)
     if with_sinks:
         kw["sinks"] = to_side(sinks, fw, cuda)
     w.plan(to_fw(m, fw), to_fw(rows, fw), to_fw(cols, fw), hq, hk, d, causal=causal,
@@ -113,6 +119,12 @@ def test_matches_dense_masked_attention(fw, case):
              sinks)
 
 
+@pytest.mark.parametrize("mode", ["ALIBI", "ROPE_LLAMA"])
+def test_alibi_and_rope_at_token_positions(fw, mode):
+    rng = np.random.default_rng(57)
+    run_case(np.empty(1, np.uint8), fw, rng, 8, 2, 64, 5, 4, 60, 80, 0.5, True, "HND", mode=mode)
+
+
 def test_bad_layouts_are_named(fw):
     rng = np.random.default_rng(5)
     m, rows, cols = make_layout(rng, 2, 3, 4, 30, 40, 0.5)
@@ -128,9 +140,8 @@ def test_bad_layouts_are_named(fw):
     with pytest.raises(ValueError, match="before a successful plan"):
         w.run(rand(rng, (4, 30, 64), np.float16), rand(rng, (2, 40, 64), np.float16),
               rand(rng, (2, 40, 64), np.float16))
-    with pytest.raises(NotImplementedError, match="pos_encoding_mode"):
-        w.plan(to_fw(m, fw), to_fw(rows, fw), to_fw(cols, fw), 4, 2, 64,
-               pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="pos_encoding_mode"):
+        w.plan(to_fw(m, fw), to_fw(rows, fw), to_fw(cols, fw), 4, 2, 64, pos_encoding_mode="XPOS")
 
 
 @requires_gpu
@@ -138,11 +149,12 @@ def test_bad_layouts_are_named(fw):
     (32, 8, 128, 16, 16, 2048, 2048, 0.3, True, "HND", 0.0, False),
     (16, 2, 256, 6, 9, 500, 700, 0.5, False, "NHD", 0.0, False),
 ])
-def test_gpu_matches_dense_masked_attention(case):
+@pytest.mark.parametrize("mode", ["NONE", "ALIBI", "ROPE_LLAMA"])
+def test_gpu_matches_dense_masked_attention(case, mode):
     import torch
 
     rng = np.random.default_rng(41 + len(case) + int(case[5]))
     hq, hk, d, MB, NB, M, N, dens, causal, layout, cap, sinks = case
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")  # FlashInfer's usual size
     run_case(ws, "cuda", rng, hq, hk, d, MB, NB, M, N, dens, causal, layout, cap, sinks,
-             dtype=np.float16)
+             dtype=np.float16, mode=mode)

@@ -26,7 +26,9 @@ struct Checked {
   detail::QOShape qo;
   int num_kv_heads = 0;
   double sm_scale = 0;
-  std::vector<double> sinks;  // [H_qo] or empty
+  std::vector<double> sinks;   // [H_qo] or empty
+  std::vector<double> slopes;  // [H_qo] ALiBi or empty
+  std::vector<double> freqs;   // [D / 2] RoPE or empty
 };
 
 Checked check_call(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -49,13 +51,40 @@ Checked check_call(const TensorView& q, const TensorView& k, const TensorView& v
     for (int h = 0; h < c.qo.num_qo_heads; ++h)
       c.sinks.push_back(load_as_double(opts.sinks.data(), DType::f32, h * opts.sinks.stride(0)));
   }
+  if (opts.alibi_slopes.defined()) {
+    detail::check_cpu(opts.alibi_slopes, "opts.alibi_slopes");
+    check_dtype(opts.alibi_slopes, "opts.alibi_slopes", DType::f32);
+    check_shape(opts.alibi_slopes, "opts.alibi_slopes", {c.qo.num_qo_heads});
+    for (int h = 0; h < c.qo.num_qo_heads; ++h)
+      c.slopes.push_back(
+          load_as_double(opts.alibi_slopes.data(), DType::f32, h * opts.alibi_slopes.stride(0)));
+  }
+  if (opts.rope.mode != RopeMode::none) {
+    check(!opts.rope.q_rope_offset.defined() && !opts.rope.k_rope_offset.defined(),
+          "opts.rope: block-sparse RoPE takes the tokens' own positions; q_rope_offset / "
+          "k_rope_offset are not taken");
+    c.freqs = rope_frequencies(opts.rope, c.qo.head_dim);
+  }
   return c;
 }
 
+// RoPE (rotate-half pairs) of x[D] at position pos, exact (as the variant reference: the
+// kernels' rounding of rotated q and k to 16 bits is within the tolerance).
+void rope(std::span<double> x, const std::vector<double>& freqs, int64_t pos) {
+  const size_t half = freqs.size();
+  for (size_t i = 0; i < half; ++i) {
+    const double a = static_cast<double>(pos) * freqs[i], c = std::cos(a), sn = std::sin(a);
+    const double x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * c - x2 * sn;
+    x[i + half] = x2 * c + x1 * sn;
+  }
+}
+
 // One query row of one query head over `keys` of `kv`: the state of reference_block_sparse.h.
+// slope != 0: ALiBi, logit += slope * (key - qpos) (before the soft-cap, as the kernels).
 detail::RowState attend_keys(std::span<const double> q, const detail::KVRows& kv,
                              const std::vector<int64_t>& keys, double sm_scale, double cap,
-                             double sink) {
+                             double sink, double slope, int64_t qpos) {
   const int dim = kv.dim;
   detail::RowState st;
   st.o.assign(dim, 0.0);
@@ -65,7 +94,7 @@ detail::RowState attend_keys(std::span<const double> q, const detail::KVRows& kv
     const double* k = kv.k.data() + keys[n] * dim;
     double dot = 0.0;
     for (int d = 0; d < dim; ++d) dot += q[d] * k[d];
-    s[n] = sm_scale * dot;
+    s[n] = sm_scale * dot + slope * static_cast<double>(keys[n] - qpos);
     if (cap > 0) s[n] = cap * std::tanh(s[n] / cap);
     m = std::max(m, s[n]);
   }
@@ -88,8 +117,12 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const int dim = c.qo.head_dim, group = c.qo.num_qo_heads / c.num_kv_heads;
   const detail::KVSource src =
       detail::contiguous_source(k, v, KVLayout::NHD, 0, k.size(0), opts.kv_scale);
+  const int64_t shift = k.size(0) - c.qo.rows;  // N - M: query row m sits at m + N - M
   for (int h = 0; h < c.num_kv_heads; ++h) {
-    const detail::KVRows rows = detail::gather(src, h, dim);
+    detail::KVRows rows = detail::gather(src, h, dim);
+    if (!c.freqs.empty())  // keys rotated at their token positions
+      for (int64_t n = 0; n < rows.len; ++n)
+        rope(std::span<double>(rows.k.data() + n * dim, dim), c.freqs, n);
     flashkv::detail::parallel_for(c.qo.rows, [&](int64_t m) {
       std::vector<int64_t> keys;
       row_keys(h, m, keys);
@@ -98,9 +131,11 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
         for (int d = 0; d < dim; ++d)
           qr[d] = load_as_double(q.data(), q.dtype(),
                                  m * q.stride(0) + qh * q.stride(1) + d * q.stride(2));
+        if (!c.freqs.empty()) rope(qr, c.freqs, m + shift);
         const double sink = c.sinks.empty() ? kNegInf : c.sinks[qh];
+        const double slope = c.slopes.empty() ? 0.0 : c.slopes[qh];
         const detail::RowState st =
-            attend_keys(qr, rows, keys, c.sm_scale, opts.logits_soft_cap, sink);
+            attend_keys(qr, rows, keys, c.sm_scale, opts.logits_soft_cap, sink, slope, m + shift);
         for (int d = 0; d < dim; ++d)
           store_from_double(out.data(), out.dtype(),
                             m * out.stride(0) + qh * out.stride(1) + d * out.stride(2), st.o[d]);

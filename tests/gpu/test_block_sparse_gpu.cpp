@@ -32,6 +32,7 @@ struct BsCase {
   double density = 0.3;
   bool causal = false, element_mask = false, cap_and_sinks = false;
   bool diagonal = false;  // every non-empty block row holds its diagonal block (MB == NB)
+  bool alibi = false, rope = false;  // at the tokens' own positions (sparse_positions_variant.h)
   int hq = 8, hkv = 2, d = 128;
   DType dt = DType::f16;
   DType fp8_kv = DType::f32;  // e4m3 / e5m2: k, v in fp8 (scales 0.5, 2)
@@ -40,9 +41,10 @@ struct BsCase {
     return "R " + std::to_string(R) + " C " + std::to_string(C) + " MB " + std::to_string(MB) +
            " NB " + std::to_string(NB) + " density " + std::to_string(density) +
            (causal ? " causal" : "") + (element_mask ? " mask" : "") +
-           (cap_and_sinks ? " cap+sinks" : "") + (diagonal ? " diagonal" : "") + " H " +
-           std::to_string(hq) + "/" + std::to_string(hkv) + " D " + std::to_string(d) + " " +
-           dtype_name(dt) + (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "");
+           (cap_and_sinks ? " cap+sinks" : "") + (diagonal ? " diagonal" : "") +
+           (alibi ? " alibi" : "") + (rope ? " rope" : "") + " H " + std::to_string(hq) + "/" +
+           std::to_string(hkv) + " D " + std::to_string(d) + " " + dtype_name(dt) +
+           (is_fp8_dtype(fp8_kv) ? std::string(" kv ") + dtype_name(fp8_kv) : "");
   }
 };
 
@@ -97,6 +99,15 @@ void run_case(const BsCase& c) {
   if (is_fp8_dtype(c.fp8_kv)) {
     host_o.kv_scale = dev_o.kv_scale = {0.5f, 2.0f, {}, {}};
   }
+  std::vector<double> slope_vals;
+  for (int h = 0; h < c.hq; ++h) slope_vals.push_back(std::ldexp(1.0, -(h % 8) - 1));
+  const HostTensor slopes = make_tensor(DType::f32, {c.hq}, slope_vals);
+  const DeviceTensor d_slopes = to_device(slopes);
+  if (c.alibi) {
+    host_o.alibi_slopes = slopes.view();
+    dev_o.alibi_slopes = d_slopes.view;
+  }
+  if (c.rope) host_o.rope.mode = dev_o.rope.mode = RopeMode::llama;
   HostTensor ref(DType::f32, {l.M, c.hq, c.d}), ref_lse(DType::f32, {l.M, c.hq});
   reference::block_sparse_attention(q.view(), k.view(), v.view(), l, ref.view(), ref_lse.view(),
                                     host_o);
@@ -168,6 +179,40 @@ TEST_F(BlockSparseGpu, RandomPatternsBlockSizesAndDensities) {
     d.seed = seed++;
     run_case(d);
   }
+}
+
+// ALiBi and RoPE at the tokens' own positions: blocks gathered out of order with gaps (where a
+// key's index among its gathered keys is not its position), causal with R != C, with the
+// kernel's own causal mask, with an element mask, soft-cap and sinks, over e4m3.
+TEST_F(BlockSparseGpu, AlibiAndRopeAtTokenPositions) {
+  uint64_t seed = 60;
+  BsCase cases[] = {
+      {16, 16, 6, 8, 0.5},                     // plain
+      {3, 16, 10, 8, 0.5, true},               // causal, R != C: custom mask
+      {16, 16, 8, 8, 0.4, true},               // diagonal below: the kernel's causal mask
+      {16, 64, 4, 6, 0.5, false, true, true},  // element mask, soft-cap and sinks
+  };
+  cases[2].diagonal = true;
+  for (BsCase c : cases)
+    for (const auto& [alibi, rope] :
+         {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      c.alibi = alibi;
+      c.rope = rope;
+      c.seed = seed++;
+      run_case(c);
+    }
+  BsCase f{16, 16, 6, 6, 0.5, true};  // e4m3 keys: RoPE stages them widened
+  f.fp8_kv = DType::e4m3;
+  f.rope = f.alibi = true;
+  f.seed = seed++;
+  run_case(f);
+  BsCase g{32, 32, 4, 4, 0.6, true};  // head_dim 256, GQA 8
+  g.d = 256;
+  g.hq = 16;
+  g.hkv = 2;
+  g.rope = g.alibi = true;
+  g.seed = seed++;
+  run_case(g);
 }
 
 TEST_F(BlockSparseGpu, HeadDimsGroupsDtypesAndFp8) {

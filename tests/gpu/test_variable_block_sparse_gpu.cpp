@@ -28,6 +28,7 @@ struct VCase {
   double density = 0.4;
   bool causal = false, cap_and_sinks = false, head_major = false;
   bool min_workspace = false;  // min_workspace_bytes: plans split KV into what fits
+  bool alibi_rope = false;     // ALiBi and RoPE at the tokens' own positions
   int hq = 8, hkv = 2, d = 128;
   DType dt = DType::f16;
   DType fp8_kv = DType::f32;  // e4m3: k, v in fp8 with per-head scales
@@ -38,7 +39,7 @@ struct VCase {
            (causal ? " causal" : "") + (cap_and_sinks ? " cap+sinks" : "") +
            (head_major ? " head-major" : "") + " H " + std::to_string(hq) + "/" +
            std::to_string(hkv) + " D " + std::to_string(d) + " " + dtype_name(dt) +
-           (is_fp8_dtype(fp8_kv) ? " kv e4m3" : "");
+           (is_fp8_dtype(fp8_kv) ? " kv e4m3" : "") + (alibi_rope ? " alibi+rope" : "");
   }
 };
 
@@ -133,6 +134,15 @@ void run_case(const VCase& c) {
     host_o.kv_scale = {1.0f, 1.0f, kscale.view(), vscale.view()};
     dev_o.kv_scale = {1.0f, 1.0f, d_ks.view, d_vs.view};
   }
+  std::vector<double> slope_vals;
+  for (int h = 0; h < c.hq; ++h) slope_vals.push_back(std::ldexp(1.0, -(h % 8) - 1));
+  const HostTensor slopes = make_tensor(DType::f32, {c.hq}, slope_vals);
+  const DeviceTensor d_slopes = to_device(slopes);
+  if (c.alibi_rope) {
+    host_o.alibi_slopes = slopes.view();
+    dev_o.alibi_slopes = d_slopes.view;
+    host_o.rope.mode = dev_o.rope.mode = RopeMode::llama;
+  }
   HostTensor ref(DType::f32, {c.M, c.hq, c.d}), ref_lse(DType::f32, {c.M, c.hq});
   reference::variable_block_sparse_attention(q.view(), k.view(), v.view(), l, ref.view(),
                                              ref_lse.view(), host_o);
@@ -203,6 +213,14 @@ TEST_F(VariableBlockSparseGpu, RandomLayoutsBothLayoutsAndCausal) {
   for (VCase c : cases) {
     c.seed = seed++;
     run_case(c);
+  }
+  for (const bool head_major : {false, true}) {  // ALiBi + RoPE at token positions
+    VCase ar{6, 5, 300, 400, 0.5, true};
+    ar.alibi_rope = true;
+    ar.head_major = head_major;
+    ar.cap_and_sinks = head_major;
+    ar.seed = seed++;
+    run_case(ar);
   }
   VCase small{4, 8, 256, 8192, 0.6, true};  // long rows in the least workspace
   small.min_workspace = true;

@@ -3,6 +3,7 @@
 // the prefill op's workspace, then this op's device copy of the page ids and of the custom mask.
 // plan() plans the prefill op, then uploads the ids and the mask through its own PlanLifecycle
 // (after the last run() that read them); run() views k, v as pages of C tokens.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "flashkv/prefill.h"
 #include "flashkv/variant_spec.h"
 #include "ops/block_sparse/bsr_paged_plan.h"
+#include "ops/block_sparse/sparse_positions_variant.h"
 #include "ops/common/plan_lifecycle.h"
 #include "runtime/driver.h"
 
@@ -31,14 +33,19 @@ BatchPrefillConfig prefill_config(const BlockSparseConfig& c) {
   return p;
 }
 
-// This op's region after the prefill workspace: page ids, then the mask's byte offsets per block
-// row, then the mask bytes.
+// This op's region after the prefill workspace: page ids, the mask's byte offsets per block
+// row, the mask bytes, then what ALiBi / RoPE at true positions read (sparse_positions_variant.h):
+// each block row's first page entry and first query row, and the RoPE frequencies.
 struct IndexLayout {
-  size_t ids = 0, mask_indptr = 0, mask = 0, total = 0;
+  size_t ids = 0, mask_indptr = 0, mask = 0, kv_ptr = 0, q_start = 0, freqs = 0, total = 0;
   explicit IndexLayout(const BlockSparseConfig& c) {
+    const size_t rows = align_up(static_cast<size_t>(c.max_block_rows + 1) * 4);
     mask_indptr = align_up(static_cast<size_t>(c.max_blocks) * 4);
-    mask = mask_indptr + align_up(static_cast<size_t>(c.max_block_rows + 1) * 4);
-    total = mask + align_up(static_cast<size_t>(c.max_mask_bytes));
+    mask = mask_indptr + rows;
+    kv_ptr = mask + align_up(static_cast<size_t>(c.max_mask_bytes));
+    q_start = kv_ptr + rows;
+    freqs = q_start + rows;
+    total = freqs + align_up(static_cast<size_t>(c.head_dim) * 4);
   }
 };
 
@@ -121,8 +128,28 @@ void BlockSparseAttention::plan(const BlockSparseLayout& l, const AttentionShape
   pp.sm_scale = opts.sm_scale;
   pp.kv_indices_host = p.kv_indices.data();
   pp.num_pages = l.N / l.C;
-  if (p.has_mask() || opts.logits_soft_cap > 0.f || opts.sinks.defined())
+  const bool positions = ops::needs_sparse_positions(opts);
+  if (positions) {
+    check(opts.rope.mode == RopeMode::none || shape.head_dim <= m.cfg.head_dim,
+          "BlockSparseOptions.rope: head_dim ", shape.head_dim, " exceeds the config's");
+    ops::SparsePositionsInputs in;
+    in.ids =
+        TensorView(m.index_base + m.index.ids, DType::i32, {std::max<int64_t>(blocks, 1)}, dev);
+    in.kv_ptr = TensorView(m.index_base + m.index.kv_ptr, DType::i32, {rows + 1}, dev);
+    in.q_start = TensorView(m.index_base + m.index.q_start, DType::i32, {rows + 1}, dev);
+    in.page = l.C;
+    in.shift = l.N - l.M;
+    in.head_dim = shape.head_dim;
+    in.alibi_slopes = opts.alibi_slopes;
+    in.rope = opts.rope;
+    in.logits_soft_cap = opts.logits_soft_cap;
+    in.sinks = opts.sinks;
+    in.custom_mask = av.custom_mask;
+    in.freq_hi_lo = TensorView(m.index_base + m.index.freqs, DType::f32, {shape.head_dim}, dev);
+    pp.variant = ops::sparse_positions_variant(in);
+  } else if (p.has_mask() || opts.logits_soft_cap > 0.f || opts.sinks.defined()) {
     pp.variant = Variant::builtin(av);
+  }
   m.prefill->plan({.qo_indptr = p.qo_indptr.data(),
                    .kv_indptr = p.kv_indptr.data(),
                    .kv_last_page_len = p.kv_last_page_len.data(),
@@ -140,6 +167,14 @@ void BlockSparseAttention::plan(const BlockSparseLayout& l, const AttentionShape
   put(m.index.ids, p.kv_indices.data(), p.kv_indices.size() * 4);
   put(m.index.mask_indptr, p.mask_indptr.data(), p.mask_indptr.size() * 4);
   put(m.index.mask, p.mask.data(), p.mask.size());
+  if (positions) {
+    put(m.index.kv_ptr, p.kv_indptr.data(), p.kv_indptr.size() * 4);
+    put(m.index.q_start, p.qo_indptr.data(), p.qo_indptr.size() * 4);
+    if (opts.rope.mode != RopeMode::none) {
+      const std::vector<float> f = ops::sparse_rope_freq_image(opts.rope, shape.head_dim);
+      put(m.index.freqs, f.data(), f.size() * 4);
+    }
+  }
   m.life.end_upload(stream);
 
   m.M = l.M;

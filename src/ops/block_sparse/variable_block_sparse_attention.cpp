@@ -13,6 +13,7 @@
 #include "flashkv/error.h"
 #include "flashkv/prefill.h"
 #include "flashkv/variant_spec.h"
+#include "ops/block_sparse/sparse_positions_variant.h"
 #include "ops/block_sparse/variable_paged_plan.h"
 #include "ops/common/plan_lifecycle.h"
 #include "runtime/driver.h"
@@ -36,13 +37,20 @@ BatchPrefillConfig head_prefill_config(const VariableBlockSparseConfig& c) {
 // One head's slice of the workspace: the prefill workspace (`prefill` bytes), then page ids, mask
 // offsets, mask.
 struct HeadLayout {
-  size_t prefill = 0, ids = 0, mask_indptr = 0, mask = 0, total = 0;
+  size_t prefill = 0, ids = 0, mask_indptr = 0, mask = 0, kv_ptr = 0, q_start = 0, freqs = 0,
+         total = 0;
   HeadLayout(const VariableBlockSparseConfig& c, size_t prefill_bytes) {
+    const size_t rows = align_up(static_cast<size_t>(c.max_block_rows + 1) * 4);
     prefill = align_up(prefill_bytes);
     ids = prefill;
     mask_indptr = ids + align_up(static_cast<size_t>(c.max_kv_ids) * 4);
-    mask = mask_indptr + align_up(static_cast<size_t>(c.max_block_rows + 1) * 4);
-    total = mask + align_up(static_cast<size_t>(c.max_mask_bytes));
+    mask = mask_indptr + rows;
+    // ALiBi / RoPE at true positions (sparse_positions_variant.h): first id entry and first
+    // query row of each request, the RoPE frequencies.
+    kv_ptr = mask + align_up(static_cast<size_t>(c.max_mask_bytes));
+    q_start = kv_ptr + rows;
+    freqs = q_start + rows;
+    total = freqs + align_up(static_cast<size_t>(c.head_dim) * 4);
   }
   size_t index_bytes() const { return total - ids; }
 };
@@ -191,8 +199,27 @@ void VariableBlockSparseAttention::plan(const VariableBlockSparseLayout& l,
     pp.sm_scale = opts.sm_scale;
     pp.kv_indices_host = p.kv_indices.data();
     pp.num_pages = l.N;
-    if (p.has_mask() || opts.logits_soft_cap > 0.f || opts.sinks.defined())
+    if (ops::needs_sparse_positions(opts)) {
+      const int g = head_shape.num_qo_heads;
+      ops::SparsePositionsInputs in;
+      in.ids = TensorView(hb + m.head.ids, DType::i32,
+                          {std::max<int64_t>(static_cast<int64_t>(p.kv_indices.size()), 1)}, dev);
+      in.kv_ptr = TensorView(hb + m.head.kv_ptr, DType::i32, {requests + 1}, dev);
+      in.q_start = TensorView(hb + m.head.q_start, DType::i32, {requests + 1}, dev);
+      in.page = 1;
+      in.shift = l.N - l.M;
+      in.head_dim = shape.head_dim;
+      if (opts.alibi_slopes.defined())
+        in.alibi_slopes = slice_1d(opts.alibi_slopes, int64_t{h} * g, g);
+      in.rope = opts.rope;
+      in.logits_soft_cap = opts.logits_soft_cap;
+      in.sinks = av.sinks;
+      in.custom_mask = av.custom_mask;
+      in.freq_hi_lo = TensorView(hb + m.head.freqs, DType::f32, {shape.head_dim}, dev);
+      pp.variant = ops::sparse_positions_variant(in);
+    } else if (p.has_mask() || opts.logits_soft_cap > 0.f || opts.sinks.defined()) {
       pp.variant = Variant::builtin(av);
+    }
     m.prefill[h]->plan({.qo_indptr = p.qo_indptr.data(),
                         .kv_indptr = p.kv_indptr.data(),
                         .kv_last_page_len = p.kv_last_page_len.data(),
@@ -215,6 +242,14 @@ void VariableBlockSparseAttention::plan(const VariableBlockSparseLayout& l,
     put(hb + m.head.ids, p.kv_indices.data(), p.kv_indices.size() * 4);
     put(hb + m.head.mask_indptr, p.mask_indptr.data(), p.mask_indptr.size() * 4);
     put(hb + m.head.mask, p.mask.data(), p.mask.size());
+    if (ops::needs_sparse_positions(opts)) {
+      put(hb + m.head.kv_ptr, p.kv_indptr.data(), p.kv_indptr.size() * 4);
+      put(hb + m.head.q_start, p.qo_indptr.data(), p.qo_indptr.size() * 4);
+      if (opts.rope.mode != RopeMode::none) {
+        const std::vector<float> f = ops::sparse_rope_freq_image(opts.rope, shape.head_dim);
+        put(hb + m.head.freqs, f.data(), f.size() * 4);
+      }
+    }
     m.ids[h] = static_cast<int64_t>(p.kv_indices.size());
     m.requests[h] = static_cast<int64_t>(p.kv_last_page_len.size());
   }
