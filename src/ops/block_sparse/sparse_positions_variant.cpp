@@ -23,6 +23,9 @@ std::vector<float> sparse_rope_freq_image(const RopeParams& rope, int head_dim) 
 }
 
 Variant sparse_positions_variant(const SparsePositionsInputs& in) {
+  check(!in.rope.q_rope_offset.defined() && !in.rope.k_rope_offset.defined(),
+        "BlockSparseOptions.rope: the sparse ops rotate at the tokens' own positions; "
+        "q_rope_offset / k_rope_offset are not taken");
   const bool alibi = in.alibi_slopes.defined(), rope = in.rope.mode != RopeMode::none;
   const bool cap = in.logits_soft_cap > 0.f, sinks = in.sinks.defined();
   const bool mask = in.custom_mask.defined();
