@@ -86,6 +86,12 @@ TEST(SparsePositions, GeneratedVariantCompilesIntoThePrefillKernel) {
       c.custom_mask = {reinterpret_cast<const uint8_t*>(dummy), 4,
                        TensorView(dummy, DType::i32, {2}, dev)};
     if (p.sinks) c.sinks = slopes;
+    if (p.rope) {  // RoPE offsets have no meaning at token positions: refused by name
+      ops::SparsePositionsInputs bad = c;
+      bad.rope.k_rope_offset = TensorView(dummy, DType::i32, {2}, dev);
+      EXPECT_NE(error_of([&] { ops::sparse_positions_variant(bad); }).find("k_rope_offset"),
+                std::string::npos);
+    }
     const Variant var = ops::sparse_positions_variant(c);
     EXPECT_EQ(var.spec().source.find("key_transform") != std::string::npos, p.rope);
     const ops::VariantJit j = ops::variant_jit(var);
