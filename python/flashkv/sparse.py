@@ -28,6 +28,7 @@ from . import _C
 from . import _arrays as A
 from . import _common as CM  # (C is FlashInfer's name for the block columns)
 from . import _workspace
+from ._sparse_positions import positional
 from ._workspace import OpSlot
 
 
@@ -108,23 +109,6 @@ def head_pages(k_cache, kv_layout="NHD"):
     return view
 
 
-def _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, on_gpu, like):
-    """The C++ plan's ALiBi / RoPE arguments for FlashInfer's pos_encoding_mode: (alibi_slopes
-    or None, rope mode, rope_scale, rope_theta). Both act at the tokens' own positions (query row
-    m at m + N - M, key n at n), however the layout gathers the keys."""
-    from .variants import _alibi_slopes_on
-
-    if pos_encoding_mode == "NONE":
-        return None, "none", 1.0, 1e4
-    if pos_encoding_mode == "ALIBI":
-        return _alibi_slopes_on(int(num_qo_heads), on_gpu, like), "none", 1.0, 1e4
-    if pos_encoding_mode == "ROPE_LLAMA":
-        return (None, "llama", float(1.0 if rope_scale is None else rope_scale),
-                float(1e4 if rope_theta is None else rope_theta))
-    raise ValueError(f"pos_encoding_mode: expected 'NONE', 'ROPE_LLAMA' or 'ALIBI', got "
-                     f"{pos_encoding_mode!r}")
-
-
 class BlockSparseAttentionWrapper:
     """FlashInfer's ``BlockSparseAttentionWrapper``: plan() the mask, run() attention under it.
 
@@ -156,7 +140,7 @@ class BlockSparseAttentionWrapper:
         repeated in a row). ``use_fp16_qk_reduction`` is accepted and ignored (flashkv reduces in
         float32); ``non_blocking`` too."""
         del use_fp16_qk_reduction, non_blocking
-        pos = _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
+        pos = positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
                           self._float_workspace_buffer)
         q_dt, kv_dt, o_dt = CM.plan_dtypes(q_data_type, kv_data_type, o_data_type)
         if (kv_dt != q_dt and kv_dt not in A.FP8_DTYPES) or o_dt != q_dt:

@@ -21,6 +21,7 @@ from . import _C
 from . import _arrays as A
 from . import _common as CM
 from . import _workspace
+from ._sparse_positions import positional
 from ._workspace import OpSlot
 
 
@@ -70,9 +71,7 @@ class VariableBlockSparseAttentionWrapper:
         copies are taken). Bad layouts raise ValueError naming the argument (a shape that is not
         [num_kv_heads, ...], a negative size, a head whose sizes do not sum to the others')."""
         del use_fp16_qk_reduction, non_blocking
-        from .sparse import _positional
-
-        pos = _positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
+        pos = positional(pos_encoding_mode, num_qo_heads, rope_scale, rope_theta, self._on_gpu,
                           self._float_workspace_buffer)
         q_dt, kv_dt, o_dt = CM.plan_dtypes(q_data_type, kv_data_type, None)
         if kv_dt != q_dt and kv_dt not in A.FP8_DTYPES:
