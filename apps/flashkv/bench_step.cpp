@@ -1,5 +1,6 @@
 #include "bench_step.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include "flashkv/kv_ops.h"
 #include "flashkv/reference.h"
 #include "runtime/driver.h"
+#include "workloads.h"
 
 namespace flashkv::cli {
 namespace {
@@ -32,6 +34,11 @@ TensorView dev_view(const DeviceBuffer& b, DType dt, std::initializer_list<int64
   return TensorView(b.data(), dt, shape, Device::cuda(0));
 }
 
+struct StepCase {
+  std::string name;           // a workload id, or "" for a (batch, kv_len) case
+  std::vector<int64_t> lens;  // KV length per request, the new token included
+};
+
 // Captures `body` on `s` into an instantiated graph.
 CUgraphExec capture(Stream s, const std::function<void()>& body) {
   const runtime::Driver& d = driver();
@@ -48,15 +55,28 @@ CUgraphExec capture(Stream s, const std::function<void()>& body) {
 }  // namespace
 
 nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Stream s) {
-  (void)ceil;
   nlohmann::json rows = nlohmann::json::array();
   const DType dt = o.dtype;
   const DType kvt = is_fp8_dtype(o.kv_dtype) ? o.kv_dtype : dt;  // the caches' (fp8: quantized)
-  std::printf("%-6s %-6s %-8s %12s %12s %10s %s\n", "batch", "kv", "mode", "us/token", "launches",
-              "speedup", "check");
-  for (int B : o.batches) {
-    for (int64_t kv_len : o.kv_lens) {
-      // The page table after the append: every request's new token is at kv_len - 1.
+  std::printf("%-6s %-6s %-6s %-18s %9s %9s %10s %s\n", "case", "batch", "kv", "mode", "us/token",
+              "launches", "speedup", "check");
+  // The cases: every (batch, kv_len), then the named workloads with their own lengths.
+  std::vector<StepCase> cases;
+  for (int B : o.batches)
+    for (int64_t kv_len : o.kv_lens) cases.push_back({"", std::vector<int64_t>(B, kv_len)});
+  for (const std::string& id : o.workloads) {
+    const auto all = standard_workloads();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Workload& w) {
+      return w.id == id && w.kind == "decode";
+    });
+    check(it != all.end(), "bench step: --step-workloads takes decode workloads (D1-D6), got ", id);
+    cases.push_back({id, it->lens});
+  }
+  for (const StepCase& c : cases) {
+    {
+      const int B = static_cast<int>(c.lens.size());
+      const int64_t kv_len = c.lens.front();  // the label of a uniform case
+      // The page table after the append: every request's new token is at its kv_len - 1.
       std::vector<Layer> layers(kLayers);
       const size_t q_elems = size_t(B) * kHq * kD, kv_elems = size_t(B) * kHkv * kD;
       for (int l = 0; l < kLayers; ++l) {
@@ -65,7 +85,7 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
         L.kv.head_dim = kD;
         L.kv.page_size = o.page_size;
         L.kv.dtype = kvt;
-        L.kv.lens.assign(B, kv_len);
+        L.kv.lens = c.lens;
         L.kv.build(1, 1000 + l, s);
         L.q = DeviceBuffer(q_elems * dtype_size(dt));
         L.k = DeviceBuffer(kv_elems * dtype_size(dt));
@@ -78,7 +98,8 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       }
       const BenchPagedKV& kv0 = layers[0].kv;
       // Device page-table arrays (the append checks positions against them) and positions.
-      std::vector<int32_t> pos(B, static_cast<int32_t>(kv_len - 1)), bi(B);
+      std::vector<int32_t> pos(B), bi(B);
+      for (int i = 0; i < B; ++i) pos[i] = static_cast<int32_t>(c.lens[i] - 1);
       std::iota(bi.begin(), bi.end(), 0);
       DeviceBuffer d_indptr(kv0.indptr.size() * 4),
           d_last(std::max<size_t>(kv0.last.size() * 4, 4)), d_pos(B * 4), d_bi(B * 4),
@@ -104,7 +125,9 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       // One object per mode: graphs need fixed grids (enable_cuda_graph), eager runs do not.
       BatchDecodeConfig cfg{B, kHq, kD};
       DeviceBuffer ws_e(BatchDecode::workspace_bytes(cfg)), ws_g(BatchDecode::workspace_bytes(cfg));
-      BatchDecode eager(cfg, ws_e.data(), ws_e.size()), graphed(cfg, ws_g.data(), ws_g.size());
+      DeviceBuffer ws_n(BatchDecode::workspace_bytes(cfg));
+      BatchDecode eager(cfg, ws_e.data(), ws_e.size()), graphed(cfg, ws_g.data(), ws_g.size()),
+          graphed_nopdl(cfg, ws_n.data(), ws_n.size());
       DecodePlanOptions po;
       const DecodeBatch batch{.kv_indptr = kv0.indptr.data(),
                               .kv_last_page_len = kv0.last.data(),
@@ -119,6 +142,8 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       eager.plan(batch, shape, po, s);
       po.enable_cuda_graph = true;
       graphed.plan(batch, shape, po, s);
+      po.enable_pdl = false;
+      graphed_nopdl.plan(batch, shape, po, s);
 
       auto unfused = [&](BatchDecode& dec) {
         for (int l = 0; l < kLayers; ++l) {
@@ -138,8 +163,20 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
                        dev_view(L.out_fused, dt, {B, kHq, kD}), TensorView(), step, s);
         }
       };
+      // 32 plain decode calls (no RoPE, no append): decode as a model's layers run it.
+      auto decode_only = [&](BatchDecode& dec) {
+        for (int l = 0; l < kLayers; ++l)
+          dec.run(dev_view(layers[l].q, dt, {B, kHq, kD}), caches[l],
+                  dev_view(layers[l].out_unfused, dt, {B, kHq, kD}), TensorView(), s);
+      };
       CUgraphExec g_unfused = capture(s, [&] { unfused(graphed); });
       CUgraphExec g_fused = capture(s, [&] { fused(graphed); });
+      CUgraphExec g_fused_nopdl = capture(s, [&] { fused(graphed_nopdl); });
+      CUgraphExec g_decode = capture(s, [&] { decode_only(graphed); });
+      CUgraphExec g_decode_nopdl = capture(s, [&] { decode_only(graphed_nopdl); });
+      const auto replay = [&](CUgraphExec g) {
+        return [&s, g](int) { check_cu(driver().cuGraphLaunch(g, s), "launch"); };
+      };
 
       struct Mode {
         const char* name;
@@ -149,11 +186,17 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       const std::vector<Mode> modes = {
           {"unfused", 3 * kLayers, [&](int) { unfused(eager); }},
           {"fused", kLayers, [&](int) { fused(eager); }},
-          {"unfused+graph", 3 * kLayers,
-           [&](int) { check_cu(driver().cuGraphLaunch(g_unfused, s), "launch"); }},
-          {"fused+graph", kLayers,
-           [&](int) { check_cu(driver().cuGraphLaunch(g_fused, s), "launch"); }},
+          {"unfused+graph", 3 * kLayers, replay(g_unfused)},
+          {"fused+graph", kLayers, replay(g_fused)},
+          {"fused+graph-nopdl", kLayers, replay(g_fused_nopdl)},
+          {"decode+graph", kLayers, replay(g_decode)},
+          {"decode+graph-nopdl", kLayers, replay(g_decode_nopdl)},
       };
+      // Bytes one layer's decode must read (K and V of every request) and move for q and out.
+      int64_t tokens = 0;
+      for (int64_t l : c.lens) tokens += l;
+      const double layer_bytes =
+          double(tokens) * kHkv * kD * 2 * double(dtype_size(kvt)) + 2.0 * q_elems * dtype_size(dt);
       std::vector<double> us;
       for (const Mode& m : modes) us.push_back(time_on_stream(s, m.fn, 3, o.reps).median_us);
 
@@ -186,13 +229,27 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
       const bool ok = bitwise && rc.pass;
 
       for (size_t i = 0; i < modes.size(); ++i) {
-        const double base = i < 2 ? us[0] : us[2];
-        std::printf("%-6d %-6lld %-14s %9.1f %9d %9.2fx %s\n", B, (long long)kv_len, modes[i].name,
-                    us[i], modes[i].launches, base / us[i],
+        // Speedups: eager modes over eager unfused, graph modes over unfused+graph, the PDL
+        // decode graph over the one without.
+        const double base = i < 2 ? us[0] : i < 5 ? us[2] : us[6];
+        const bool decode_mode = i >= 5;
+        const double layer_us = us[i] / kLayers;
+        const double pct_read =
+            ceil.read_tbps > 0 ? 100.0 * layer_bytes / (layer_us * 1e-6) / (ceil.read_tbps * 1e12)
+                               : 0.0;
+        std::printf("%-6s %-6d %-6lld %-18s %9.1f %9d %9.2fx %s", c.name.c_str(), B,
+                    (long long)kv_len, modes[i].name, us[i], modes[i].launches, base / us[i],
                     ok ? "ok" : (bitwise ? "REF FAIL" : "FUSED != UNFUSED"));
-        rows.push_back({{"workload", "step"},
+        if (decode_mode) std::printf("  %.2f us/layer, %.1f %% of read", layer_us, pct_read);
+        std::printf("\n");
+        rows.push_back({{"workload", c.name.empty() ? "step" : c.name},
                         {"batch", B},
                         {"kv_len", kv_len},
+                        {"kv_lens_uniform", std::all_of(c.lens.begin(), c.lens.end(),
+                                                        [&](int64_t l) { return l == kv_len; })},
+                        {"us_per_layer", layer_us},
+                        {"layer_bytes", layer_bytes},
+                        {"pct_read_ceiling", decode_mode ? pct_read : 0.0},
                         {"layers", kLayers},
                         {"shape", "gqa-32-8"},
                         {"dtype", dtype_name(dt)},
@@ -207,8 +264,8 @@ nlohmann::json bench_step(const StepBenchOptions& o, const Ceilings& ceil, Strea
                         {"pass", ok}});
       }
       std::fflush(stdout);
-      driver().cuGraphExecDestroy(g_unfused);
-      driver().cuGraphExecDestroy(g_fused);
+      for (CUgraphExec g : {g_unfused, g_fused, g_fused_nopdl, g_decode, g_decode_nopdl})
+        driver().cuGraphExecDestroy(g);
       check(ok, "bench step: batch ", B, " kv ", kv_len,
             bitwise ? ": the fused output failed the reference check"
                     : ": fused and unfused outputs differ");

@@ -42,10 +42,11 @@ nlohmann::json bench_variants_jit(const VariantsBenchOptions& opts);
 // The prefill rows (bench_variants_prefill.cpp), "kind": "prefill": workload PV (4 requests,
 // qo_len = kv_len = 2048, ragged KV through BatchPrefillRagged), causal, per shape and dtype:
 // plain, soft-cap, window, sinks, alibi, window+soft-cap+sinks, rope-fused, then plain-noncausal
-// and custom-mask (a random mask with causal off, compared with plain-noncausal). Each row has
-// "tflops", "pct_gemm_f16", "ratio_to_plain" and "check" (reference on the last 16 rows of two
+// and custom-mask (a random mask with causal off, compared with plain-noncausal); workload PW (one
+// 32k prompt): plain and a 4096-key window. Each row has "tflops" (of the pairs it keeps),
+// "pct_gemm_f16", "ratio_to_plain", "kernel" and "check" (reference on the last 16 rows of two
 // requests); failures are "check": "FAILED" rows as in bench_variants. bench_variants calls it;
-// --workloads without PV skips it.
+// --workloads without PV / PW skips them.
 nlohmann::json bench_variants_prefill(const VariantsBenchOptions& opts, const Ceilings& ceil,
                                       Stream s);
 

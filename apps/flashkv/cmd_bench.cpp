@@ -147,7 +147,7 @@ nlohmann::json bench_decode_cpu_reference() {
 }
 
 // --workloads names ids the selected workload set has (the standard one, or --workloads-file's),
-// or PV (bench variants' prefill part). Checked before anything runs, GPU or not.
+// or PV / PW (bench variants' prefill part). Checked before anything runs, GPU or not.
 void check_workload_ids(const BenchArgs& a) {
   if (a.workloads.empty()) return;
   std::vector<std::string> known;
@@ -155,6 +155,7 @@ void check_workload_ids(const BenchArgs& a) {
        a.workloads_file.empty() ? standard_workloads() : read_workloads(a.workloads_file))
     known.push_back(w.id);
   known.push_back("PV");
+  known.push_back("PW");
   for (const auto& w : block_workloads()) known.push_back(w.id);
   for (const auto& w : select_workloads()) known.push_back(w.id);
   for (const auto& id : a.workloads)
@@ -217,7 +218,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file")
       ->check(writable_file());
   cmd->add_option("--workloads", a->workloads,
-                  "workload ids: D1-D6, P1-P5, A1, S1, PV (bench variants' prefill), B1-B4 "
+                  "workload ids: D1-D6, P1-P5, A1, S1, PV / PW (bench variants' prefill), B1-B4 "
                   "(bench sparse) or those of "
                   "--workloads-file (default: all of the kind)");
   cmd->add_option("--workloads-file", a->workloads_file,
@@ -297,6 +298,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--step-kv", a->step.kv_lens, "bench step: KV lengths")
       ->check(int_in_range(1))
       ->capture_default_str();
+  cmd->add_option("--step-workloads", a->step.workloads,
+                  "bench step: decode workloads (D1-D6) to run as 32-layer steps as well");
   cmd->add_flag("!--no-plan-time", a->plan_time, "skip the plan() CPU-time measurement");
   cmd->callback([a, shapes_opt, dtypes_opt] {
     check_workload_ids(*a);

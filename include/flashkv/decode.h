@@ -78,6 +78,12 @@ struct DecodePlanOptions {
   // ceiling, D6 unchanged; NOTES.md), and plan() takes a few us more.
   bool balance_tail = false;
   bool enable_cuda_graph = false;  // fixed grids, so run() may be captured and replayed
+  // Programmatic dependent launch (sm_90+): run() launches the kernel so its CTAs start, and read
+  // this plan, while the previous kernel in the stream drains; it waits for that kernel before
+  // touching q, the cache, page ids, outputs or the workspace's split state, so any predecessor is
+  // safe. Saves a few us of launch and first-byte latency per call when decode layers run back to
+  // back (a CUDA graph of 32 layers: NOTES.md). false: ordinary stream order.
+  bool enable_pdl = true;
   DecodeBackend backend = DecodeBackend::kAuto;
   // The tensor-core kernel's shape (0: the defaults: 2 stages at head_dim 128, and the warps that
   // BatchDecodeConfig::ctas_per_sm, or with 0 there the batch, picks):

@@ -67,6 +67,10 @@ struct PrefillPlanOptions {
                              // (plan() then throws, naming the count): size chunks to the context.
   bool disable_split_kv = false;
   bool enable_cuda_graph = false;  // fixed grid, so run() may be captured and replayed
+  // Programmatic dependent launch (sm_90+): the kernel's CTAs start (barriers, shared memory,
+  // plan reads) while the previous kernel in the stream drains, and wait for it before touching
+  // q, KV, page ids, outputs or the workspace's split state. false: ordinary stream order.
+  bool enable_pdl = true;
   int tile_rows = 0;  // query-tile rows (16, 32, 64, 128; >= the GQA group: a tile holds whole
                       // tokens); 0: the paper's heuristic (the smallest tile >= the average
                       // query length x GQA group)

@@ -212,6 +212,24 @@ void raise_smem_limit(CUfunction f, unsigned bytes, const std::string& what) {
 void launch(CUfunction f, const LaunchConfig& c, Stream stream, void** args,
             const std::string& what) {
   if (c.smem_bytes > kDefaultDynamicSmem) raise_smem_limit(f, c.smem_bytes, what);
+  if (c.pdl) {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig lc{};
+    lc.gridDimX = c.grid_x;
+    lc.gridDimY = c.grid_y;
+    lc.gridDimZ = c.grid_z;
+    lc.blockDimX = c.block_x;
+    lc.blockDimY = c.block_y;
+    lc.blockDimZ = c.block_z;
+    lc.sharedMemBytes = c.smem_bytes;
+    lc.hStream = stream;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    check_cu(driver().cuLaunchKernelEx(&lc, f, args, nullptr), "launch (PDL) of " + what);
+    return;
+  }
   check_cu(driver().cuLaunchKernel(f, c.grid_x, c.grid_y, c.grid_z, c.block_x, c.block_y, c.block_z,
                                    c.smem_bytes, stream, args, nullptr),
            "launch of " + what);
@@ -226,6 +244,20 @@ int max_active_ctas_per_sm(CUfunction f, unsigned block_x, unsigned smem_bytes,
       d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, static_cast<int>(block_x), smem_bytes),
       "cuOccupancyMaxActiveBlocksPerMultiprocessor(" + what + ")");
   return n;
+}
+
+bool device_supports_pdl(int device) {
+  static std::mutex mu;
+  static auto& known = *new std::unordered_map<int, bool>;  // leaked, as the contexts
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  CUdevice dev = 0;
+  check_cu(driver().cuDeviceGet(&dev, device), "cuDeviceGet");
+  int major = 0;
+  check_cu(driver().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+           "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+  return known[device] = major >= 9;
 }
 
 bool stream_is_capturing(Stream stream) {

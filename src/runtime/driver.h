@@ -18,7 +18,7 @@ namespace flashkv::runtime {
   X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) \
   X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuGetErrorName) X(cuGetErrorString) \
   X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleGetGlobal) X(cuFuncSetAttribute) X(cuFuncGetAttribute) \
-  X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) \
+  X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuMemAlloc) X(cuMemFree) X(cuMemAllocHost) X(cuMemFreeHost) X(cuMemcpyHtoD) \
   X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) \
   X(cuMemsetD32Async) X(cuMemsetD32) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) \
   X(cuStreamIsCapturing) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamWaitEvent) \

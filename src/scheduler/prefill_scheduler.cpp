@@ -84,6 +84,15 @@ int64_t visible_end(int64_t qo_len, int64_t kv_len, int64_t q_end, bool causal) 
   return std::clamp<int64_t>(kv_len - qo_len + q_end, 0, kv_len);
 }
 
+// The first KV position a tile whose first query token is q_start (and which sees [.., end)) is
+// assigned: its first row's window start rounded down to split_align; 0 without a window.
+int64_t visible_begin(int64_t qo_len, int64_t kv_len, int64_t q_start, int64_t end,
+                      const PrefillScheduleOptions& o) {
+  if (o.window_left < 0) return 0;
+  const int64_t first = std::clamp<int64_t>(kv_len - qo_len + q_start - o.window_left, 0, end);
+  return first / o.split_align * o.split_align;
+}
+
 // Chunks of a tile that sees v KV tokens, under the chunk bound L of the mode.
 int64_t num_chunks(int64_t v, int64_t bound, const PrefillScheduleOptions& o) {
   if (v == 0 || o.disable_split_kv || v <= bound) return 1;
@@ -93,6 +102,8 @@ int64_t num_chunks(int64_t v, int64_t bound, const PrefillScheduleOptions& o) {
 void validate_options(const PrefillScheduleOptions& o) {
   validate_split_options("plan_prefill", o);
   check_group(o.group, "plan_prefill");
+  check(o.window_left >= -1, "plan_prefill: window_left must be >= 0 (or -1: no window), got ",
+        o.window_left);
   check(o.split_align >= 1 && o.split_align <= std::max(1, o.min_chunk_tokens),
         "plan_prefill: split_align must be in [1, min_chunk_tokens] (got ", o.split_align, ")");
   check(o.tile_rows == 0 || is_tile_rows(o.tile_rows),
@@ -130,13 +141,13 @@ struct Piece {
   double cost;
 };
 
-// Appends the chunks of one tile that sees [0, v) to `pieces`.
-void cut_tile(const Piece& tile, int64_t v, int64_t n, const PrefillScheduleOptions& o,
-              std::vector<Piece>& pieces) {
+// Appends the chunks of one tile that sees [begin, begin + v) to `pieces`.
+void cut_tile(const Piece& tile, int64_t begin, int64_t v, int64_t n,
+              const PrefillScheduleOptions& o, std::vector<Piece>& pieces) {
   const int64_t rows = int64_t{tile.q_end - tile.q_start} * o.group;
   Piece p = tile;
   p.tile_chunks = static_cast<int>(n);
-  int64_t start = 0;
+  int64_t start = 0;  // relative to begin
   for (int64_t k = 0; k < n; ++k) {
     int64_t len;
     if (n == 1) {
@@ -154,8 +165,8 @@ void cut_tile(const Piece& tile, int64_t v, int64_t n, const PrefillScheduleOpti
       len = std::min<int64_t>((units / n + (extra ? 1 : 0)) * a, v - start);
     }
     p.chunk = static_cast<int>(k);
-    p.kv_start = static_cast<int>(start);
-    p.kv_end = static_cast<int>(start + len);
+    p.kv_start = static_cast<int>(begin + start);
+    p.kv_end = static_cast<int>(begin + start + len);
     p.cost = o.cost.cost(rows, len);
     pieces.push_back(p);
     start += len;
@@ -187,7 +198,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   for (int r = 0; r < batch; ++r) {
     for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
       const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
-      const int64_t v = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t end = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t v = end - visible_begin(qo_lens[r], kv_lens[r], q, end, o);
       total += static_cast<__int128>(v) * heads;
       longest = std::max(longest, v);
     }
@@ -211,8 +223,9 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
           int64_t slots = 0;
           for (int r = 0; r < batch; ++r) {
             for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
-              const int64_t v = visible_end(
+              const int64_t end = visible_end(
                   qo_lens[r], kv_lens[r], std::min<int64_t>(q + tile_tokens, qo_lens[r]), o.causal);
+              const int64_t v = end - visible_begin(qo_lens[r], kv_lens[r], q, end, o);
               if (v > b) slots = saturating_add(slots, saturating_mul(ceil_div(v, b), heads));
             }
           }
@@ -227,7 +240,9 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   for (int r = 0; r < batch; ++r) {
     for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
       const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
-      const int64_t n = num_chunks(visible_end(qo_lens[r], kv_lens[r], q_end, o.causal), bound, o);
+      const int64_t end = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t n =
+          num_chunks(end - visible_begin(qo_lens[r], kv_lens[r], q, end, o), bound, o);
       num_items = saturating_add(num_items, saturating_mul(n, heads));
       if (n > 1) num_slots = saturating_add(num_slots, saturating_mul(n, heads));
     }
@@ -252,7 +267,9 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     request_pieces[r] = pieces.size();
     for (int64_t q = 0; q < qo_lens[r]; q += tile_tokens) {
       const int64_t q_end = std::min<int64_t>(q + tile_tokens, qo_lens[r]);
-      const int64_t v = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t end = visible_end(qo_lens[r], kv_lens[r], q_end, o.causal);
+      const int64_t begin = visible_begin(qo_lens[r], kv_lens[r], q, end, o);
+      const int64_t v = end - begin;
       const int64_t n = num_chunks(v, bound, o);
       Piece tile{r, static_cast<int>(q), static_cast<int>(q_end), 0, 0, 0, 1, -1, -1, 0.0};
       if (n > 1) {
@@ -261,7 +278,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
         next_slot += static_cast<int>(n) * heads;  // <= num_slots <= max_slots: no overflow
         next_merge += heads;
       }
-      cut_tile(tile, v, n, o, pieces);
+      cut_tile(tile, begin, v, n, o, pieces);
     }
   }
   request_pieces[batch] = pieces.size();

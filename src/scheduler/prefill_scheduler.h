@@ -11,6 +11,7 @@
 // END of the KV: query token i sees KV positions <= kv_len - qo_len + i. A tile sees the union of
 // its rows' ranges, [0, kv_len - qo_len + q_end) clipped to [0, kv_len]; each row's own range is
 // a prefix of it (the kernel masks the rest), so KV that no row of a tile sees is never assigned.
+// With a sliding window (window_left) the range starts at the first row's window instead of 0.
 #pragma once
 
 #include <cstddef>
@@ -68,6 +69,11 @@ struct PrefillScheduleOptions {
   int min_chunk_tokens = tuning::sm90::kPrefillMinChunkTokens;
   int split_align = 1;  // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
                         // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
+  // A sliding window (>= 0; -1: none): a query at position q_pos = kv_len - qo_len + i sees no
+  // key before q_pos - window_left. A tile's chunks then cover [its first row's window start,
+  // rounded down to a multiple of split_align, its visible end), so a window costs the keys it
+  // sees, not the prompt; the kernel masks the rest. Chunk edges stay functions of the tile alone.
+  int window_left = -1;
   // Capacity of the partial-state buffer (>= 0), in slots of tile_rows rows. Dynamic splitting fits
   // it (a longer chunk bound where space is short; PrefillSchedule::slot_limited says so; 0: no
   // splitting); fixed_split_size throws instead.

@@ -1,6 +1,6 @@
 // Tests of the prefill scheduler (src/scheduler/prefill_scheduler.h), its KV splitting: splits only
-// where tiles are few, split_align, batch invariance of fixed_split_size, disable_split_kv, and
-// dynamic splitting fitted to a small workspace.
+// where tiles are few, split_align, batch invariance of fixed_split_size, disable_split_kv,
+// dynamic splitting fitted to a small workspace, and sliding windows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "flashkv/error.h"
 #include "prefill_scheduler_test_util.h"
 #include "scheduler/prefill_scheduler.h"
 
@@ -74,6 +75,66 @@ TEST(PrefillScheduler, SplitAlignCutsChunksOnTiles) {
   expect_valid(qo, kv, o, a);
   EXPECT_EQ(a.merge.size(), 16u);
   for (const PrefillWorkItem& w : a.work) EXPECT_EQ(w.kv_start % 128, 0);
+}
+
+// window_left: each tile's items cover exactly [begin, visible end) in KV order, begin its first
+// row's window start rounded down to split_align, so every row's keys are covered once and the
+// keys left of every window are not scheduled; the capacity bounds still hold.
+TEST(PrefillScheduler, SlidingWindowSchedulesOnlyVisibleKeys) {
+  std::mt19937_64 rng(91);
+  for (int t = 0; t < 60; ++t) {
+    const Batch b = random_batch(rng);
+    const bool causal = rng() % 3 != 0;
+    PrefillScheduleOptions o = bounded_options(132, 2, 4, b.qo, causal);
+    o.tile_rows = t % 2 ? 128 : 0;
+    o.split_align = t % 3 == 0 ? 128 : 1;
+    o.window_left = static_cast<int>(rng() % 300);
+    SCOPED_TRACE("case " + std::to_string(t) + " window " + std::to_string(o.window_left));
+    const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
+    std::vector<PrefillWorkItem> items = s.work;
+    std::sort(items.begin(), items.end(), by_tile_then_kv);
+    for (size_t i = 0; i < items.size();) {
+      const PrefillWorkItem& f = items[i];
+      const int64_t qo = b.qo[f.request], kv = b.kv[f.request];
+      const int64_t end = row_visible_end(qo, kv, f.q_end - 1, causal);
+      const int64_t want = std::clamp<int64_t>(kv - qo + f.q_start - o.window_left, 0, end) /
+                           o.split_align * o.split_align;
+      EXPECT_EQ(f.kv_start, want) << "request " << f.request << " q_start " << f.q_start;
+      EXPECT_EQ(f.kv_start % o.split_align, 0);
+      int64_t at = f.kv_start;
+      size_t j = i;
+      for (; j < items.size() && items[j].request == f.request && items[j].kv_head == f.kv_head &&
+             items[j].q_start == f.q_start;
+           ++j) {
+        EXPECT_EQ(items[j].kv_start, at) << "chunks are contiguous";
+        at = items[j].kv_end;
+      }
+      EXPECT_EQ(at, end) << "the tile's chunks end at its visible end";
+      // Every row of the tile sees keys inside [kv_start, end).
+      for (int64_t q = f.q_start; q < f.q_end; ++q)
+        EXPECT_LE(f.kv_start, std::max<int64_t>(0, std::min(end, kv - qo + q - o.window_left)));
+      i = j;
+    }
+  }
+  // A 4096 window over a 32k causal prompt (GQA, 128-row tiles on 132 CTAs): the scheduled keys
+  // are about the window's, not the causal prompt's.
+  const std::vector<int64_t> qo{32768}, kv{32768};
+  PrefillScheduleOptions o = bounded_options(132, 8, 4, qo, true);
+  o.tile_rows = 128;
+  o.split_align = 128;
+  const PrefillSchedule full = plan_prefill(qo, kv, o);
+  o.window_left = 4096;
+  const PrefillSchedule win = plan_prefill(qo, kv, o);
+  int64_t keys_full = 0, keys_win = 0;
+  for (const PrefillWorkItem& w : full.work) keys_full += w.kv_end - w.kv_start;
+  for (const PrefillWorkItem& w : win.work) keys_win += w.kv_end - w.kv_start;
+  EXPECT_LT(static_cast<double>(keys_win) / static_cast<double>(keys_full), 0.27);
+  EXPECT_THROW(
+      {
+        o.window_left = -2;
+        plan_prefill(qo, kv, o);
+      },
+      Error);
 }
 
 TEST(PrefillScheduler, FixedSplitSizeIsBatchInvariant) {

@@ -1,7 +1,7 @@
 // The prefill kernel with attention variants through the JIT, without a GPU: every built-in at
 // once (per-logit hooks, Q/K transforms, sinks) and sigmoid attention (no softmax) compile for
 // sm_90a into the 16-row tile (warps split KV tiles, merged through shared memory) and the 64-row
-// tile, paged and ragged; plain attention keeps its kernel id.
+// tile, paged and ragged, and into the Hopper wgmma kernel; plain attention keeps its kernel id.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -34,6 +34,27 @@ TEST(PrefillVariantJit, BuiltinsCompileIntoThePrefillKernel) {
         std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
       }
     }
+  }
+}
+
+// The Hopper wgmma kernel runs every variant but those that rewrite staged keys or values: the
+// softmax built-ins without RoPE, and sigmoid with a window, compile into it (both KV paths).
+TEST(PrefillVariantJit, VariantsCompileIntoTheWgmmaKernel) {
+  AttentionVariant softmax = test::all_softmax_builtins();
+  softmax.rope.mode = RopeMode::none;
+  AttentionVariant sigmoid;
+  sigmoid.sigmoid = true;
+  sigmoid.window_left = 64;
+  for (const AttentionVariant& v : {softmax, sigmoid}) {
+    const ops::VariantJit j = ops::variant_jit(Variant::builtin(v));
+    ASSERT_FALSE(j.transforms_kv);
+    const ops::KernelSpec spec = ops::kernel_spec(PrefillKernelKey{.head_dim = 128,
+                                                                   .rows = 128,
+                                                                   .kv = PrefillKV::kPagedPow2,
+                                                                   .wgmma = true,
+                                                                   .variant = j.kernel()});
+    const double ms = test::compile_for_hopper_ms(spec);
+    std::printf("JIT cold compile %s: %.0f ms\n", spec.id.c_str(), ms);
   }
 }
 

@@ -37,6 +37,9 @@ using Requests = PrefillRequests;
 const Requests kRequests = {{1, 1000}, {17, 600}, {128, 200}, {40, 13}, {5, 5}};
 // For 16- and 32-row tiles (more tiles per request, so more slots): no 128-query request.
 const Requests kSmallTileRequests = {{1, 1000}, {17, 600}, {40, 13}, {3, 130}};
+// For the wgmma kernel: the same and a long prompt, whose window leaves most KV tiles of its last
+// query tiles unseen (the kernel skips them) and which dynamic splitting cuts into chunks.
+const Requests kWgmmaRequests = {{1, 1000}, {17, 600}, {128, 200}, {40, 13}, {5, 5}, {300, 2600}};
 
 struct Builtins {
   int window_left = -1, window_right = -1;
@@ -57,6 +60,9 @@ struct VCase {
   uint64_t seed = 1;
   DType fp8_kv = DType::f32;  // e4m3 / e5m2: an fp8 cache (staged widened when the variant
   KVScaleCase scale;          // rotates keys), with these scales; else the cache in dt
+  // kWgmma: the Hopper kernel (skipped off sm_90a), dynamic splitting (its TMA path at page 16)
+  // and the long-request set; kAuto keeps fixed_split_size 64 / 128 and the heuristic's tile.
+  PrefillBackend backend = PrefillBackend::kAuto;
   DType kv_dtype() const { return is_fp8_dtype(fp8_kv) ? fp8_kv : dt; }
 };
 
@@ -76,6 +82,7 @@ std::string describe(const VCase& c) {
   if (b.rope != RopeMode::none) s += std::string(" rope ") + rope_mode_name(b.rope);
   if (b.rope_offsets) s += " +offsets";
   if (is_fp8_dtype(c.fp8_kv)) s += std::string(" kv ") + dtype_name(c.fp8_kv) + c.scale.str();
+  if (c.backend == PrefillBackend::kWgmma) s += " wgmma";
   return s;
 }
 
@@ -188,7 +195,10 @@ int64_t check_empty_rows(const HostTensor& out, const HostTensor* lse, const Hos
 }
 
 void run_case(const VCase& c) {
-  const Requests& reqs = c.tile_rows == 16 || c.tile_rows == 32 ? kSmallTileRequests : kRequests;
+  const bool wgmma = c.backend == PrefillBackend::kWgmma;
+  const Requests& reqs = wgmma                                    ? kWgmmaRequests
+                         : c.tile_rows == 16 || c.tile_rows == 32 ? kSmallTileRequests
+                                                                  : kRequests;
   const std::string tag = describe(c);
   std::vector<int64_t> qo_lens, kv_lens;
   for (auto [qo, kv] : reqs) {
@@ -223,8 +233,9 @@ void run_case(const VCase& c) {
   opts.causal = c.causal && !c.causal_in_variant;
   // Small query tiles make many tiles: chunks of 64 would exceed the workspace's work-item bound
   // (prefill.h: fixed_split_size), 128 still splits the long requests.
-  opts.fixed_split_size = c.tile_rows == 16 || c.tile_rows == 32 ? 128 : 64;
+  opts.fixed_split_size = wgmma ? 0 : c.tile_rows == 16 || c.tile_rows == 32 ? 128 : 64;
   opts.tile_rows = c.tile_rows;
+  opts.backend = c.backend;
   opts.variant = Variant::builtin(vd.device);
   const BatchPrefillConfig cfg = prefill_config(B, nnz, c.hqo, c.d);
   const int32_t* qo_ptr = qo_indptr.view().data_as<int32_t>();
@@ -273,6 +284,11 @@ void run_case(const VCase& c) {
       info = pf.plan_info();
     }
     EXPECT_GT(info.num_split_tiles, 0) << what << ": split-KV was not exercised";
+    if (wgmma) {
+      EXPECT_TRUE(info.wgmma) << what;
+      // Pages of 16 and ragged KV go by TMA under dynamic splitting (chunks start on tiles).
+      EXPECT_EQ(info.kv_tma, c.page >= 16 || kv == PrefillKV::kRagged) << what;
+    }
     to_host(dout, out);
     to_host(dlse, lse);
 
@@ -503,6 +519,72 @@ TEST_F(PrefillVariantsGpu, WindowSoftCapSinks) {
   m.expect_empty_rows = true;
   m.seed = 82;
   run_case(m);
+}
+
+// Every variant the Hopper wgmma kernel runs (all but key / value rewrites), forced onto it:
+// window (left; left + right), soft-cap, ALiBi, sinks, sigmoid, custom mask, window + soft-cap +
+// sinks, over GQA and MHA, head_dim 64 / 128 / 256, f16 / bf16, pages of 16 (TMA) and 1 (the
+// producer's gather), causal and not.
+TEST_F(PrefillVariantsGpu, WgmmaKernelVariants) {
+  if (device_info(0).arch != "sm_90a") GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU";
+  uint64_t seed = 201;
+  const auto run = [&](VCase c) {
+    c.backend = PrefillBackend::kWgmma;
+    c.seed = seed++;
+    run_case(c);
+  };
+  VCase window;  // Mistral-style local attention, causal
+  window.b.window_left = 100;
+  window.causal = true;
+  run(window);
+  VCase lr;  // left + right, not causal, MHA, d64 bf16, page 1: rows that see nothing
+  lr.b.window_left = 8;
+  lr.b.window_right = 4;
+  lr.hqo = lr.hkv = 8;
+  lr.d = 64;
+  lr.page = 1;
+  lr.dt = DType::bf16;
+  lr.expect_empty_rows = true;
+  run(lr);
+  VCase cap;  // Gemma: soft-cap, causal from the built-in, d256
+  cap.b.soft_cap = 30.0f;
+  cap.causal = cap.causal_in_variant = true;
+  cap.d = 256;
+  cap.dt = DType::bf16;
+  run(cap);
+  VCase alibi;
+  alibi.b.alibi = true;
+  alibi.causal = true;
+  alibi.hqo = alibi.hkv = 16;
+  run(alibi);
+  VCase sinks;  // causal: the first rows of (40, 13) see only the sink
+  sinks.b.sinks = true;
+  sinks.causal = true;
+  sinks.d = 64;
+  sinks.page = 1;
+  sinks.expect_empty_rows = true;
+  run(sinks);
+  VCase sig;
+  sig.b.sigmoid = true;
+  sig.causal = true;
+  sig.hqo = 32;
+  sig.hkv = 2;  // group 16
+  run(sig);
+  VCase mask;
+  mask.b.custom_mask = true;
+  mask.causal = true;
+  mask.dt = DType::bf16;
+  mask.expect_empty_rows = true;
+  run(mask);
+  VCase gemma;  // window + soft-cap + sinks, MQA
+  gemma.b.window_left = 200;
+  gemma.b.soft_cap = 5.0f;
+  gemma.b.sinks = true;
+  gemma.causal = true;
+  gemma.hqo = 8;
+  gemma.hkv = 1;
+  gemma.d = 256;
+  run(gemma);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
+#include "flashkv/variant_spec.h"
 #include "gpu/prefill_case.h"
 #include "runtime/kernel_cache.h"  // device_arch
 
@@ -186,7 +187,68 @@ TEST_F(PrefillWgmmaGpu, AutoPicksWgmmaForFullTiles) {
   }
 }
 
-// kWgmma where the kernel cannot run: a smaller query tile, or a variant. plan() names why.
+// A user variant on the wgmma kernel with a query transform (q * 2, at half the sm_scale: the
+// same logits, exactly, as doubling is exact in 16 bits), a per-logit bias of 0, a mask that keeps
+// every key and an identity output transform: the plain reference at the full sm_scale. Across
+// head_dims, GQA and MHA, causal and not, paged (TMA and gather) and ragged; the automatic backend
+// picks wgmma for it.
+TEST_F(PrefillWgmmaGpu, UserVariantWithQueryTransformAndLogitsHooks) {
+  VariantSpec spec;
+  spec.name = "QueryTwice";
+  spec.params = {{"qs", VariantParam::Kind::kF32},
+                 {"os", VariantParam::Kind::kF32},
+                 {"bias", VariantParam::Kind::kTensor, DType::f32}};
+  spec.source = R"(
+struct QueryTwice {
+  using Args = Params;
+  __device__ static void query_transform(const Args& a, const flashkv::VariantRow&, int, float& x1,
+                                         float& x2) {
+    x1 *= a.qs; x2 *= a.qs;
+  }
+  __device__ static float logits_transform(const Args& a, const flashkv::VariantPosition& p,
+                                           float s) {
+    return s + a.bias[p.qo_head];
+  }
+  __device__ static bool logits_mask(const Args&, const flashkv::VariantPosition& p) {
+    return p.kv_idx >= 0;
+  }
+  __device__ static float output_transform(const Args& a, const flashkv::VariantRow&, int,
+                                           float o) {
+    return o * a.os;
+  }
+};
+)";
+  uint64_t seed = 9700;
+  for (int d : {64, 128, 256}) {
+    for (int kv_heads : {8, 2}) {
+      PrefillCase c;
+      c.set_requests({{17, 17}, {1, 300}, {113, 500}, {40, 13}, {250, 250}, {300, 1400}});
+      c.head_dim = d;
+      c.num_kv_heads = kv_heads;
+      c.page_size = d == 128 ? 1 : 16;
+      c.opts.causal = kv_heads == 2;
+      c.opts.sm_scale = 0.1f;
+      c.seed = seed++;
+      const PrefillInputs in = make_prefill_inputs(c);
+      HostTensor bias =
+          make_tensor(DType::f32, {c.num_qo_heads}, std::vector<double>(c.num_qo_heads, 0.0));
+      DeviceTensor d_bias = to_device(bias);
+      PrefillPlanOptions opts = c.opts;  // kAuto: the wgmma kernel where the batch suits it
+      opts.tile_rows = 128;
+      opts.sm_scale = 0.05f;
+      opts.variant =
+          Variant::user(spec, VariantArgs().set("qs", 2.f).set("os", 1.f).set("bias", d_bias.view));
+      for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
+        const PrefillOutcome o = run_prefill(in, kv, opts);
+        expect_prefill_ok(in, o, std::string("QueryTwice ") + prefill_kv_name(kv));
+        EXPECT_TRUE(o.plan.wgmma) << c.str();
+      }
+    }
+  }
+}
+
+// kWgmma where the kernel cannot run: a smaller query tile, or a variant that rewrites keys (fused
+// RoPE). plan() names why.
 TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
   PrefillCase c;
   c.set_requests({{20, 40}});
@@ -203,14 +265,14 @@ TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
     EXPECT_NE(std::string(e.what()).find("128-row"), std::string::npos) << e.what();
   }
   opts = wgmma_opts(c);
-  AttentionVariant soft_cap;
-  soft_cap.logits_soft_cap = 30.f;
-  opts.variant = Variant::builtin(soft_cap);
+  AttentionVariant rope;
+  rope.rope.mode = RopeMode::llama;
+  opts.variant = Variant::builtin(rope);
   try {
     run_prefill(in, PrefillKV::kPaged, opts);
-    ADD_FAILURE() << "a variant with backend kWgmma: expected flashkv::Error";
+    ADD_FAILURE() << "a key-rotating variant with backend kWgmma: expected flashkv::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("variant"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rewrites keys"), std::string::npos) << e.what();
   }
 }
 

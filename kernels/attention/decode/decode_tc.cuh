@@ -19,6 +19,7 @@
 #include "attention/fp8_fragments.cuh"
 #include "attention/state.cuh"
 #include "primitives/cp_async.cuh"
+#include "primitives/pdl.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
 #include "variants/variant_smem.cuh"
@@ -456,8 +457,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas)
   decode_timeline_stamp(0);
   int begin, end;
   decode_unit_items(p.plan, blockIdx.x, begin, end);
+  pdl_launch_dependents();
   for (int wi = begin; wi < end; ++wi) {
     const DecodeWorkItem w = decode_load_work_item(p.plan, wi, blockIdx.x);
+    // The plan is this call's own (uploaded before the previous kernel ran); q, KV, page ids,
+    // outputs and split state are not: under PDL they wait for the previous kernel here.
+    if (wi == begin) pdl_wait();
     const int timeline = decode_timeline_item(wi - begin);
     decode_timeline_stamp(timeline);
     decode_tc_work_item<C>(p, w, smem, timeline);

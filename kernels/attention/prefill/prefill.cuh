@@ -24,6 +24,7 @@
 #include "attention/prefill/prefill_params.cuh"
 #include "attention/prefill/prefill_shape.cuh"
 #include "attention/prefill/prefill_variant.cuh"
+#include "primitives/pdl.cuh"
 
 namespace flashkv {
 
@@ -219,6 +220,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
+  pdl_launch_dependents();
+  pdl_wait();  // the plan is this call's own; q, KV, outputs and split state may not be yet
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
     prefill_work_item<C>(p, w, smem);

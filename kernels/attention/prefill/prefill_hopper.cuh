@@ -15,7 +15,7 @@
 //   softmax     per warp, in registers; P packed to 16 bits as the A fragment
 //   O += P V    wgmma, P from registers, V from shared memory (MN-major: transposed by wgmma),
 //               issued in the next tile's step, after its S = Q Kᵀ, to overlap its softmax
-// Plain attention only: variants keep the mma.sync kernel.
+// Variants: prefill_hopper_variant.cuh.
 #pragma once
 
 #include "attention/prefill/prefill_config.cuh"
@@ -120,11 +120,5 @@ __device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillPa
     r.warp_min = min(r.warp_min, __shfl_xor_sync(0xffffffffu, r.warp_min, off));
   return r;
 }
-
-// The Hopper kernels run plain attention; variants take the mma.sync kernel.
-template <class Tr>
-constexpr bool kPrefillHopperPlain =
-    !Tr::kPerLogit && !Tr::kQueryTransform && !Tr::kKVTransform && !Tr::kFirstVisibleKey &&
-    !Tr::kSink && !Tr::kOutputTransform && Tr::kUseSoftmax;
 
 }  // namespace flashkv

@@ -23,8 +23,10 @@
 #pragma once
 
 #include "attention/prefill/prefill_hopper.cuh"
+#include "attention/prefill/prefill_hopper_variant.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/named_barrier.cuh"
+#include "primitives/pdl.cuh"
 #include "primitives/tma.cuh"
 
 namespace flashkv {
@@ -226,7 +228,9 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
     const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
-    if (tiles == 0) continue;  // the consumers write it empty
+    // Tiles left of every row's window are never loaded (the consumers skip them alike).
+    const int t0 = prefill_hopper_first_tile<C>(p, w, tiles);
+    if (tiles == t0) continue;  // the consumers write it empty
     if constexpr (kFp8) {
       if (seq >= C::kQBuffers && handed < item_end[seq % C::kQBuffers]) {
         cp_async_wait<0>();
@@ -245,7 +249,7 @@ __device__ __forceinline__ void prefill_ws_produce(const PrefillParams& p, int b
         tma_load_4d(q_buf + cb * (C::kRows * 128), &p.q_tma, bar_at(bars.q_full, b), cb * 64,
                     w.kv_head * p.group, w.q_base + w.q_start, 0);
     }
-    for (int tile = 0; tile < tiles; ++tile, ++g) {
+    for (int tile = t0; tile < tiles; ++tile, ++g) {
       const u32 k_stage = k_smem + (g % C::kKStages) * C::kStageBytes;
       const u32 v_stage = v_smem + (g % C::kStages) * C::kStageBytes;
       const u32 full = bar_at(bars.full, g % C::kStages);
@@ -312,10 +316,13 @@ constexpr int kPingPongBarrier = 2;
 // condition: ptxas serializes every wgmma of a kernel that has one (C7518).
 // sm_scale_log2: the plan's, times the key scale of an fp8 cache.
 template <class C, bool kPendingPV>
-__device__ __forceinline__ void prefill_ws_step(
-    const PrefillParams& p, const PrefillWorkItem& w, int tile, int g, bool last, u32 q_buf, int qb,
-    u32 k_smem, u32 v_smem, PrefillHopperBarriers<C>& bars, int wg, const PrefillHopperRows& rows,
-    PrefillWarpState<C>& st, u32 (&pa)[1][C::kNT / 2][4], float sm_scale_log2) {
+__device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const PrefillWorkItem& w,
+                                                int tile, int g, bool last, u32 q_buf, int qb,
+                                                u32 k_smem, u32 v_smem,
+                                                PrefillHopperBarriers<C>& bars, int wg,
+                                                const PrefillHopperRows& rows,
+                                                const PrefillRowPos<C>& rp, PrefillWarpState<C>& st,
+                                                u32 (&pa)[1][C::kNT / 2][4], float sm_scale_log2) {
   const int lane = threadIdx.x % 32;
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
   mbarrier_wait_parity(bar_at(bars.full, g % C::kStages),
@@ -345,7 +352,16 @@ __device__ __forceinline__ void prefill_ws_step(
   u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
   const int first = w.kv_start + tile * C::kTile;
   const int pos0 = first + 2 * (lane % 4);
-  if (first + C::kTile - 1 <= rows.warp_min) {
+  const bool unmasked = first + C::kTile - 1 <= rows.warp_min;  // the causal mask, per warp
+  if constexpr (C::Traits::kPerLogit) {
+    if (unmasked) {
+      prefill_softmax_variant<C, false, false>(p, w, st, s, pos0, rows.lim, rp, pa_new,
+                                               sm_scale_log2, rescale);
+    } else {
+      prefill_softmax_variant<C, true, false>(p, w, st, s, pos0, rows.lim, rp, pa_new,
+                                              sm_scale_log2, rescale);
+    }
+  } else if (unmasked) {
     prefill_softmax<C, false, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
   } else {
     prefill_softmax<C, true, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
@@ -370,16 +386,19 @@ __device__ __forceinline__ void prefill_ws_step(
   }
 }
 
-// One consumer warpgroup's work item: its tiles are the CTA's global tiles [g0, g0 + tiles), its
-// query tile in buffer seq % kQBuffers. Every warpgroup runs every tile of the item (rows that see
-// none of it get P = 0).
+// One consumer warpgroup's work item: its tiles [t0, tiles) (t0: the first any row's window sees)
+// are the CTA's global tiles [g0, g0 + tiles - t0), its query tile in buffer seq % kQBuffers.
+// Every warpgroup runs every such tile (rows that see none of it get P = 0). Returns how many
+// tiles it ran.
 template <class C>
-__device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p,
-                                                     const PrefillWorkItem& w, int g0, int seq,
-                                                     u32 q_smem, u32 k_smem, u32 v_smem,
-                                                     PrefillHopperBarriers<C>& bars, int wg) {
+__device__ __forceinline__ int prefill_ws_work_item(const PrefillParams& p,
+                                                    const PrefillWorkItem& w, int g0, int seq,
+                                                    u32 q_smem, u32 k_smem, u32 v_smem,
+                                                    PrefillHopperBarriers<C>& bars, int wg) {
   const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
+  const int t0 = prefill_hopper_first_tile<C>(p, w, tiles);
   const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
+  const PrefillRowPos<C> rp = prefill_hopper_row_pos<C>(p, w);
   PrefillWarpState<C> st;
   st.init();
   float(&o)[C::kHeadDim / 2] = reinterpret_cast<float(&)[C::kHeadDim / 2]>(st.o);
@@ -389,20 +408,22 @@ __device__ __forceinline__ void prefill_ws_work_item(const PrefillParams& p,
   float sm_scale_log2 = p.sm_scale_log2;
   // fp8 keys are dequantized through the logits: q·(k * s) = (q·k) * s.
   if constexpr (is_fp8<typename C::kv_mem_t>()) sm_scale_log2 *= kv_scale_k(p.scale, w.kv_head);
-  if (tiles > 0) {
+  if (tiles > t0) {
     mbarrier_wait_parity(bar_at(bars.q_full, qb), (seq / C::kQBuffers) & 1);
-    prefill_ws_step<C, false>(p, w, 0, g0, tiles == 1, q_buf, qb, k_smem, v_smem, bars, wg, rows,
-                              st, pa, sm_scale_log2);
-    for (int tile = 1; tile < tiles; ++tile)
-      prefill_ws_step<C, true>(p, w, tile, g0 + tile, tile == tiles - 1, q_buf, qb, k_smem, v_smem,
-                               bars, wg, rows, st, pa, sm_scale_log2);
-    const int g = g0 + tiles - 1;
+    prefill_hopper_transform_q<C>(p, w, q_buf, wg);
+    prefill_ws_step<C, false>(p, w, t0, g0, tiles == t0 + 1, q_buf, qb, k_smem, v_smem, bars, wg,
+                              rows, rp, st, pa, sm_scale_log2);
+    for (int tile = t0 + 1; tile < tiles; ++tile)
+      prefill_ws_step<C, true>(p, w, tile, g0 + tile - t0, tile == tiles - 1, q_buf, qb, k_smem,
+                               v_smem, bars, wg, rows, rp, st, pa, sm_scale_log2);
+    const int g = g0 + tiles - t0 - 1;
     prefill_hopper_pv<C>(pa, v_smem + (g % C::kStages) * C::kStageBytes, o);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
     consumer_release(bars.v_empty, g % C::kStages);
   }
   prefill_write_warp<C>(p, w, st, threadIdx.x / 32, rows.valid_rows);
+  return tiles - t0;
 }
 
 // KV_TMA: the instantiation for p.kv_tma (the host launches the one that matches). Two kernels,
@@ -412,8 +433,8 @@ template <class Config, class V = DefaultVariant, bool KV_TMA = true>
 __global__ void __launch_bounds__(Config::kThreads + 128, 1)
     batch_prefill_hopper_ws_kernel(const __grid_constant__ PrefillParams p) {
   typedef PrefillWsConfig<PrefillWithVariant<Config, V>, KV_TMA> C;
-  static_assert(kPrefillHopperPlain<typename C::Traits>,
-                "plain attention only: variants take the mma.sync kernel");
+  static_assert(kPrefillHopperRuns<typename C::Traits>,
+                "variants that rewrite keys or values take the mma.sync kernel");
   static_assert(C::kThreads == 256, "two consumer warpgroups");
   static_assert(!(KV_TMA && is_fp8<typename C::kv_mem_t>()),
                 "fp8 KV is gathered and widened by the producer, never loaded by TMA");
@@ -441,7 +462,11 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
        a += (C::kThreads + 128) * 16)
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0u) : "memory");
   fence_proxy_async_shared();
+  pdl_launch_dependents();
   __syncthreads();
+  // Under PDL the set-up above ran while the previous kernel drained; what follows reads q, KV
+  // and page ids and writes outputs and split state, which that kernel may still own.
+  pdl_wait();
   const int begin = p.plan.cta_work_indptr[blockIdx.x];
   const int end = p.plan.cta_work_indptr[blockIdx.x + 1];
   // The warpgroup, warp-uniform as far as ptxas can see (a shuffle's result): wgmma after a
@@ -460,8 +485,7 @@ __global__ void __launch_bounds__(Config::kThreads + 128, 1)
   int g = 0, seq = 0;
   for (int wi = begin; wi < end; ++wi) {
     const PrefillWorkItem w = p.plan.work[wi];
-    const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
-    prefill_ws_work_item<C>(p, w, g, seq, q_smem, k_smem, v_smem, bars, wg);
+    const int tiles = prefill_ws_work_item<C>(p, w, g, seq, q_smem, k_smem, v_smem, bars, wg);
     g += tiles;
     seq += tiles > 0;
     if (w.slot >= 0) prefill_arrive<C>(p, w);

@@ -31,8 +31,8 @@ struct PrefillKernelKey {
   int head_dim = 128;
   int rows = 128;  // query-tile rows (the wgmma kernel: always 128)
   PrefillKV kv = PrefillKV::kPagedPow2;
-  bool wgmma = false;     // the Hopper kernel (plain attention only)
-  KernelVariant variant;  // the mma.sync kernel's variant
+  bool wgmma = false;     // the Hopper kernel (variants but key / value rewrites)
+  KernelVariant variant;  // the kernel's attention variant
   // e4m3 / e5m2: an fp8 cache, widened to `dtype` in the kernel (the mma.sync kernel); any other
   // value: KV in `dtype`.
   DType fp8_kv = DType::f32;
@@ -58,12 +58,12 @@ struct PrefillKernelKey {
 
   // The mma.sync kernel: batch_prefill_kernel<config, variant>. The Hopper kernel has two
   // instantiations, KV by TMA boxes and by the producer warpgroup's cp.async gather:
-  // batch_prefill_hopper_ws_kernel<config, DefaultVariant, KV_TMA>; run() launches the one its
+  // batch_prefill_hopper_ws_kernel<config, variant, KV_TMA>; run() launches the one its
   // tensors allow.
   std::string kernel_name(bool kv_tma = true) const {
     if (!wgmma) return "flashkv::batch_prefill_kernel<" + config_type() + ", " + variant.type + ">";
-    return "flashkv::batch_prefill_hopper_ws_kernel<" + config_type() +
-           ", flashkv::DefaultVariant, " + (kv_tma ? "true" : "false") + ">";
+    return "flashkv::batch_prefill_hopper_ws_kernel<" + config_type() + ", " + variant.type + ", " +
+           (kv_tma ? "true" : "false") + ">";
   }
   // (fp8 KV is always gathered: the Hopper kernel then has the one instantiation, and run()
   // launches the last one.)
@@ -80,7 +80,9 @@ struct PrefillKernelKey {
                              (has_fp8_kv() ? std::string(",kv_") + dtype_name(fp8_kv) : "") +
                              (widened_kv() ? ",widened" : "") + ",d" + std::to_string(head_dim);
     const char* src = kNames[static_cast<int>(kv)];
-    if (wgmma) return "prefill_wgmma<" + head + "," + src + ">";
+    if (wgmma)
+      return "prefill_wgmma<" + head + "," + src + (variant.id.empty() ? "" : "," + variant.id) +
+             ">";
     return "prefill<" + head + ",r" + std::to_string(rows) + "," + src +
            (variant.id.empty() ? "" : "," + variant.id) + ">";
   }

@@ -54,12 +54,14 @@ struct PrefillRowPos {
 // The online-softmax step of prefill_softmax (prefill_mainloop.cuh) for a variant with logits
 // hooks: each logit becomes Tr::score() of its position (already base 2 with softmax, or the
 // weight without), so the update runs on scores with no scale. Without softmax P is the weights
-// themselves: no running max, no rescale. pos0, lim, kMask and pa as in prefill_softmax.
-template <class C, bool kMask>
+// themselves: no running max, no rescale. pos0, lim, kMask, pa, kRescaleO and rescale as in
+// prefill_softmax.
+template <class C, bool kMask, bool kRescaleO = true>
 __device__ __forceinline__ void prefill_softmax_variant(
     const PrefillParams& p, const PrefillWorkItem& w, PrefillWarpState<C>& st,
     float (&s)[C::kRowTiles][C::kNT][4], int pos0, const int (&lim)[C::kRowTiles][2],
-    const PrefillRowPos<C>& rp, u32 (&pa)[C::kRowTiles][C::kNT / 2][4], float sm_scale_log2) {
+    const PrefillRowPos<C>& rp, u32 (&pa)[C::kRowTiles][C::kNT / 2][4], float sm_scale_log2,
+    float (*rescale)[2] = nullptr) {
   typedef typename C::Traits Tr;
   const auto& va = variant_args<typename C::Variant>(p.variant);
   const float dot_scale = Tr::dot_scale(sm_scale_log2);
@@ -79,22 +81,26 @@ __device__ __forceinline__ void prefill_softmax_variant(
           x = Tr::score(va, pos, x * dot_scale, !kMask || kv_idx <= lim[r][h]);
           mx = fmaxf(mx, x);
         }
+      float f = 1.f;
       if constexpr (Tr::kUseSoftmax)
-        prefill_online_update<C>(st, s, r, h, mx, 1.f);  // scores: base 2
+        f = prefill_online_update<C, kRescaleO>(st, s, r, h, mx, 1.f);  // scores: base 2
       // Without softmax the scores are the weights: no m, no d, plain sums.
+      if constexpr (!kRescaleO) rescale[r][h] = f;
     }
     prefill_pack_p<C>(s, r, pa);
   }
 }
 
 // A row's final state (m, d quad-reduced; o this thread's part) -> the factor o is multiplied by
-// before normalizing: the sink joins the denominator of the chunk that starts at key 0, once.
-// Updates m and d; 1 when the variant has no sinks or the chunk does not start at key 0.
+// before normalizing: the sink joins the denominator of its tile's first chunk, once (an unsplit
+// tile's only chunk; of a split tile the one in the merge item's first slot: with a sliding window
+// the first chunk need not start at key 0). Updates m and d; 1 when the variant has no sinks or
+// the chunk is not the first.
 template <class C>
 __device__ __forceinline__ float prefill_fold_sink(const PrefillParams& p, const PrefillWorkItem& w,
                                                    int row, float& m, float& d) {
   if constexpr (C::Traits::kSink) {
-    if (w.kv_start == 0) {
+    if (w.slot < 0 || prefill_merge_items(p.plan)[w.merge].slot_begin == w.slot) {
       const auto& va = variant_args<typename C::Variant>(p.variant);
       return fold_sink2(C::Traits::sink2(va, w.kv_head * p.group + row % p.group), m, d);
     }

@@ -507,9 +507,9 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv, cons
   void* args[] = {&p};
   const ops::LoadedKernel& kernel = m.kernel.kernel();
   if (m.grid > 0) {
-    runtime::launch(kernel.functions[0],
-                    {m.grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem}, stream,
-                    args, kernel.id);
+    runtime::LaunchConfig lc{m.grid, 1, 1, kernel.geometry.threads, 1, 1, kernel.geometry.smem};
+    lc.pdl = m.opts.enable_pdl && runtime::device_supports_pdl(m.cfg.device);
+    runtime::launch(kernel.functions[0], lc, stream, args, kernel.id);
   }
   if (capturing) {
     m.captured.record(q, out, lse, kv.indices.size(0), kernel.id, m.sm_scale, variant_args);

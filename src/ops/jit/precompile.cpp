@@ -74,7 +74,7 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
       // The Hopper kernel too, where the target has it (no GPU here: its shared-memory limit is
       // checked at plan()).
       const bool hopper =
-          ops::prefill_wgmma_unsupported(opts.arch, 128, true, 128, INT_MAX).empty();
+          ops::prefill_wgmma_unsupported(opts.arch, 128, false, 128, INT_MAX).empty();
       for (DType t : opts.dtypes)
         for (DType kvt : kv_types(t))
           for (int d : opts.head_dims)
@@ -99,6 +99,12 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
                 key.rows = 128;
                 key.wgmma = true;
                 specs.push_back(ops::kernel_spec(key));
+                for (const ops::VariantJit& vj : prefill_variants) {
+                  if (vj.transforms_kv) continue;  // the mma.sync kernel's
+                  PrefillKernelKey vkey = key;
+                  vkey.variant = vj.kernel();
+                  variant_specs.push_back(ops::kernel_spec(vkey));
+                }
               }
             }
     } else if (op == "cascade") {  // the gather / merge kernels around the levels' passes

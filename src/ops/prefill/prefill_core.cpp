@@ -20,12 +20,14 @@ int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group) {
   return scheduler::choose_query_tile_rows(qo_lens, group);
 }
 
-std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool plain_attention,
+std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool variant_rewrites_kv,
                                       int head_dim, int max_smem_per_block, int kv_elem_bytes) {
   if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
   if (rows != 128)
     return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
-  if (!plain_attention) return "it runs plain attention (this plan has a variant)";
+  if (variant_rewrites_kv)
+    return "this plan's variant rewrites keys or values (a key RoPE, key_transform or "
+           "value_transform), which only the mma.sync kernel runs";
   // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
   const int smem = prefill_hopper_shape(head_dim, kv_elem_bytes).smem_bytes + 1024;
   if (smem > max_smem_per_block)
@@ -211,8 +213,9 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
     max_smem = device_info(cfg.device).max_smem_per_block;
   }
   const bool fp8 = is_fp8_dtype(sh.kv_dtype);
-  const std::string why_not = ops::prefill_wgmma_unsupported(
-      arch, rows, vj.id.empty(), sh.head_dim, max_smem, static_cast<int>(dtype_size(sh.kv_dtype)));
+  const std::string why_not =
+      ops::prefill_wgmma_unsupported(arch, rows, vj.transforms_kv, sh.head_dim, max_smem,
+                                     static_cast<int>(dtype_size(sh.kv_dtype)));
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   PrefillKernelKey key;
@@ -272,6 +275,10 @@ bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
   const int tile =
       wgmma ? prefill_hopper_shape(sh.head_dim, kernel.key()->has_fp8_kv() ? 1 : 2).tile : 1;
   so.split_align = tile;
+  // A built-in sliding window: tiles are scheduled over the keys their rows can see, so a 4096
+  // window over a 32k prompt costs about the window (a user variant's first_visible_key is only
+  // known to the kernel, which skips the KV tiles left of it).
+  so.window_left = o.variant.is_builtin() ? o.variant.builtin_description().window_left : -1;
   so.max_slots = ws.slot_capacity(rows);
   so.max_work_items = ws.max_work_items();
   scheduler::PrefillSchedule& s = schedule;
@@ -379,8 +386,9 @@ void PrefillCore::launch(PrefillParams& p, const TensorView& q, const TensorView
   if (grid > 0) {
     // The Hopper kernel's KV path is compiled in: the gather instantiation where KV is not by TMA.
     CUfunction fn = wgmma && p.kv_tma == 0 ? k.functions.back() : k.functions[0];
-    runtime::launch(fn, {grid, 1, 1, k.geometry.threads, 1, 1, k.geometry.smem}, stream, args,
-                    k.id);
+    runtime::LaunchConfig lc{grid, 1, 1, k.geometry.threads, 1, 1, k.geometry.smem};
+    lc.pdl = opts.enable_pdl && runtime::device_supports_pdl(cfg.device);
+    runtime::launch(fn, lc, stream, args, k.id);
   }
   if (capturing) {
     captured.record(q, out, lse, kv_capacity, k.id, sm_scale, p.variant);
