@@ -187,15 +187,16 @@ TEST_F(PrefillWgmmaGpu, AutoPicksWgmmaForFullTiles) {
   }
 }
 
-// A user variant on the wgmma kernel with a query transform (q * 2, at half the sm_scale: the
-// same logits, exactly, as doubling is exact in 16 bits), a per-logit bias of 0, a mask that keeps
-// every key and an identity output transform: the plain reference at the full sm_scale. Across
+// A user variant on the wgmma kernel with a query transform (q * 2) and a logits transform that
+// halves the logit and adds a bias of 0 (the same logits, exactly: doubling is exact in 16 bits),
+// a mask that keeps every key and an identity output transform: the plain reference. Across
 // head_dims, GQA and MHA, causal and not, paged (TMA and gather) and ragged; the automatic backend
 // picks wgmma for it.
 TEST_F(PrefillWgmmaGpu, UserVariantWithQueryTransformAndLogitsHooks) {
   VariantSpec spec;
   spec.name = "QueryTwice";
   spec.params = {{"qs", VariantParam::Kind::kF32},
+                 {"ls", VariantParam::Kind::kF32},
                  {"os", VariantParam::Kind::kF32},
                  {"bias", VariantParam::Kind::kTensor, DType::f32}};
   spec.source = R"(
@@ -207,7 +208,7 @@ struct QueryTwice {
   }
   __device__ static float logits_transform(const Args& a, const flashkv::VariantPosition& p,
                                            float s) {
-    return s + a.bias[p.qo_head];
+    return s * a.ls + a.bias[p.qo_head];
   }
   __device__ static bool logits_mask(const Args&, const flashkv::VariantPosition& p) {
     return p.kv_idx >= 0;
@@ -235,9 +236,9 @@ struct QueryTwice {
       DeviceTensor d_bias = to_device(bias);
       PrefillPlanOptions opts = c.opts;  // kAuto: the wgmma kernel where the batch suits it
       opts.tile_rows = 128;
-      opts.sm_scale = 0.05f;
-      opts.variant =
-          Variant::user(spec, VariantArgs().set("qs", 2.f).set("os", 1.f).set("bias", d_bias.view));
+      opts.variant = Variant::user(
+          spec,
+          VariantArgs().set("qs", 2.f).set("ls", 0.5f).set("os", 1.f).set("bias", d_bias.view));
       for (PrefillKV kv : {PrefillKV::kPaged, PrefillKV::kRagged}) {
         const PrefillOutcome o = run_prefill(in, kv, opts);
         expect_prefill_ok(in, o, std::string("QueryTwice ") + prefill_kv_name(kv));
