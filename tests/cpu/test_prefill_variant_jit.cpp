@@ -37,15 +37,16 @@ TEST(PrefillVariantJit, BuiltinsCompileIntoThePrefillKernel) {
   }
 }
 
-// The Hopper wgmma kernel runs every variant but those that rewrite staged keys or values: the
-// softmax built-ins without RoPE, and sigmoid with a window, compile into it (both KV paths).
+// The Hopper wgmma kernel runs every softmax variant but those that rewrite staged keys or values:
+// the built-ins without RoPE compile into it (both KV paths), and a window alone (its key-range
+// form).
 TEST(PrefillVariantJit, VariantsCompileIntoTheWgmmaKernel) {
   AttentionVariant softmax = test::all_softmax_builtins();
   softmax.rope.mode = RopeMode::none;
-  AttentionVariant sigmoid;
-  sigmoid.sigmoid = true;
-  sigmoid.window_left = 64;
-  for (const AttentionVariant& v : {softmax, sigmoid}) {
+  AttentionVariant window;
+  window.window_left = 64;
+  window.window_right = 8;
+  for (const AttentionVariant& v : {softmax, window}) {
     const ops::VariantJit j = ops::variant_jit(Variant::builtin(v));
     ASSERT_FALSE(j.transforms_kv);
     const ops::KernelSpec spec = ops::kernel_spec(PrefillKernelKey{.head_dim = 128,

@@ -524,10 +524,10 @@ TEST_F(PrefillVariantsGpu, WindowSoftCapSinks) {
   run_case(m);
 }
 
-// Every variant the Hopper wgmma kernel runs (all but key / value rewrites), forced onto it:
-// window (left; left + right), soft-cap, ALiBi, sinks, sigmoid, custom mask, window + soft-cap +
-// sinks, over GQA and MHA, head_dim 64 / 128 / 256, f16 / bf16, pages of 16 (TMA) and 1 (the
-// producer's gather), causal and not.
+// Every variant the Hopper wgmma kernel runs (softmax, no key / value rewrites), forced onto it:
+// window (left; left + right: the key-range form), soft-cap, ALiBi, sinks, custom mask, window +
+// ALiBi and window + soft-cap + sinks (the mask-hook form), over GQA, MHA and MQA, head_dim 64 /
+// 128 / 256, f16 / bf16, pages of 16 (TMA) and 1 (the producer's gather), causal and not.
 TEST_F(PrefillVariantsGpu, WgmmaKernelVariants) {
   if (device_info(0).arch != "sm_90a") GTEST_SKIP() << "the wgmma kernel needs an sm_90a GPU";
   uint64_t seed = 201;
@@ -567,12 +567,13 @@ TEST_F(PrefillVariantsGpu, WgmmaKernelVariants) {
   sinks.page = 1;
   sinks.expect_empty_rows = true;
   run(sinks);
-  VCase sig;
-  sig.b.sigmoid = true;
-  sig.causal = true;
-  sig.hqo = 32;
-  sig.hkv = 2;  // group 16
-  run(sig);
+  VCase group16;  // window and ALiBi at group 16
+  group16.b.window_left = 300;
+  group16.b.alibi = true;
+  group16.causal = true;
+  group16.hqo = 32;
+  group16.hkv = 2;
+  run(group16);
   VCase mask;
   mask.b.custom_mask = true;
   mask.causal = true;

@@ -248,8 +248,8 @@ struct QueryTwice {
   }
 }
 
-// kWgmma where the kernel cannot run: a smaller query tile, or a variant that rewrites keys (fused
-// RoPE). plan() names why.
+// kWgmma where the kernel cannot run: a smaller query tile, a variant that rewrites keys (fused
+// RoPE), or one without softmax. plan() names why.
 TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
   PrefillCase c;
   c.set_requests({{20, 40}});
@@ -274,6 +274,16 @@ TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
     ADD_FAILURE() << "a key-rotating variant with backend kWgmma: expected flashkv::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rewrites keys"), std::string::npos) << e.what();
+  }
+  AttentionVariant sigmoid;
+  sigmoid.sigmoid = true;
+  opts.variant = Variant::builtin(sigmoid);
+  opts.causal = true;
+  try {
+    run_prefill(in, PrefillKV::kPaged, opts);
+    ADD_FAILURE() << "sigmoid attention with backend kWgmma: expected flashkv::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no softmax"), std::string::npos) << e.what();
   }
 }
 

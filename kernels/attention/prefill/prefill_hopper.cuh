@@ -93,11 +93,14 @@ __device__ __forceinline__ void prefill_hopper_pv(const u32 (&pa)[1][C::kNT / 2]
 
 // The per-warp view of a work item: its rows, the last KV position each of this thread's rows may
 // see (-1: not a real row; it never decreases with the row) and the warp's smallest real one
-// (masking is per warp).
+// (masking is per warp); with a sliding window (prefill_hopper_variant.cuh) also the first
+// position each row may see and the warp's largest (else 0).
 struct PrefillHopperRows {
   int valid_rows;
   int lim[1][2];
   int warp_min;
+  int lo[1][2];
+  int warp_lo_max;
 };
 
 template <class C>
@@ -107,6 +110,8 @@ __device__ __forceinline__ PrefillHopperRows prefill_hopper_rows(const PrefillPa
   PrefillHopperRows r;
   r.valid_rows = (w.q_end - w.q_start) * p.group;
   r.warp_min = 0x7fffffff;
+  r.lo[0][0] = r.lo[0][1] = 0;
+  r.warp_lo_max = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = warp * 16 + lane / 4 + 8 * h;

@@ -9,15 +9,74 @@
 #pragma once
 
 #include "attention/prefill/prefill_params.cuh"
+#include "attention/prefill/prefill_hopper.cuh"
 #include "attention/prefill/prefill_variant.cuh"
 #include "primitives/named_barrier.cuh"
 #include "primitives/wgmma.cuh"
+#include "variants/builtin.cuh"
 
 namespace flashkv {
 
 // The variants the Hopper kernel runs: all but those that rewrite staged keys or values.
 template <class Tr>
 constexpr bool kPrefillHopperRuns = !Tr::kKVTransform;
+
+// The flags of a built-in variant (builtin.cuh); -1 for any other type.
+template <class V>
+struct BuiltinFlagsOf {
+  static constexpr int value = -1;
+};
+template <int F>
+struct BuiltinFlagsOf<BuiltinVariant<F>> {
+  static constexpr int value = F;
+};
+
+// A built-in whose mask is the sliding window alone: per row a key range [q_pos - window_left,
+// q_pos + window_right], which the kernel applies as it applies the causal limit (two compares on
+// the tiles a range cuts, nothing on the tiles inside every row's range) instead of calling the
+// mask hook per logit (ALiBi-like cost, 1.2x, on every tile).
+template <class V>
+constexpr bool kWindowIsKeyRange = BuiltinFlagsOf<V>::value >= 0 &&
+                                   (BuiltinFlagsOf<V>::value & kVariantWindow) != 0 &&
+                                   (BuiltinFlagsOf<V>::value & kVariantCustomMask) == 0;
+
+// Whether the Hopper kernel runs a variant's per-logit hooks in its softmax: a logits transform,
+// or a mask that is not a key range. (With a transform the window stays in the hook.)
+template <class C>
+constexpr bool kPrefillHopperPerLogit = C::Traits::kLogitsTransform ||
+                                        (C::Traits::kLogitsMask &&
+                                         !kWindowIsKeyRange<typename C::Variant>);
+
+// Folds a window-only built-in's key range into the rows (kWindowIsKeyRange, no logits
+// transform): lim[h] down to q_pos + window_right, lo[h] up to q_pos - window_left, and the warp's
+// extremes over its real rows.
+template <class C>
+__device__ __forceinline__ void prefill_hopper_window_rows(const PrefillParams& p,
+                                                           const PrefillWorkItem& w,
+                                                           PrefillHopperRows& r) {
+  if constexpr (kWindowIsKeyRange<typename C::Variant> && !kPrefillHopperPerLogit<C>) {
+    const BuiltinVariantArgs& a = variant_args<typename C::Variant>(p.variant);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int lo_max = 0, hi_min = 0x7fffffff;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + lane / 4 + 8 * h;
+      if (row >= r.valid_rows) continue;                     // lim -1: no key either way
+      const int q_pos = w.diag + w.q_start + row / p.group;  // kv_len - qo_len + qo_idx
+      if (a.window_right >= 0) r.lim[0][h] = min(r.lim[0][h], q_pos + a.window_right);
+      if (a.window_left >= 0) r.lo[0][h] = max(0, q_pos - a.window_left);
+      lo_max = max(lo_max, r.lo[0][h]);
+      hi_min = min(hi_min, r.lim[0][h]);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) {
+      lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
+      hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
+    }
+    r.warp_lo_max = lo_max;
+    r.warp_min = min(r.warp_min, hi_min);
+  }
+}
 
 // The per-logit hooks' view of this thread's two rows (warp w owns rows [16 w, 16 w + 16) of the
 // 128-row tile). Padding rows (>= valid_rows) score as the last real row, so no hook sees a query
@@ -26,7 +85,7 @@ template <class C>
 __device__ __forceinline__ PrefillRowPos<C> prefill_hopper_row_pos(const PrefillParams& p,
                                                                    const PrefillWorkItem& w) {
   PrefillRowPos<C> rp{};
-  if constexpr (C::Traits::kPerLogit) {
+  if constexpr (kPrefillHopperPerLogit<C>) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int valid_rows = (w.q_end - w.q_start) * p.group;
 #pragma unroll

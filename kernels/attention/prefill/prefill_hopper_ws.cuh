@@ -352,8 +352,9 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
   u32 pa_new[1][C::kNT / 2][4];  // not pa: the P·V in flight reads it
   const int first = w.kv_start + tile * C::kTile;
   const int pos0 = first + 2 * (lane % 4);
-  const bool unmasked = first + C::kTile - 1 <= rows.warp_min;  // the causal mask, per warp
-  if constexpr (C::Traits::kPerLogit) {
+  // The causal limit (and a window's key range), per warp: every row sees the whole tile.
+  const bool unmasked = first + C::kTile - 1 <= rows.warp_min && first >= rows.warp_lo_max;
+  if constexpr (kPrefillHopperPerLogit<C>) {
     if (unmasked) {
       prefill_softmax_variant<C, false, false>(p, w, st, s, pos0, rows.lim, rp, pa_new,
                                                sm_scale_log2, rescale);
@@ -363,6 +364,8 @@ __device__ __forceinline__ void prefill_ws_step(const PrefillParams& p, const Pr
     }
   } else if (unmasked) {
     prefill_softmax<C, false, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
+  } else if constexpr (kWindowIsKeyRange<typename C::Variant>) {
+    prefill_softmax<C, true, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale, rows.lo);
   } else {
     prefill_softmax<C, true, false>(st, s, pos0, rows.lim, sm_scale_log2, pa_new, rescale);
   }
@@ -397,7 +400,8 @@ __device__ __forceinline__ int prefill_ws_work_item(const PrefillParams& p,
                                                     PrefillHopperBarriers<C>& bars, int wg) {
   const int tiles = (w.kv_end - w.kv_start + C::kTile - 1) / C::kTile;
   const int t0 = prefill_hopper_first_tile<C>(p, w, tiles);
-  const PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
+  PrefillHopperRows rows = prefill_hopper_rows<C>(p, w);
+  prefill_hopper_window_rows<C>(p, w, rows);
   const PrefillRowPos<C> rp = prefill_hopper_row_pos<C>(p, w);
   PrefillWarpState<C> st;
   st.init();

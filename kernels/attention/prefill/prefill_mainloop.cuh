@@ -146,15 +146,17 @@ __device__ __forceinline__ void prefill_pack_p(const float (&s)[C::kRowTiles][C:
 
 // Online softmax over one tile's logits. pos0: KV position of this thread's first column
 // (token 2*(lane%4) of the warp's slice); lim[r][h]: the last KV position row (r, h) may see
-// (-1: none). With kMask false every logit is visible (the caller checked the whole slice is).
-// Writes P as the A operand of P·V. With kRescaleO false O is left as it is and `rescale` gets
-// each row half's factor for it.
+// (-1: none); with `lo` (a sliding window's key range, the Hopper kernel) also the first. With
+// kMask false every logit is visible (the caller checked the whole slice is). Writes P as the A
+// operand of P·V. With kRescaleO false O is left as it is and `rescale` gets each row half's
+// factor for it.
 template <class C, bool kMask, bool kRescaleO = true>
 __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
                                                 float (&s)[C::kRowTiles][C::kNT][4], int pos0,
                                                 const int (&lim)[C::kRowTiles][2], float scale_log2,
                                                 u32 (&pa)[C::kRowTiles][C::kNT / 2][4],
-                                                float (*rescale)[2] = nullptr) {
+                                                float (*rescale)[2] = nullptr,
+                                                const int (*lo)[2] = nullptr) {
 #pragma unroll
   for (int r = 0; r < C::kRowTiles; ++r) {
     // Both row halves' maxima in one pass, two partials each: four independent chains, not one
@@ -167,7 +169,8 @@ __device__ __forceinline__ void prefill_softmax(PrefillWarpState<C>& st,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           // Raw logits until the exponent: the scale (> 0) folds into one FFMA per logit there.
-          if (kMask && pos0 + nt * 8 + e > lim[r][h]) s[r][nt][h * 2 + e] = neg_inf();
+          if (kMask && (pos0 + nt * 8 + e > lim[r][h] || (lo && pos0 + nt * 8 + e < lo[r][h])))
+            s[r][nt][h * 2 + e] = neg_inf();
           mx[h][e] = fmaxf(mx[h][e], s[r][nt][h * 2 + e]);
         }
 #pragma unroll

@@ -45,14 +45,15 @@ inline constexpr DecodeTCTuning kDecodeTCOneCta{0, tuning::sm90::kDecodeOneCtaWa
                                                 tuning::sm90::kDecodeOneCtaPerSm};
 
 // Whether the Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh) can run a
-// plan: an sm_90a target, 128-row query tiles (two warpgroups of 64 rows), a variant that does
-// not rewrite staged keys or values (those keep the mma.sync kernel:
+// plan: an sm_90a target, 128-row query tiles (two warpgroups of 64 rows), a softmax variant that
+// does not rewrite staged keys or values (those keep the mma.sync kernel:
 // kernels/attention/prefill/prefill_hopper_variant.cuh) and its shared memory at head_dim within
 // the GPU's per-block limit. Empty when it can, else why not (the error of
 // PrefillPlanOptions.backend = kWgmma names it).
 // kv_elem_bytes: 1 for fp8 KV (the kernel then also stages fp8 tiles).
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool variant_rewrites_kv,
-                                      int head_dim, int max_smem_per_block, int kv_elem_bytes = 2);
+                                      int head_dim, int max_smem_per_block, int kv_elem_bytes = 2,
+                                      bool variant_softmax = true);
 
 // The RoPE kernel (kv/rope.cuh) for element type `t`: both vector widths and both pairings.
 KernelSpec rope_kernel_spec(DType t);

@@ -100,7 +100,7 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
                 key.wgmma = true;
                 specs.push_back(ops::kernel_spec(key));
                 for (const ops::VariantJit& vj : prefill_variants) {
-                  if (vj.transforms_kv) continue;  // the mma.sync kernel's
+                  if (vj.transforms_kv || !vj.use_softmax) continue;  // the mma.sync kernel's
                   PrefillKernelKey vkey = key;
                   vkey.variant = vj.kernel();
                   variant_specs.push_back(ops::kernel_spec(vkey));

@@ -21,13 +21,19 @@ int default_prefill_tile_rows(std::span<const int64_t> qo_lens, int group) {
 }
 
 std::string prefill_wgmma_unsupported(const std::string& arch, int rows, bool variant_rewrites_kv,
-                                      int head_dim, int max_smem_per_block, int kv_elem_bytes) {
+                                      int head_dim, int max_smem_per_block, int kv_elem_bytes,
+                                      bool variant_softmax) {
   if (arch != "sm_90a") return "it needs an sm_90a GPU (this is " + arch + ")";
   if (rows != 128)
     return "it runs 128-row query tiles (this plan's are " + std::to_string(rows) + ")";
   if (variant_rewrites_kv)
     return "this plan's variant rewrites keys or values (a key RoPE, key_transform or "
            "value_transform), which only the mma.sync kernel runs";
+  // Without softmax (sigmoid attention) and with a window, ptxas serializes the kernel's wgmma
+  // for want of registers (C7512); such variants are rare in serving, so all take mma.sync.
+  if (!variant_softmax)
+    return "this plan's variant has no softmax (sigmoid attention), which only the mma.sync "
+           "kernel runs";
   // + 1 KB: the kernel's static shared memory (the split merge's flag, 1024-aligned).
   const int smem = prefill_hopper_shape(head_dim, kv_elem_bytes).smem_bytes + 1024;
   if (smem > max_smem_per_block)
@@ -215,7 +221,7 @@ void PrefillCore::select_kernel(const PrefillBatch& b, const AttentionShape& sh,
   const bool fp8 = is_fp8_dtype(sh.kv_dtype);
   const std::string why_not =
       ops::prefill_wgmma_unsupported(arch, rows, vj.transforms_kv, sh.head_dim, max_smem,
-                                     static_cast<int>(dtype_size(sh.kv_dtype)));
+                                     static_cast<int>(dtype_size(sh.kv_dtype)), vj.use_softmax);
   check(o.backend != PrefillBackend::kWgmma || why_not.empty(),
         "PrefillPlanOptions.backend: the wgmma kernel cannot run this plan: ", why_not);
   PrefillKernelKey key;
