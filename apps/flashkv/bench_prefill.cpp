@@ -194,6 +194,9 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
   po.backend = o.backend == "mma"     ? PrefillBackend::kMmaSync
                : o.backend == "wgmma" ? PrefillBackend::kWgmma
                                       : PrefillBackend::kAuto;
+  po.item_order = o.order == "request" ? PrefillItemOrder::kRequestMajor
+                  : o.order == "head"  ? PrefillItemOrder::kHeadMajor
+                                       : PrefillItemOrder::kAuto;
   auto plan = [&] {
     pf.plan({.qo_indptr = st.qo_indptr.data(),
              .kv_indptr = st.kv.indptr.data(),

@@ -23,6 +23,7 @@ struct PrefillBenchOptions {
   int ctas_per_sm = 2;           // BatchPrefillConfig.ctas_per_sm
   int tile_rows = 0;             // PrefillPlanOptions.tile_rows; 0: the planner's heuristic
   std::string backend = "auto";  // PrefillPlanOptions.backend: auto, mma (mma.sync) or wgmma
+  std::string order = "auto";    // PrefillPlanOptions.item_order: auto, request or head
   // Workspace sizes to compare, in MB (0: workspace_bytes, which never limits splitting;
   // FlashInfer's prefill tests pass 16 MB).
   std::vector<int> workspace_mb = {0};

@@ -259,6 +259,11 @@ void add_bench_command(CLI::App& app) {
          "prefill kernel: auto (wgmma on sm_90a where it applies), mma (mma.sync) or wgmma")
       ->check(CLI::IsMember({"auto", "mma", "wgmma"}))
       ->capture_default_str();
+  cmd->add_option("--prefill-order", a->prefill.order,
+                  "prefill work-item order per CTA: auto, request (request-major) or head "
+                  "(head-major: the CTAs work through the KV heads together)")
+      ->check(CLI::IsMember({"auto", "request", "head"}))
+      ->capture_default_str();
   cmd->add_option("--prefill-tile-rows", a->prefill.tile_rows,
                   "prefill query-tile rows (16, 32, 64, 128; 0: the planner's heuristic)")
       ->check(CLI::IsMember({0, 16, 32, 64, 128}))

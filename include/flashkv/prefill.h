@@ -58,6 +58,15 @@ struct BatchPrefillConfig {
 // unless tile_rows fixes others; where it cannot run, plan() throws, naming why.
 enum class PrefillBackend : uint8_t { kAuto, kMmaSync, kWgmma };
 
+// The order in which each CTA runs its work items (the load balance is the same; the order is for
+// the L2). kRequestMajor: by (request, KV head, query tile), so the CTAs sweep the batch's
+// (request, head) pairs together. kHeadMajor: all CTAs work through the KV heads together, the
+// costliest tiles of a head first, so one head's KV at a time is in the L2 (long prompts whose KV
+// over all heads is far larger than it: MHA at 32k read 2.5 TB/s from DRAM request-major).
+// kAuto: kHeadMajor where the batch's KV exceeds the L2 and a request's per-head KV is long
+// (tuning/sm90.cuh), else kRequestMajor.
+enum class PrefillItemOrder : uint8_t { kAuto, kRequestMajor, kHeadMajor };
+
 struct PrefillPlanOptions {
   bool causal = false;
   float sm_scale = 0.0f;     // 0: 1/sqrt(head_dim)
@@ -82,6 +91,7 @@ struct PrefillPlanOptions {
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;  // 0: compare with the cache at run()
   PrefillBackend backend = PrefillBackend::kAuto;
+  PrefillItemOrder item_order = PrefillItemOrder::kAuto;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
   // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan(), its
   // arguments packed at each run(). A built-in's causal / sm_scale apply when causal is false /

@@ -326,6 +326,14 @@ constexpr int prefill_hopper_fp8_stages(int head_dim) { return prefill_hopper_st
 // PrefillCostModel holds them as doubles.)
 enum : int { kPrefillRowCost = 1 };
 enum : int { kPrefillTokenCost = 1 };
+// PrefillItemOrder::kAuto takes the head-major order where the batch's KV over all heads exceeds
+// kPrefillHeadMajorKvBytes (the H200's L2 is 50 MB) and some request's KV per head reaches
+// kPrefillHeadMajorHeadKvBytes (a long prompt, whose tiles of one head all read its KV). ncu of P5
+// MHA (32 heads x 32k, 512 MB of KV) request-major: L2 hit rate 41 %, DRAM 2.5 TB/s; GQA (8
+// heads) 84 %, 0.36 TB/s (ncu-p5-2026-12-02.txt). The thresholds: bench/results/README.md names
+// the A/B that set them.
+enum : long long { kPrefillHeadMajorKvBytes = 64ll << 20 };
+enum : long long { kPrefillHeadMajorHeadKvBytes = 2ll << 20 };
 // Dynamic splitting never cuts chunks shorter than this. Not measured for prefill (decode's value;
 // open question 4 above).
 enum : int { kPrefillMinChunkTokens = 128 };

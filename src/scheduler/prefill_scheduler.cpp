@@ -299,21 +299,31 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // piece's num_kv_heads chunks, and consecutive pieces of one cost (causal tiles at the same
   // position in equal requests), so a run costs one update of its queue of CTA groups, not a
   // tree walk per chunk (the batch 16 x 1024 causal plan: 4096 chunks in ~32 runs).
+  // Head-major: the chunks go head by head (each head's in `order`), runs within a head.
   std::vector<CostRun> runs;
-  for (uint32_t p : order) {
-    if (!runs.empty() && runs.back().cost == pieces[p].cost) {
-      runs.back().items += heads;
-    } else {
-      runs.push_back({pieces[p].cost, heads});
+  for (int h = 0; h < (o.head_major ? heads : 1); ++h) {
+    for (uint32_t p : order) {
+      const int items = o.head_major ? 1 : heads;
+      if (!runs.empty() && runs.back().cost == pieces[p].cost) {
+        runs.back().items += items;
+      } else {
+        runs.push_back({pieces[p].cost, items});
+      }
     }
   }
-  std::vector<int> cta_of(static_cast<size_t>(num_items));  // CTA of the k-th chunk in `order`
+  // CTA of the k-th chunk assigned: request-major, chunk k is head k % heads of piece
+  // order[k / heads]; head-major, head k / P of piece order[k % P] (P pieces).
+  std::vector<int> cta_of(static_cast<size_t>(num_items));
   s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
   GreedyLpt lpt;
   lpt.assign(ctas, runs, cta_of.data(), s.cta_work_indptr.data() + 1);
-  // Piece p is order[rank[p]]: the CTA of its head h is cta_of[rank[p] * heads + h].
+  // Piece p is order[rank[p]].
   std::vector<uint32_t> rank(pieces.size());
   for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<uint32_t>(k);
+  const size_t num_pieces = pieces.size();
+  const auto chunk_index = [&](size_t p, int h) {
+    return o.head_major ? h * num_pieces + rank[p] : static_cast<size_t>(rank[p]) * heads + h;
+  };
   s.cta_cost = lpt.loads();
   for (int c = 0; c < ctas; ++c) s.cta_work_indptr[c + 1] += s.cta_work_indptr[c];
 
@@ -322,32 +332,40 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // (request, KV head) pairs together, so the KV of a pair is read by all the CTAs that need it
   // at about the same time. (In assignment order every CTA started on the costliest tile of
   // every request at once: P1, 16 x 1024 causal, read its 67 MB of KV 13 times from DRAM.)
+  // Head-major: each CTA's items in the order they were assigned (a CTA's k-th item then runs at
+  // about the time the others run theirs, on the same head).
   std::vector<int> next(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
   s.work.resize(static_cast<size_t>(num_items));
-  for (int r = 0; r < batch; ++r) {
-    for (int h = 0; h < heads; ++h) {
-      for (size_t p = request_pieces[r]; p < request_pieces[r + 1]; ++p) {
-        const Piece& piece = pieces[p];
-        // Every field is written, so a reused schedule keeps nothing stale; page_base, q_base,
-        // diag and the lengths are the op's.
-        PrefillWorkItem item{};
-        item.request = piece.request;
-        item.kv_head = h;
-        item.q_start = piece.q_start;
-        item.q_end = piece.q_end;
-        item.kv_start = piece.kv_start;
-        item.kv_end = piece.kv_end;
-        const bool split = piece.first_slot >= 0;
-        item.slot = split ? piece.first_slot + h * piece.tile_chunks + piece.chunk : -1;
-        item.merge = split ? piece.first_merge + h : -1;
-        item.page_base = 0;
-        item.q_base = 0;
-        item.diag = 0;
-        item.qo_len = 0;
-        item.kv_len = 0;
-        s.work[next[cta_of[static_cast<size_t>(rank[p]) * heads + h]]++] = item;
-      }
-    }
+  std::vector<std::pair<int, size_t>> walk;  // (head, piece) in the order items are written
+  walk.reserve(static_cast<size_t>(num_items));
+  if (o.head_major) {
+    for (int h = 0; h < heads; ++h)
+      for (uint32_t p : order) walk.emplace_back(h, p);
+  } else {
+    for (int r = 0; r < batch; ++r)
+      for (int h = 0; h < heads; ++h)
+        for (size_t p = request_pieces[r]; p < request_pieces[r + 1]; ++p) walk.emplace_back(h, p);
+  }
+  for (const auto& [h, p] : walk) {
+    const Piece& piece = pieces[p];
+    // Every field is written, so a reused schedule keeps nothing stale; page_base, q_base,
+    // diag and the lengths are the op's.
+    PrefillWorkItem item{};
+    item.request = piece.request;
+    item.kv_head = h;
+    item.q_start = piece.q_start;
+    item.q_end = piece.q_end;
+    item.kv_start = piece.kv_start;
+    item.kv_end = piece.kv_end;
+    const bool split = piece.first_slot >= 0;
+    item.slot = split ? piece.first_slot + h * piece.tile_chunks + piece.chunk : -1;
+    item.merge = split ? piece.first_merge + h : -1;
+    item.page_base = 0;
+    item.q_base = 0;
+    item.diag = 0;
+    item.qo_len = 0;
+    item.kv_len = 0;
+    s.work[next[cta_of[chunk_index(p, h)]]++] = item;
   }
 
   // One merge item per split tile and head, in (request, q_start, kv_head) order.

@@ -74,6 +74,10 @@ struct PrefillScheduleOptions {
   // rounded down to a multiple of split_align, its visible end), so a window costs the keys it
   // sees, not the prompt; the kernel masks the rest. Chunk edges stay functions of the tile alone.
   int window_left = -1;
+  // The order of each CTA's items: false, (request, kv_head, q_start, kv_start); true, the order
+  // they were assigned in, with chunks assigned by (kv_head, cost descending): the CTAs work
+  // through the KV heads together (PrefillItemOrder::kHeadMajor). The loads obey the same bound.
+  bool head_major = false;
   // Capacity of the partial-state buffer (>= 0), in slots of tile_rows rows. Dynamic splitting fits
   // it (a longer chunk bound where space is short; PrefillSchedule::slot_limited says so; 0: no
   // splitting); fixed_split_size throws instead.
@@ -89,6 +93,7 @@ struct PrefillSchedule {
   std::vector<int> cta_work_indptr;     // [num_ctas + 1]
   std::vector<PrefillWorkItem> work;    // grouped by CTA, each CTA's in (request, kv_head,
                                         // q_start, kv_start) order (the CTAs sweep the KV together)
+                                        // or, head_major, in the order they were assigned
   std::vector<PrefillMergeItem> merge;  // one per split tile, in (request, q_start, kv_head) order
   int num_slots = 0;                    // partial slots used
   int64_t chunk_bound = 0;              // L_kv: no chunk is longer (tokens); with

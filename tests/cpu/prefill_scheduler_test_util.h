@@ -107,13 +107,22 @@ inline void expect_valid(std::span<const int64_t> qo, std::span<const int64_t> k
   }
 
   // Per CTA: recorded loads and the LPT balance bound; the items in (request, kv_head, q_start,
-  // kv_start) order, so the CTAs sweep the batch's KV together (the L2 order of plan_prefill).
+  // kv_start) order, so the CTAs sweep the batch's KV together (the L2 order of plan_prefill);
+  // head-major, by KV head and within a head costliest first.
   test::expect_balanced_cta_loads(
       s, ctas, [&](const auto& w) { return item_cost(o, w); },
       /*costliest_first=*/false);
   for (int c = 0; c < ctas; ++c)
-    for (int i = s.cta_work_indptr[c] + 1; i < s.cta_work_indptr[c + 1]; ++i)
-      ASSERT_TRUE(by_tile_then_kv(s.work[i - 1], s.work[i])) << "CTA " << c << " item " << i;
+    for (int i = s.cta_work_indptr[c] + 1; i < s.cta_work_indptr[c + 1]; ++i) {
+      const PrefillWorkItem &a = s.work[i - 1], &b = s.work[i];
+      if (o.head_major) {
+        ASSERT_TRUE(a.kv_head < b.kv_head ||
+                    (a.kv_head == b.kv_head && item_cost(o, a) >= item_cost(o, b)))
+            << "CTA " << c << " item " << i;
+      } else {
+        ASSERT_TRUE(by_tile_then_kv(a, b)) << "CTA " << c << " item " << i;
+      }
+    }
 
   // Expected L_kv in the dynamic mode.
   int64_t visible_total = 0;

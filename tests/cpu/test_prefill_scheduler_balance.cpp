@@ -71,6 +71,41 @@ TEST(PrefillScheduler, MatchesPlainPriorityQueueGreedy) {
   }
 }
 
+// Head-major order: the same coverage, slots and balance bound as request-major (expect_valid),
+// each CTA's items by KV head, costliest first within one; a CTA's k-th item belongs to about the
+// same head as every other CTA's (all CTAs work through the heads together).
+TEST(PrefillScheduler, HeadMajorOrderCoversTheSameWork) {
+  std::mt19937_64 rng(123);
+  for (int t = 0; t < 30; ++t) {
+    const Batch b = random_batch(rng);
+    const bool causal = t % 2 == 0;
+    PrefillScheduleOptions o = bounded_options(132, 1 + t % 8, 4, b.qo, causal);
+    o.head_major = true;
+    o.split_align = t % 3 == 0 ? 128 : 1;
+    o.tile_rows = t % 3 == 0 ? 128 : 0;
+    SCOPED_TRACE("case " + std::to_string(t));
+    const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
+    expect_valid(b.qo, b.kv, o, s, /*check_rows=*/t < 2);
+  }
+  // One 32k causal prompt, 32 KV heads, 128-token tiles on 132 CTAs: the head of each CTA's item
+  // at the middle of its list differs from the median CTA's by at most a couple of heads.
+  const std::vector<int64_t> qo{32768}, kv{32768};
+  PrefillScheduleOptions o = bounded_options(132, 32, 1, qo, true);
+  o.tile_rows = 128;
+  o.head_major = true;
+  const PrefillSchedule s = plan_prefill(qo, kv, o);
+  expect_valid(qo, kv, o, s);
+  int lo = 32, hi = -1;
+  for (int c = 0; c < 132; ++c) {
+    const int n = s.cta_work_indptr[c + 1] - s.cta_work_indptr[c];
+    ASSERT_GT(n, 0);
+    const int h = s.work[s.cta_work_indptr[c] + n / 2].kv_head;
+    lo = std::min(lo, h);
+    hi = std::max(hi, h);
+  }
+  EXPECT_LE(hi - lo, 2) << "the CTAs' middle items span heads " << lo << ".." << hi;
+}
+
 TEST(PrefillScheduler, IsDeterministic) {
   std::mt19937_64 rng(7);
   for (int t = 0; t < 5; ++t) {

@@ -278,7 +278,6 @@ TEST_F(PrefillWgmmaGpu, ForcedWgmmaRefusesWhatItCannotRun) {
   AttentionVariant sigmoid;
   sigmoid.sigmoid = true;
   opts.variant = Variant::builtin(sigmoid);
-  opts.causal = true;
   try {
     run_prefill(in, PrefillKV::kPaged, opts);
     ADD_FAILURE() << "sigmoid attention with backend kWgmma: expected flashkv::Error";

@@ -12,6 +12,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
+#include "tuning/sm90.cuh"
 
 namespace flashkv {
 
@@ -265,6 +266,20 @@ void PrefillCore::check_captured_graph_fits(const AttentionShape& sh, int64_t qo
   c.check_variant_args(args);
 }
 
+// PrefillItemOrder::kAuto: head-major where the batch's KV exceeds the L2 and some request's KV
+// per head is long (tuning/sm90.cuh says why and what was measured).
+bool PrefillCore::prefer_head_major(const AttentionShape& sh) const {
+  const int64_t token_head_bytes =
+      int64_t{sh.head_dim} * 2 * static_cast<int64_t>(dtype_size(sh.kv_dtype));  // K and V
+  int64_t total = 0, longest = 0;
+  for (int64_t l : kv_lens) {
+    total += l;
+    longest = std::max(longest, l);
+  }
+  return total * sh.num_kv_heads * token_head_bytes > tuning::sm90::kPrefillHeadMajorKvBytes &&
+         longest * token_head_bytes >= tuning::sm90::kPrefillHeadMajorHeadKvBytes;
+}
+
 // plan() step 4.
 bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
                                 const PrefillPlanOptions& o, bool causal, int rows) {
@@ -285,6 +300,8 @@ bool PrefillCore::schedule_work(const PrefillBatch& b, const AttentionShape& sh,
   // window over a 32k prompt costs about the window (a user variant's first_visible_key is only
   // known to the kernel, which skips the KV tiles left of it).
   so.window_left = o.variant.is_builtin() ? o.variant.builtin_description().window_left : -1;
+  so.head_major = o.item_order == PrefillItemOrder::kHeadMajor ||
+                  (o.item_order == PrefillItemOrder::kAuto && prefer_head_major(sh));
   so.max_slots = ws.slot_capacity(rows);
   so.max_work_items = ws.max_work_items();
   scheduler::PrefillSchedule& s = schedule;

@@ -110,6 +110,7 @@ struct PrefillCore {
                                  bool causal, float scale, int page_sz,
                                  const VariantArgsBlock& args) const;
   // The schedule (the op's part of each item filled in); whether every item starts on a KV tile.
+  bool prefer_head_major(const AttentionShape& sh) const;
   bool schedule_work(const PrefillBatch& b, const AttentionShape& sh, const PrefillPlanOptions& o,
                      bool causal, int rows);
 };
