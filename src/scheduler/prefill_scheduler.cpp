@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <queue>
 #include <span>
 #include <utility>
 #include <vector>
@@ -299,24 +300,10 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // piece's num_kv_heads chunks, and consecutive pieces of one cost (causal tiles at the same
   // position in equal requests), so a run costs one update of its queue of CTA groups, not a
   // tree walk per chunk (the batch 16 x 1024 causal plan: 4096 chunks in ~32 runs).
-  // Head-major: the chunks go head by head (each head's in `order`), runs within a head.
-  std::vector<CostRun> runs;
-  for (int h = 0; h < (o.head_major ? heads : 1); ++h) {
-    for (uint32_t p : order) {
-      const int items = o.head_major ? 1 : heads;
-      if (!runs.empty() && runs.back().cost == pieces[p].cost) {
-        runs.back().items += items;
-      } else {
-        runs.push_back({pieces[p].cost, items});
-      }
-    }
-  }
   // CTA of the k-th chunk assigned: request-major, chunk k is head k % heads of piece
   // order[k / heads]; head-major, head k / P of piece order[k % P] (P pieces).
   std::vector<int> cta_of(static_cast<size_t>(num_items));
   s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
-  GreedyLpt lpt;
-  lpt.assign(ctas, runs, cta_of.data(), s.cta_work_indptr.data() + 1);
   // Piece p is order[rank[p]].
   std::vector<uint32_t> rank(pieces.size());
   for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<uint32_t>(k);
@@ -324,7 +311,36 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   const auto chunk_index = [&](size_t p, int h) {
     return o.head_major ? h * num_pieces + rank[p] : static_cast<size_t>(rank[p]) * heads + h;
   };
-  s.cta_cost = lpt.loads();
+  if (o.head_major) {
+    // Head by head the costs rise again, which GreedyLpt's groups do not allow (its costs must
+    // not increase): the plain greedy over a heap of (load, CTA), ties to the lower index. Only
+    // long prompts take this order, where a few thousand chunks cost ~0.1 ms of plan().
+    std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+        least;
+    for (int c = 0; c < ctas; ++c) least.emplace(0.0, c);
+    s.cta_cost.assign(static_cast<size_t>(ctas), 0.0);
+    for (size_t k = 0; k < static_cast<size_t>(num_items); ++k) {
+      const auto [load, c] = least.top();
+      least.pop();
+      const double cost = pieces[order[k % num_pieces]].cost;
+      cta_of[k] = c;
+      ++s.cta_work_indptr[static_cast<size_t>(c) + 1];
+      s.cta_cost[static_cast<size_t>(c)] = load + cost;
+      least.emplace(load + cost, c);
+    }
+  } else {
+    std::vector<CostRun> runs;
+    for (uint32_t p : order) {
+      if (!runs.empty() && runs.back().cost == pieces[p].cost) {
+        runs.back().items += heads;
+      } else {
+        runs.push_back({pieces[p].cost, heads});
+      }
+    }
+    GreedyLpt lpt;
+    lpt.assign(ctas, runs, cta_of.data(), s.cta_work_indptr.data() + 1);
+    s.cta_cost = lpt.loads();
+  }
   for (int c = 0; c < ctas; ++c) s.cta_work_indptr[c + 1] += s.cta_work_indptr[c];
 
   // Group by CTA (a counting sort), each CTA's items in (request, kv_head, q_start, kv_start)

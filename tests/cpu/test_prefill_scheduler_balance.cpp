@@ -87,6 +87,16 @@ TEST(PrefillScheduler, HeadMajorOrderCoversTheSameWork) {
     const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
     expect_valid(b.qo, b.kv, o, s, /*check_rows=*/t < 2);
   }
+  // 16 x 1024 causal at 8 and 32 heads: equal costs across requests, rising again at each head
+  // (GreedyLpt, which needs non-increasing costs, looped forever on these).
+  for (int heads : {8, 32}) {
+    const std::vector<int64_t> qo(16, 1024), kv(16, 1024);
+    PrefillScheduleOptions o = bounded_options(132, heads, 32 / heads, qo, true);
+    o.tile_rows = 128;
+    o.split_align = 128;
+    o.head_major = true;
+    expect_valid(qo, kv, o, plan_prefill(qo, kv, o), true);
+  }
   // One 32k causal prompt, 32 KV heads, 128-token tiles on 132 CTAs: the head of each CTA's item
   // at the middle of its list differs from the median CTA's by at most a couple of heads.
   const std::vector<int64_t> qo{32768}, kv{32768};
