@@ -330,10 +330,12 @@ enum : int { kPrefillTokenCost = 1 };
 // kPrefillHeadMajorKvBytes (the H200's L2 is 50 MB) and some request's KV per head reaches
 // kPrefillHeadMajorHeadKvBytes (a long prompt, whose tiles of one head all read its KV). ncu of P5
 // MHA (32 heads x 32k, 512 MB of KV) request-major: L2 hit rate 41 %, DRAM 2.5 TB/s; GQA (8
-// heads) 84 %, 0.36 TB/s (ncu-p5-2026-12-02.txt). The thresholds: bench/results/README.md names
-// the A/B that set them.
+// heads) 84 %, 0.36 TB/s (ncu-p5-2026-12-02-df36a54.txt). Head-major against request-major, f16
+// (prefill-order-{auto,request}-2026-12-02-c702402.log): P5 MHA 17432 vs 20445 us, P5 GQA 17477
+// vs 17965, P4 MHA 1092 vs 1116; P3 MHA (longest request ~5k tokens, 2.5 MB per head) 842 vs 825,
+// hence 4 MB per head (8k tokens at head_dim 128): P4 and P5 head-major, P1-P3 not.
 enum : long long { kPrefillHeadMajorKvBytes = 64ll << 20 };
-enum : long long { kPrefillHeadMajorHeadKvBytes = 2ll << 20 };
+enum : long long { kPrefillHeadMajorHeadKvBytes = 4ll << 20 };
 // Dynamic splitting never cuts chunks shorter than this. Not measured for prefill (decode's value;
 // open question 4 above).
 enum : int { kPrefillMinChunkTokens = 128 };
