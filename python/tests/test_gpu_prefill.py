@@ -93,9 +93,10 @@ def test_batch_prefill_backends(backend, dtype):
         check_lse(lse[rows], ref_lse)
 
 
-def test_batch_prefill_fa3_takes_full_tiles_and_refuses_variants():
+def test_batch_prefill_fa3_takes_full_tiles_and_refuses_key_rope():
     # "fa3" plans the wgmma kernel's 128-row tiles even for short queries (the heuristic's tile
-    # would be 16 rows here), and raises for a variant (which runs on mma.sync only).
+    # would be 16 rows here), runs logits variants (soft-cap) and raises for fused RoPE, which
+    # rewrites the staged keys (mma.sync only).
     if not _is_sm90():
         pytest.skip("the wgmma prefill kernel needs an sm_90a GPU")
     g = gen(42)
@@ -111,9 +112,12 @@ def test_batch_prefill_fa3_takes_full_tiles_and_refuses_variants():
     for i in range(2):
         rows = slice(int(qo_indptr[i]), int(qo_indptr[i + 1]))
         check_out(out[rows], sdpa_ref(q[rows], *cache.gather(i), causal=True)[0], dtype)
-    with pytest.raises(Exception, match="variant"):
+    w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
+           causal=True, q_data_type=torch.float16, logits_soft_cap=30.0)
+    assert w.plan_info()["wgmma"]
+    with pytest.raises(Exception, match="rewrites keys"):
         w.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, hq, hk, d, ps,
-               causal=True, q_data_type=torch.float16, logits_soft_cap=30.0)
+               causal=True, q_data_type=torch.float16, pos_encoding_mode="ROPE_LLAMA")
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
