@@ -148,6 +148,8 @@ TEST(PrefillScheduler, PlanTimeMicroBenchmark) {
     const char* name;
     Batch b;
     bool causal;
+    int heads = 8, group = 4, ctas = 264, tile_rows = 0;
+    bool head_major = false;
   };
   const std::vector<Case> cases = {
       {"batch 16 x 1024 causal",
@@ -156,9 +158,14 @@ TEST(PrefillScheduler, PlanTimeMicroBenchmark) {
       {"batch 64 x qo 4 kv 4096",
        {std::vector<int64_t>(64, 4), std::vector<int64_t>(64, 4096)},
        false},
+      // P5 MHA as the wgmma kernel's plan sees it: 8192 chunks, request- and head-major.
+      {"1 x 32k causal MHA request-major", {{32768}, {32768}}, true, 32, 1, 132, 128, false},
+      {"1 x 32k causal MHA head-major", {{32768}, {32768}}, true, 32, 1, 132, 128, true},
   };
   for (const Case& c : cases) {
-    const PrefillScheduleOptions o = bounded_options(264, 8, 4, c.b.qo, c.causal);
+    PrefillScheduleOptions o = bounded_options(c.ctas, c.heads, c.group, c.b.qo, c.causal);
+    o.tile_rows = c.tile_rows;
+    o.head_major = c.head_major;
     PrefillSchedule s;
     double best_us = 1e300;
     for (int rep = 0; rep < 20; ++rep) {
@@ -169,9 +176,10 @@ TEST(PrefillScheduler, PlanTimeMicroBenchmark) {
     }
     expect_valid(c.b.qo, c.b.kv, o, s);
     std::printf(
-        "[ PrefillScheduler ] %s, 8 KV heads, group 4, 264 CTAs: tile %d rows, %zu work items, %zu "
+        "[ PrefillScheduler ] %s, %d KV heads, group %d, %d CTAs: tile %d rows, %zu work items, "
+        "%zu "
         "merges; plan %.1f us (best of 20)\n",
-        c.name, s.tile_rows, s.work.size(), s.merge.size(), best_us);
+        c.name, c.heads, c.group, c.ctas, s.tile_rows, s.work.size(), s.merge.size(), best_us);
     EXPECT_LT(best_us, 1e6);
   }
 }
