@@ -117,6 +117,16 @@ class GreedyLpt {
     }
   }
 
+  // The same greedy for costs in any order (they may rise again: the prefill scheduler's
+  // head-major order, cost-descending within each KV head): chunk by chunk over the loser tree,
+  // from all-zero loads, so every chunk gets the CTA a min-heap of (load, cta) would give it. The
+  // groups of assign() need non-increasing costs (a group that rises past another would never be
+  // merged into it) and are not used.
+  void assign_any_order(int num_ctas, std::span<const CostRun> runs, int* cta_of, int* count) {
+    load_.assign(static_cast<size_t>(num_ctas), 0.0);
+    pop_each(runs, 0, cta_of, count);
+  }
+
   const std::vector<double>& loads() const { return load_; }
 
  private:

@@ -71,6 +71,54 @@ TEST(PrefillScheduler, MatchesPlainPriorityQueueGreedy) {
   }
 }
 
+// The same replay for head-major schedules: chunks by (kv_head, cost descending, request, q_start,
+// kv_start), each to the least-loaded CTA (ties to the lower index); each CTA's list is then in
+// that order, exactly.
+TEST(PrefillScheduler, HeadMajorMatchesPlainPriorityQueueGreedy) {
+  std::mt19937_64 rng(7);
+  for (int t = 0; t < 12; ++t) {
+    Batch b = random_batch(rng);
+    if (t % 3 == 0) {  // many equal costs: ties everywhere
+      b.qo.assign(b.qo.size(), 1 + static_cast<int64_t>(rng() % 3));
+      b.kv.assign(b.kv.size(), 1 + static_cast<int64_t>(rng() % 3));
+    }
+    const int ctas = t % 4 == 1 ? 1 : 132 + static_cast<int>(rng() % 300);
+    PrefillScheduleOptions o =
+        bounded_options(ctas, 1 + static_cast<int>(rng() % 8), 4, b.qo, t % 2 == 0);
+    o.head_major = true;
+    if (t % 4 == 3) o.cost.alpha = 0;  // empty tiles then cost nothing
+    const PrefillSchedule s = plan_prefill(b.qo, b.kv, o);
+    std::vector<PrefillWorkItem> chunks = s.work;
+    std::sort(chunks.begin(), chunks.end(),
+              [&](const PrefillWorkItem& a, const PrefillWorkItem& c) {
+                if (a.kv_head != c.kv_head) return a.kv_head < c.kv_head;
+                const double ca = item_cost(o, a), cc = item_cost(o, c);
+                if (ca != cc) return ca > cc;
+                if (a.request != c.request) return a.request < c.request;
+                if (a.q_start != c.q_start) return a.q_start < c.q_start;
+                return a.kv_start < c.kv_start;
+              });
+    using Load = std::pair<double, int>;
+    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+    for (int c = 0; c < ctas; ++c) heap.push({0.0, c});
+    std::vector<std::vector<PrefillWorkItem>> per_cta(static_cast<size_t>(ctas));
+    for (const PrefillWorkItem& w : chunks) {
+      const auto [load, c] = heap.top();
+      heap.pop();
+      heap.push({load + item_cost(o, w), c});
+      per_cta[c].push_back(w);
+    }
+    for (int c = 0; c < ctas; ++c) {
+      const size_t n = per_cta[c].size();
+      ASSERT_EQ(static_cast<size_t>(s.cta_work_indptr[c + 1] - s.cta_work_indptr[c]), n)
+          << "CTA " << c;
+      ASSERT_EQ(0, std::memcmp(per_cta[c].data(), s.work.data() + s.cta_work_indptr[c],
+                               n * sizeof(PrefillWorkItem)))
+          << "CTA " << c;
+    }
+  }
+}
+
 // Head-major order: the same coverage, slots and balance bound as request-major (expect_valid),
 // each CTA's items by KV head, costliest first within one; a CTA's k-th item belongs to about the
 // same head as every other CTA's (all CTAs work through the heads together).
