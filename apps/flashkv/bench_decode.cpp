@@ -71,6 +71,7 @@ nlohmann::json bench_decode(const DecodeBenchOptions& o, const Ceilings& ceil, S
   const auto shapes = standard_shapes();
   uint64_t seed = 1;
   nlohmann::json timelines = nlohmann::json::array();
+  if (o.head_dim != 128) std::printf("head_dim %d\n", o.head_dim);
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %s\n", "wl", "shape", "dtype", "time_us", "TB/s",
               "%read", "rel_err", "plan (plan() time; run()'s host time, not timed on the GPU)");
   // The settings to sweep: every (alpha, min_chunk, balanced bound, tail, stages, warps)

@@ -256,6 +256,7 @@ nlohmann::json run_config(const PrefillBenchOptions& o, const Workload& w, const
           {"shape", sh.name},
           {"dtype", dtype_name(dt)},
           {"kv_dtype", dtype_name(st.kv.dtype)},
+          {"head_dim", D},
           {"system", "flashkv"},
           {"time_us", t.median_us},
           {"min_us", t.min_us},
@@ -319,6 +320,7 @@ nlohmann::json bench_prefill(const PrefillBenchOptions& o, const Ceilings& ceil,
   const auto wls =
       o.workloads_file.empty() ? standard_workloads() : read_workloads(o.workloads_file);
   uint64_t seed = 1;
+  if (o.head_dim != 128) std::printf("head_dim %d\n", o.head_dim);
   std::printf("%-4s %-10s %-5s %10s %8s %7s %9s %9s %-4s %s\n", "wl", "shape", "dtype", "time_us",
               "TFLOP/s", "%gemm16", "rel_err", "bound", "ref", "plan");
   for (const auto& w : wls) {

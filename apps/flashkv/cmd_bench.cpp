@@ -36,6 +36,7 @@ struct BenchArgs {
   std::string kv_dtype;  // "": the q dtype; e4m3 / e5m2: an fp8 cache
   std::string workloads_file;
   int reps = 30, page_size = 16;
+  int head_dim = 128;   // decode and prefill
   int ctas_per_sm = 0;  // 0: each library's default (decode: auto; prefill: 2)
   DecodeBenchOptions decode;
   PrefillBenchOptions prefill;
@@ -61,6 +62,7 @@ struct BenchArgs {
     decode.workloads_file = prefill.workloads_file = workloads_file;
     decode.reps = prefill.reps = reps;
     decode.page_size = prefill.page_size = page_size;
+    decode.head_dim = prefill.head_dim = head_dim;
     decode.ctas_per_sm = ctas_per_sm;
     prefill.ctas_per_sm = ctas_per_sm > 0 ? ctas_per_sm : BatchPrefillConfig{}.ctas_per_sm;
     step.dtype = dts.empty() ? DType::f16 : dts.front();
@@ -237,6 +239,9 @@ void add_bench_command(CLI::App& app) {
       ->check(one_of({"e4m3", "e5m2"}));
   cmd->add_option("--reps", a->reps, "timed repetitions (median reported)")
       ->check(int_in_range(1))
+      ->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dim, "bench decode and prefill: head_dim (64, 128, 256)")
+      ->check(CLI::IsMember({64, 128, 256}))
       ->capture_default_str();
   cmd->add_option("--page-size", a->page_size, "page size (tokens per page)")
       ->check(int_in_range(1, 1 << 16))
