@@ -292,13 +292,16 @@ enum : int { kPrefillHopperCtasPerSm = 1 };
 // KV tokens per stage: 128 at head_dim <= 128 (every tile costs the same row statistics, barriers
 // and O rescale whatever its length: 64-token tiles 33.3 / 48.6, then 128-token tiles with 3
 // stages, together with a skipped O rescale and constant descriptor offsets, 34.9 / 50.4;
-// prefill_shape.cuh recorded 64-token tiles ~2 points of P4 behind); 32 at head_dim 256 (S of a
-// tile, two P and 128 O accumulators per thread; not measured).
-constexpr int prefill_hopper_kv_tile(int head_dim) { return head_dim <= 128 ? 128 : 32; }
-// V stages (K has one fewer): 3 at head_dim 128, where shared memory holds no more with two query
-// buffers (2 x 32 + 5 x 32 KB; measured with tile 128 above); 4 at 64 and 256: not measured
-// (chosen without a sweep; both fit).
-constexpr int prefill_hopper_stages(int head_dim) { return head_dim == 128 ? 3 : 4; }
+// prefill_shape.cuh recorded 64-token tiles ~2 points of P4 behind); 64 at head_dim 256 (S of a
+// tile and its P next to 128 O accumulators per thread; no spill). 64 against the first kernel's
+// 32, P1 / P4 / P5 GQA f16 on an H100, two alternations: 815-835 / 2365-2415 / 37421-37643 us
+// against 1080-1114 / 3063-3065 / 47249-47278, i.e. 1.26-1.33x
+// (prefill-ab-barriers-tiles-exp2-2026-12-05-h100.log).
+constexpr int prefill_hopper_kv_tile(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+// V stages (K has one fewer): 3 at head_dim 128 and 256, where shared memory holds no more (d128:
+// two query buffers, 2 x 32 + 5 x 32 KB; d256: one, 64 + 5 x 32 KB; measured with tile 128 above
+// and in the d256 A/B); 4 at 64: not measured (chosen without a sweep; it fits).
+constexpr int prefill_hopper_stages(int head_dim) { return head_dim == 64 ? 4 : 3; }
 // Query-tile buffers: 2 where they fit (not at 256), so the next work item's loads start while this
 // one computes; K one stage fewer than V made room for the second: 34.8 / 51.0 against 34.9 / 50.4
 // (level, kept). (An earlier form, loads running ahead across work items with two query buffers,
@@ -312,11 +315,15 @@ constexpr int prefill_hopper_q_buffers(int head_dim) { return head_dim <= 128 ? 
 // many as fit (4, 3 at head_dim 256), so the gather keeps slots - 1 tiles in flight: with 2 (one
 // in flight) e4m3 P4 GQA ran 1436 us against 4's 1387-1400 (prefill-fp8-2026-12-02.log,
 // prefill-fp8-4slots-2026-12-02-dd8cd00.log). The stages: the 16-bit kernel's.
+// At head_dim 256 the 16-bit kernel's 64-token tiles leave no room for staging: 32 tokens, 4
+// stages, 3 slots there (64 + 7 x 16 + 3 x 16 KB; not measured against other splits).
 constexpr int prefill_hopper_fp8_kv_tile(int head_dim) {
-  return head_dim == 128 ? 64 : prefill_hopper_kv_tile(head_dim);
+  return head_dim == 64 ? prefill_hopper_kv_tile(head_dim) : head_dim == 128 ? 64 : 32;
 }
 constexpr int prefill_hopper_fp8_staging_slots(int head_dim) { return head_dim == 256 ? 3 : 4; }
-constexpr int prefill_hopper_fp8_stages(int head_dim) { return prefill_hopper_stages(head_dim); }
+constexpr int prefill_hopper_fp8_stages(int head_dim) {
+  return head_dim == 256 ? 4 : prefill_hopper_stages(head_dim);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Prefill scheduler (src/scheduler/prefill_scheduler.h: PrefillCostModel, PrefillScheduleOptions)

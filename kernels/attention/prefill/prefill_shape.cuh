@@ -62,7 +62,7 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows, int kv_elem_bytes =
 // one K stage fewer, the loads running stages - 1 tiles ahead. KV tiles as long as shared memory
 // allows, since every tile costs the same row statistics, barriers and O rescale whatever its
 // length (on the H200 64-token tiles at head_dim 128 lost ~2 points of P4 to 128): 128 tokens at
-// head_dim 64 and 128, 32 at 256 (S of a tile, two P and 128 O accumulators per thread). Two
+// head_dim 64 and 128, 64 at 256 (S of a tile and its P next to 128 O accumulators per thread). Two
 // query-tile buffers where they fit (not at 256), so the next work item's loads start while this
 // one computes: with one CTA per SM nothing else hides them. Tiles start 1024-byte aligned (the
 // 128-byte swizzle atom): the dynamic shared memory gets 1 KB of slack to align its base.
