@@ -293,9 +293,9 @@ enum : int { kPrefillHopperCtasPerSm = 1 };
 // and O rescale whatever its length: 64-token tiles 33.3 / 48.6, then 128-token tiles with 3
 // stages, together with a skipped O rescale and constant descriptor offsets, 34.9 / 50.4;
 // prefill_shape.cuh recorded 64-token tiles ~2 points of P4 behind); 64 at head_dim 256 (S of a
-// tile and its P next to 128 O accumulators per thread; no spill). 64 against the first kernel's
-// 32, P1 / P4 / P5 GQA f16 on an H100, two alternations: 815-835 / 2365-2415 / 37421-37643 us
-// against 1080-1114 / 3063-3065 / 47249-47278, i.e. 1.26-1.33x
+// tile and its P next to 128 O accumulators; ptxas -v as at 32 tokens). 64 against the first
+// kernel's 32, P1 / P4 / P5 GQA f16 on an H100, two alternations: 815-835 / 2365-2415 / 37421-37643
+// us against 1080-1114 / 3063-3065 / 47249-47278, i.e. 1.26-1.33x
 // (prefill-ab-barriers-tiles-exp2-2026-12-05-h100.log).
 constexpr int prefill_hopper_kv_tile(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 // V stages (K has one fewer): 3 at head_dim 128 and 256, where shared memory holds no more (d128:
