@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "flashkv/error.h"
+#include "flashkv_build_commit.h"  // FLASHKV_BUILD_COMMIT (cmake/BuildCommit.cmake)
 
 namespace flashkv::cli {
 
@@ -25,9 +26,7 @@ std::string utc_now_iso() {
 
 std::string source_commit() {
   if (const char* c = std::getenv("FLASHKV_COMMIT"); c && *c) return c;
-#ifdef FLASHKV_BUILD_COMMIT
-  if (sizeof(FLASHKV_BUILD_COMMIT) > 1) return FLASHKV_BUILD_COMMIT;  // configure-time commit
-#endif
+  if (sizeof(FLASHKV_BUILD_COMMIT) > 1) return FLASHKV_BUILD_COMMIT;  // the build's commit
   FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
   if (!p) return "unknown";
   char buf[64] = {};
