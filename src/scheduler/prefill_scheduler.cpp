@@ -26,11 +26,13 @@
 // bounds hold trivially. fixed_split_size has no bound in terms of C (its chunks follow the
 // lengths alone) and disable_split_kv uses no slots and exactly #tiles work items.
 //
-// Plan time (measured on the 2-vCPU dev VM, 8 KV heads, group 4, 264 CTAs; see the
-// PlanTimeMicroBenchmark test): batch 16 x 1024 causal (4096 work items) 39 us, batch 64 x qo 4 /
-// kv 4096 5 us. The greedy takes runs of equal-cost chunks (GreedyLpt); with a tournament-tree
-// walk per chunk it was 132 / 16 us, with std::priority_queue ~450 us; what is left is mostly
-// writing the work items in CTA order and the sort by cost.
+// Plan time (measured on the 2-vCPU dev VM, best of 20; see the PlanTimeMicroBenchmark test):
+// batch 16 x 1024 causal, 8 KV heads, group 4, 264 CTAs (4096 work items) 18 us; batch 64 x qo 4 /
+// kv 4096 2.5 us; 1 x 32k causal MHA on 132 CTAs (8192 items) 26 us request-major, 66 us
+// head-major (its costs rise again at every head: the greedy goes chunk by chunk). The greedy takes
+// runs of equal-cost chunks (GreedyLpt); with a tournament-tree walk per chunk it was 132 / 16 us
+// (16 x 1024, 64 x 4), with std::priority_queue ~450 us; what is left is mostly writing the work
+// items in CTA order and the sort by cost.
 #include "scheduler/prefill_scheduler.h"
 
 #include <algorithm>
@@ -173,8 +175,24 @@ void cut_tile(const Piece& tile, int64_t begin, int64_t v, int64_t n,
   }
 }
 
+// Everything plan_prefill needs besides its result. One per thread, kept (as the decode
+// scheduler's): a plan then allocates nothing once the buffers have grown. Per-call vectors cost
+// 23 -> 18 us (16 x 1024 causal), 34 -> 26 / 72 -> 66 us (32k MHA request- / head-major) in the
+// micro-benchmark, and more in a one-off plan, where the allocator maps a fresh 128 KB vector and
+// faults it in (32k MHA request-major 75 -> 27 us). Up to kKeptScratchItems work items' worth is
+// kept.
+struct PlanScratch {
+  std::vector<Piece> pieces;
+  std::vector<size_t> request_pieces;
+  std::vector<uint32_t> order, rank;
+  std::vector<int> cta_of, next;
+  std::vector<CostRun> runs;
+  GreedyLpt lpt;
+};
+constexpr int64_t kKeptScratchItems = int64_t{1} << 20;
+
 void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
-                       const PrefillScheduleOptions& o, PrefillSchedule& s) {
+                       const PrefillScheduleOptions& o, PrefillSchedule& s, PlanScratch& sc) {
   validate_options(o);
   validate_lengths(qo_lens, kv_lens);
   const int batch = static_cast<int>(qo_lens.size());
@@ -258,10 +276,11 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
 
   // Cut every tile into pieces, in (request, q_start, kv_start) order. A split tile's kv_head h
   // takes slots first_slot + h * n + [0, n) (consecutive, in KV order) and merge first_merge + h.
-  std::vector<Piece> pieces;
+  std::vector<Piece>& pieces = sc.pieces;
+  pieces.clear();
   pieces.reserve(static_cast<size_t>(num_items / heads));
-  std::vector<size_t> request_pieces(static_cast<size_t>(batch) + 1,
-                                     0);  // request r's: [r], [r+1])
+  std::vector<size_t>& request_pieces = sc.request_pieces;  // request r's: [r], [r+1])
+  request_pieces.assign(static_cast<size_t>(batch) + 1, 0);
   int next_slot = 0, next_merge = 0;
   for (int r = 0; r < batch; ++r) {
     request_pieces[r] = pieces.size();
@@ -285,7 +304,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
 
   // Costliest first; ties in piece order, i.e. by (request, q_start, kv_start). The heads of a
   // piece follow one another (equal cost), so the order of chunks is total and deterministic.
-  std::vector<uint32_t> order(pieces.size());
+  std::vector<uint32_t>& order = sc.order;
+  order.resize(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     if (pieces[a].cost != pieces[b].cost) return pieces[a].cost > pieces[b].cost;
@@ -301,10 +321,12 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // tree walk per chunk (the batch 16 x 1024 causal plan: 4096 chunks in ~32 runs).
   // CTA of the k-th chunk assigned: request-major, chunk k is head k % heads of piece
   // order[k / heads]; head-major, head k / P of piece order[k % P] (P pieces).
-  std::vector<int> cta_of(static_cast<size_t>(num_items));
+  std::vector<int>& cta_of = sc.cta_of;
+  cta_of.resize(static_cast<size_t>(num_items));
   s.cta_work_indptr.assign(static_cast<size_t>(ctas) + 1, 0);
   // Piece p is order[rank[p]].
-  std::vector<uint32_t> rank(pieces.size());
+  std::vector<uint32_t>& rank = sc.rank;
+  rank.resize(pieces.size());
   for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<uint32_t>(k);
   const size_t num_pieces = pieces.size();
   const auto chunk_index = [&](size_t p, int h) {
@@ -314,7 +336,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // head, which GreedyLpt's groups do not allow: its chunk-by-chunk form, exact for any order.
   // (A std::priority_queue of (load, CTA) gave the same schedules in 408 us for P5 MHA's 8192
   // chunks on the dev VM: PrefillScheduler.PlanTimeMicroBenchmark.)
-  std::vector<CostRun> runs;
+  std::vector<CostRun>& runs = sc.runs;
+  runs.clear();
   for (int h = 0; h < (o.head_major ? heads : 1); ++h) {
     for (uint32_t p : order) {
       const int64_t items = o.head_major ? 1 : heads;
@@ -325,7 +348,7 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
       }
     }
   }
-  GreedyLpt lpt;
+  GreedyLpt& lpt = sc.lpt;
   if (o.head_major) {
     lpt.assign_any_order(ctas, runs, cta_of.data(), s.cta_work_indptr.data() + 1);
   } else {
@@ -341,19 +364,10 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   // every request at once: P1, 16 x 1024 causal, read its 67 MB of KV 13 times from DRAM.)
   // Head-major: each CTA's items in the order they were assigned (a CTA's k-th item then runs at
   // about the time the others run theirs, on the same head).
-  std::vector<int> next(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
+  std::vector<int>& next = sc.next;
+  next.assign(s.cta_work_indptr.begin(), s.cta_work_indptr.end() - 1);
   s.work.resize(static_cast<size_t>(num_items));
-  std::vector<std::pair<int, size_t>> walk;  // (head, piece) in the order items are written
-  walk.reserve(static_cast<size_t>(num_items));
-  if (o.head_major) {
-    for (int h = 0; h < heads; ++h)
-      for (uint32_t p : order) walk.emplace_back(h, p);
-  } else {
-    for (int r = 0; r < batch; ++r)
-      for (int h = 0; h < heads; ++h)
-        for (size_t p = request_pieces[r]; p < request_pieces[r + 1]; ++p) walk.emplace_back(h, p);
-  }
-  for (const auto& [h, p] : walk) {
+  const auto write_item = [&](int h, size_t p) {
     const Piece& piece = pieces[p];
     // Every field is written, so a reused schedule keeps nothing stale; page_base, q_base,
     // diag and the lengths are the op's.
@@ -373,6 +387,14 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
     item.qo_len = 0;
     item.kv_len = 0;
     s.work[next[cta_of[chunk_index(p, h)]]++] = item;
+  };
+  if (o.head_major) {
+    for (int h = 0; h < heads; ++h)
+      for (uint32_t p : order) write_item(h, p);
+  } else {
+    for (int r = 0; r < batch; ++r)
+      for (int h = 0; h < heads; ++h)
+        for (size_t p = request_pieces[r]; p < request_pieces[r + 1]; ++p) write_item(h, p);
   }
 
   // One merge item per split tile and head, in (request, q_start, kv_head) order.
@@ -419,7 +441,9 @@ void plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_
                   const PrefillScheduleOptions& opts, PrefillSchedule* out) {
   check(out != nullptr, "plan_prefill: out is null");
   // Everything that can throw does so before `out` is first written.
-  plan_prefill_into(qo_lens, kv_lens, opts, *out);
+  thread_local PlanScratch scratch;
+  plan_prefill_into(qo_lens, kv_lens, opts, *out, scratch);
+  if (static_cast<int64_t>(out->work.size()) > kKeptScratchItems) scratch = PlanScratch{};
 }
 
 PrefillSchedule plan_prefill(std::span<const int64_t> qo_lens, std::span<const int64_t> kv_lens,
