@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of two flashkv builds from `flashkv bench ... --json` files run alternately in one command
-(A, B, A, B, ...): per (workload, shape, dtype, kernel options) row, the median time of each side,
+(A, B, A, B, ...): per (workload, variant, head_dim, shape, dtype, kernel options) row, the median time of each side,
 B / A, and whether both met the reference tolerance. Markdown on stdout.
 
     scripts/ab_summary.py --label-a base --label-b new --a a1.json a2.json --b b1.json b2.json
@@ -8,16 +8,24 @@ B / A, and whether both met the reference tolerance. Markdown on stdout.
 import argparse
 import json
 import statistics
+import sys
 
 
 def rows(paths):
     out = {}
     for p in paths:
-        for r in json.load(open(p))["results"]:
+        doc = json.load(open(p))
+        if "results" not in doc:
+            sys.exit(f"ab_summary: {p} has no GPU results (a run without a GPU writes the CPU "
+                     f"reference's timings, which are not an A/B)")
+        for r in doc["results"]:
             if r.get("system", "flashkv") != "flashkv":
                 continue
-            key = (r.get("workload"), r.get("shape"), r.get("dtype"), r.get("layout", ""),
-                   r.get("workspace_mb", 0))
+            # The workload column names a row's variant (bench variants) and head_dim beside it.
+            name = " ".join(str(x) for x in (r.get("workload"), r.get("variant", ""),
+                                              f"d{r['head_dim']}" if "head_dim" in r else "") if x)
+            key = (name, r.get("shape"), r.get("dtype"), r.get("layout", ""),
+                   r.get("workspace_mb", 0), r.get("kind", ""))
             out.setdefault(key, []).append(r)
     return out
 
