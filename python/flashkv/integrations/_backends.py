@@ -5,7 +5,16 @@ which variants exist (attention sinks are a flashkv extension)."""
 
 from __future__ import annotations
 
-import importlib
+
+
+def _import(name):
+    if name == "flashkv":
+        import flashkv
+
+        return flashkv
+    import flashinfer  # optional: the comparison backend
+
+    return flashinfer
 
 
 class AttentionBackend:
@@ -16,7 +25,7 @@ class AttentionBackend:
             raise ValueError(f"backend: expected 'flashkv' or 'flashinfer', got {name!r}")
         self.name = name
         try:
-            self.lib = importlib.import_module(name)
+            self.lib = _import(name)
         except ImportError as e:  # flashinfer is optional
             raise ImportError(f"backend {name!r}: cannot import {name} ({e})") from e
 

@@ -38,6 +38,7 @@ graphs off for non-flash implementations unless asked). Tested with transformers
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,6 +101,7 @@ class AdapterStats:
     plan_s: float = 0.0  # host time inside steps that planned (page tables, D2H of lengths, plan)
     call_s: float = 0.0  # host time of all calls, plans included
     paths: dict = field(default_factory=dict)  # calls per path: decode / prefill / ragged / gather
+    groups: set = field(default_factory=set)  # the engine's layer groups planned (paged form)
 
     def per_call_us(self) -> float:
         """Host microseconds per reused-plan call (the per-layer overhead)."""
@@ -140,8 +142,9 @@ class FlashkvTransformersAttention:
             raise ValueError("k_scale / v_scale: only an fp8 cache (kv_cache_dtype) takes scales")
         self.workspace_bytes = int(workspace_bytes)
         self.stats = AdapterStats()
-        self._groups = {}  # (id(cache), group) -> _GroupStep
-        self._caches = {}  # id(cache) -> cache (kept: ids of live objects are unique)
+        # Per engine cache: {layer group: _GroupStep}. Weak: a stopped manager's cache (GBs) and
+        # the plans over it go when the engine drops it.
+        self._per_cache = weakref.WeakKeyDictionary()
         self._plain = {}  # variant key -> _GroupStep for the plain (non-paged) form
 
     # ------------------------------------------------------------------ shared checks
@@ -202,15 +205,18 @@ class FlashkvTransformersAttention:
         return gs.sinks
 
     # ------------------------------------------------------------------ paged (continuous batching)
-    def _cache_tensors(self, cache, layer_in_group):
-        """The layer's (k, v) cache tensors, swapped to fp8 at first sight when asked."""
-        torch = _torch()
-        key = id(cache)
-        if key not in self._caches:
-            self._caches[key] = cache
+    def _groups_of(self, cache):
+        """The cache's layer-group plans; at first sight its tensors become fp8 when asked."""
+        groups = self._per_cache.get(cache)
+        if groups is None:
             if self.kv_cache_dtype is not None:
-                self._make_fp8(cache, getattr(torch, self.kv_cache_dtype))
-        return cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
+                self._make_fp8(cache, getattr(_torch(), self.kv_cache_dtype))
+            groups = self._per_cache[cache] = {}
+        return groups
+
+    def layer_groups(self, cache):
+        """The layer groups planned so far over ``cache`` (tests, diagnostics)."""
+        return sorted(self._per_cache.get(cache, {}))
 
     def _make_fp8(self, cache, dtype):
         if getattr(cache, "num_sliding_attention_groups", 0):
@@ -257,8 +263,8 @@ class FlashkvTransformersAttention:
         if sliding and window_left != window - 1:
             raise ValueError(f"sliding_window: the layer says {window_left + 1}, the cache "
                              f"{window} (layer {layer})")
-        k_cache, v_cache = self._cache_tensors(cache, layer_in_group)
-        gs = self._groups.setdefault((id(cache), group), _GroupStep())
+        gs = self._groups_of(cache).setdefault(group, _GroupStep())
+        k_cache, v_cache = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
         rindex, windex = read_index[group], write_index[group]
         signature = (num_qo_heads, num_kv_heads, head_dim, query.dtype, scale, window_left, cap,
                      sinks is not None)
@@ -270,6 +276,7 @@ class FlashkvTransformersAttention:
                              head_dim, scale, window_left, cap, sinks)
             gs.tracker.new_step(layer, objects, signature)
             self.stats.plans += 1
+            self.stats.groups.add(group)
             self.stats.plan_s += time.perf_counter() - t0
         out = self._run_paged(gs, query, key, value, k_cache, v_cache, cache, windex, sinks,
                               module, read_index, write_index)
