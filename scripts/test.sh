@@ -3,7 +3,7 @@
 # present and skip cleanly otherwise. The Python package is built in the same build dir
 # (flashkv._C, -DFLASHKV_PYTHON=ON, against a venv at $BUILD/pyenv with nanobind, numpy, pytest
 # and ml_dtypes (NumPy's float8 arrays, for the fp8 KV tests) from PyPI) and its pytest suite runs
-# (its GPU tests skip without torch and a GPU);
+# (its GPU tests skip without torch and a GPU; FLASHKV_TORCH_TESTS=1 adds torch and transformers);
 # FLASHKV_PYTHON_TESTS=0 skips that part. Then checks that an installed flashkv works from a
 # consumer project through find_package(flashkv), and builds and runs examples/user_variant.
 # The kernel cache of every test is $FLASHKV_CACHE_DIR, a fresh temp dir (removed at the end)
@@ -29,6 +29,13 @@ if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
   VENV="$(cd "$BUILD" && pwd)/pyenv"  # absolute: CMake's FindPython ignores a relative one
   [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check nanobind numpy pytest ml_dtypes
+  # FLASHKV_TORCH_TESTS=1 (CI sets it): torch and transformers too, for the transformers
+  # integration's CPU tests (flashkv's CPU reference inside transformers' continuous batching;
+  # psutil sizes its CPU cache). The versions the GPU machine has. About 3 GB, a minute or two.
+  if [ "${FLASHKV_TORCH_TESTS:-0}" = 1 ]; then
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.11.0 \
+      transformers==5.17.0 psutil
+  fi
   PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")
 fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHKV_WERROR="$WERROR" \
