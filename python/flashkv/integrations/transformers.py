@@ -19,8 +19,8 @@ the planned step; a wrong reuse is impossible by construction, see there). Steps
 request has one query token run batch decode (flashkv's tensor-core GQA path with split-KV); steps
 with prompt chunks run paged prefill with ragged queries; steps with no cached KV at all (fresh
 prompts) run ragged prefill over the step's own K/V. New K/V go into the cache with flashkv's
-append (the fp8 option quantizes there) where the page table is known, else with the engine's own
-write (its write index). Sliding-window groups keep the engine's ring buffer: their page table is
+append (the fp8 option quantizes there; in decode steps fused with the attention into one launch,
+``run_step``) where the page table is known, else with the engine's own write (its write index). Sliding-window groups keep the engine's ring buffer: their page table is
 the engine's per-token read index (pages of one token); a chunk that would overwrite a slot it
 still reads (kv_len > window) is the one case served from the engine's gathered copy.
 
@@ -377,14 +377,21 @@ class FlashkvTransformersAttention:
             ps = table.page_size
             hkv, d = k_cache.shape[-2], k_cache.shape[-1]
             pages = (k_cache.view(-1, ps, hkv, d), v_cache.view(-1, ps, hkv, d))
-            if ps == 1:
-                self._write_kv_engine(k_cache, v_cache, windex, k_new, v_new)
-            else:
-                dv = gs.dev
-                self.backend.append(k_new[:n], v_new[:n], dv["batch_idx"], dv["positions"], pages,
-                                    dv["kv_indices"], dv["kv_indptr"], dv["last"], **scales)
             kind = "decode" if path == "decode" else "paged"
-            out = gs.wrappers[kind].run(q[:n], pages, **scales)
+            w = gs.wrappers[kind]
+            if ps > 1 and kind == "decode" and self.backend.name == "flashkv":
+                # flashkv's fused decode step: the append of every request's new token and the
+                # attention over the updated pages in one launch.
+                out = w.run_step(q[:n], k_new[:n], v_new[:n], pages, **scales)
+            else:
+                if ps == 1:
+                    self._write_kv_engine(k_cache, v_cache, windex, k_new, v_new)
+                else:
+                    dv = gs.dev
+                    self.backend.append(k_new[:n], v_new[:n], dv["batch_idx"], dv["positions"],
+                                        pages, dv["kv_indices"], dv["kv_indptr"], dv["last"],
+                                        **scales)
+                out = w.run(q[:n], pages, **scales)
         if n != q.shape[0]:  # padded query rows (static shapes): zeros, ignored by the engine
             full = torch.zeros_like(q)
             full[:n] = out
