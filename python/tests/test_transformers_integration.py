@@ -194,3 +194,15 @@ def test_fp8_cache_refused_for_sliding_models():
     with pytest.raises(NotImplementedError, match="full attention in every layer"):
         impl._make_fp8(fake, torch.float8_e4m3fn)
     assert np.dtype("float32")  # numpy stays importable beside torch
+
+
+def test_paged_layout_it_cannot_view_is_refused():
+    k = torch.zeros(64, 2, 128)
+    fkv_tf._check_paged_layout(k, k, 16, 2, 128)
+    with pytest.raises(ValueError, match="without a copy"):
+        fkv_tf._check_paged_layout(k[:, :, :64], k, 16, 2, 128)
+    with pytest.raises(ValueError, match="without a copy"):
+        fkv_tf._check_paged_layout(torch.zeros(60, 2, 128), k, 16, 2, 128)
+    with pytest.raises(ValueError, match="without a copy"):
+        kt = torch.zeros(2, 64, 128).transpose(0, 1)
+        fkv_tf._check_paged_layout(kt, kt, 16, 2, 128)

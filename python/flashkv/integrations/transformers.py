@@ -92,6 +92,18 @@ def _check_engine_interfaces():
     return AttentionInterface, AttentionMaskInterface, flash_attention_mask, PagedAttentionCache
 
 
+def _check_paged_layout(k_cache, v_cache, block_size, num_kv_heads, head_dim):
+    """The engine's per-layer cache must be ``[blocks * block_size, H_kv, D]`` and contiguous to
+    be viewed as pages without a copy."""
+    for name, t in (("key_cache", k_cache), ("value_cache", v_cache)):
+        if (t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim)
+                or t.shape[0] % block_size or not t.is_contiguous()):
+            raise ValueError(
+                f"{name}: expected a contiguous [blocks * {block_size}, {num_kv_heads}, "
+                f"{head_dim}] tensor (the engine's paged layout, viewed as pages without a copy), "
+                f"got shape {tuple(t.shape)} strides {tuple(t.stride())}")
+
+
 @dataclass
 class AdapterStats:
     """Host time of the adapter (perf_counter, seconds) and how often it planned."""
@@ -265,6 +277,7 @@ class FlashkvTransformersAttention:
                              f"{window} (layer {layer})")
         gs = self._groups_of(cache).setdefault(group, _GroupStep())
         k_cache, v_cache = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
+        _check_paged_layout(k_cache, v_cache, int(cache.block_size), num_kv_heads, head_dim)
         rindex, windex = read_index[group], write_index[group]
         signature = (num_qo_heads, num_kv_heads, head_dim, query.dtype, scale, window_left, cap,
                      sinks is not None)
