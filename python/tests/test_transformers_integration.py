@@ -206,3 +206,14 @@ def test_paged_layout_it_cannot_view_is_refused():
     with pytest.raises(ValueError, match="without a copy"):
         kt = torch.zeros(2, 64, 128).transpose(0, 1)
         fkv_tf._check_paged_layout(kt, kt, 16, 2, 128)
+
+
+def test_fp8_cache_generation_through_the_adapter():
+    # The adapter owns the cache dtype: e4m3 tensors swapped in, written by flashkv's quantizing
+    # append (decode: run_step) and the engine's write (fresh prompts), read by every path.
+    impl = fkv_tf.register("fkv8", kv_cache_dtype="e4m3")
+    impl.stats.reset()
+    r = mf.check_family("llama", "paged|fkv8", device="cpu", dtype=torch.bfloat16,
+                        ref_impl="paged|sdpa", new_tokens=6, margin_tol=0.5)
+    assert r["passed"], r
+    assert {"ragged", "prefill", "decode"} <= set(impl.stats.paths)

@@ -134,6 +134,7 @@ class _GroupStep:
         self.table = None
         self.dev = {}  # device arrays of the step: kv_indices, kv_indptr, last, batch_idx, pos
         self.sinks = None  # float32 [H] scratch the plan points at; each layer copies its own
+        self.checked_layouts = set()  # data_ptr of the layers' key caches checked viewable
 
 
 class FlashkvTransformersAttention:
@@ -277,7 +278,9 @@ class FlashkvTransformersAttention:
                              f"{window} (layer {layer})")
         gs = self._groups_of(cache).setdefault(group, _GroupStep())
         k_cache, v_cache = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
-        _check_paged_layout(k_cache, v_cache, int(cache.block_size), num_kv_heads, head_dim)
+        if k_cache.data_ptr() not in gs.checked_layouts:  # once per layer's cache tensors
+            _check_paged_layout(k_cache, v_cache, int(cache.block_size), num_kv_heads, head_dim)
+            gs.checked_layouts.add(k_cache.data_ptr())
         rindex, windex = read_index[group], write_index[group]
         signature = (num_qo_heads, num_kv_heads, head_dim, query.dtype, scale, window_left, cap,
                      sinks is not None)
@@ -319,7 +322,7 @@ class FlashkvTransformersAttention:
             gs.path, gs.table = "ragged", table
             w = self._wrapper(gs, "ragged", device)
             w.plan(i32(table.qo_indptr), i32(table.qo_indptr), num_qo_heads, num_kv_heads,
-                   head_dim, causal=True, **common)
+                   head_dim, causal=True, **{**common, "kv_data_type": query.dtype})
             return
         if window and not _step.sliding_reads_survive_writes(cu_q_h, cu_k_h, window):
             # A chunk longer than the ring's free slots: the engine's gather (its read, then its
@@ -412,9 +415,13 @@ class FlashkvTransformersAttention:
         return out
 
     def _write_kv_engine(self, k_cache, v_cache, windex, k_new, v_new):
+        """The engine's own write (its write index, trash slots for padding included); into an
+        fp8 cache quantized first, and copied as bytes (torch has no fp8 index_copy_)."""
+        torch = _torch()
         for dst, src, scale in ((k_cache, k_new, self.k_scale), (v_cache, v_new, self.v_scale)):
             if dst.dtype != src.dtype:
                 src = (src.float() / scale).to(dst.dtype)
+                dst, src = dst.view(torch.uint8), src.view(torch.uint8)
             dst.index_copy_(0, windex, src)
 
     # ------------------------------------------------------------------ plain (generate())
