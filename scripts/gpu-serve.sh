@@ -2,6 +2,8 @@
 # flashkv inside transformers on a GPU machine: the model-family checks and the serving benchmark,
 # logs and results to $OUT (the device tool's output folder) or ./gpu-serve-logs.
 #   scripts/gpu-serve.sh [families] [serve SERVE_ARGS...]      (default: families, then serve)
+#   FAMILIES="gemma2 gpt_oss" limits the family checks; FLASHKV_CACHE_DIR may hold precompiled
+#   kernels (flashkv precompile --arch sm_90a ... on any machine).
 # The flashkv Python module: build312/python/flashkv/_C*.so when it imports (built on another
 # machine for this Python), else `pip install .` into build-pip/site (scripts/gpu-test-python.sh's
 # way). FlashInfer (the paged|fi comparison): wheels in .whl/ (README "Serving benchmark"), JIT-
@@ -41,7 +43,9 @@ status=0
 parts=("$@")
 [ $# -eq 0 ] && parts=(families serve)
 if [ "${parts[0]}" = families ]; then
-  "$PY" -m flashkv.integrations.model_families --json "$LOGS/families.json" 2>&1 \
+  # shellcheck disable=SC2086  # FAMILIES: a space-separated subset (default: all)
+  "$PY" -m flashkv.integrations.model_families --json "$LOGS/families.json" \
+    ${FAMILIES:+--families $FAMILIES} 2>&1 \
     | tee "$LOGS/families.log" || status=1
   parts=("${parts[@]:1}")
 fi
