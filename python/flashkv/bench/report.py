@@ -1,4 +1,4 @@
-"""The result document (BENCHMARKS.md's JSON schema) and its text forms: one line per row, a
+"""The result document (the JSON schema of docs/benchmarks.md) and its text forms: one line per row, a
 Markdown table, the JSON file."""
 
 import json
@@ -30,7 +30,7 @@ def now_iso() -> str:
 
 def ceiling_of(doc, kind):
     """(value, unit label) that a row of `kind` is a percentage of: decode the read ceiling,
-    prefill the fp16 GEMM rate (bf16 rows too, as BENCHMARKS.md does)."""
+    prefill the fp16 GEMM rate (bf16 rows too, as docs/benchmarks.md does)."""
     c = doc.get("ceilings") or {}
     if kind == "decode":
         return c.get("read_tbps"), "read ceiling", "TB/s"

@@ -4,6 +4,8 @@ the merge of result files into one table.
   run:   --peers torch,flashinfer [--kinds decode prefill append] [--workloads D1 P4 ...]
          [--shapes ...] [--prefill-shapes ...] [--kv-dtype e4m3] [--no-ceilings] --out FILE.json
   merge: --merge A.json B.json ... [--json FILE] [--md FILE] [--plots DIR]
+  emit:  --emit-workloads FILE (D1-D6 and P1-P5 as "NAME KIND BATCH lens..." lines, the format
+         `flashkv bench --workloads-file` reads)
 """
 
 import argparse
@@ -49,7 +51,11 @@ def parse_args(argv):
     ap.add_argument("--json", metavar="FILE", help="--merge: the merged document")
     ap.add_argument("--md", metavar="FILE", help="--merge: a Markdown table")
     ap.add_argument("--plots", metavar="DIR", help="--merge: decode.png and prefill.png")
+    ap.add_argument("--emit-workloads", metavar="FILE",
+                    help="write D1-D6 and P1-P5 as 'NAME KIND BATCH lens...' lines and exit")
     args = ap.parse_args(argv)
+    if args.emit_workloads:
+        return args
     if args.merge:
         if not (args.json or args.md or args.plots):
             ap.error("--merge: give --json, --md or --plots for the merged result")
@@ -155,9 +161,21 @@ def merge(args, log):
     return 0
 
 
+def emit_workloads(path):
+    """The standard workloads in the text form `flashkv bench --workloads-file` reads."""
+    with open(path, "w") as f:
+        f.write("# NAME KIND BATCH lens...\n")
+        for w in W.standard_workloads():
+            f.write(f"{w.id} {w.kind} {w.batch} {' '.join(map(str, w.kv_lens))}\n")
+
+
 def main(argv=None, log=None):
     log = log or (lambda s: print(s, flush=True))
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.emit_workloads:
+        emit_workloads(args.emit_workloads)
+        log(f"wrote {args.emit_workloads}")
+        return 0
     if args.merge:
         return merge(args, log)
     if args.out:
