@@ -179,7 +179,7 @@ def summarize(doc):
                      f"{by['shared'][0]['rel_err']:.3e} | {by['in_repo'][0]['rel_err']:.3e} | "
                      f"{'yes' if ok else 'NO'} |")
     lines += ["", f"{sum(verdicts)} of {len(verdicts)} systems within noise; "
-                  f"{len(doc['failures'])} failed runs (both implementations should list the same)."]
+                  f"{len(doc['failures'])} failed runs (both implementations should fail alike)."]
     for f in doc["failures"]:
         lines.append(f"  {f['impl']} r{f['round']} {f['workload']} {f['shape']} {f['system']}: "
                      f"{f['error'].splitlines()[0][:160]}")

@@ -44,7 +44,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions (median reported)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--json", metavar="FILE", help="results in the JSON schema of docs/benchmarks.md")
+    ap.add_argument("--json", metavar="FILE",
+                    help="results in the JSON schema of docs/benchmarks.md")
     ap.add_argument("--md", metavar="FILE", help="results as a Markdown table")
     ap.add_argument("--plots", metavar="DIR", help="decode.png and prefill.png (matplotlib)")
     ap.add_argument("--peers", metavar="NAMES",

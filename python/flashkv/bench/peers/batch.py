@@ -29,7 +29,8 @@ def sampled_rows(qo_lens, seed):
         if qo == 1:
             rows.append([0])
         else:
-            rows.append([0, qo - 1] + [rs.randint(0, qo - 1) for _ in range(min(qo, SAMPLED_ROWS) - 2)])
+            random_rows = [rs.randint(0, qo - 1) for _ in range(min(qo, SAMPLED_ROWS) - 2)]
+            rows.append([0, qo - 1] + random_rows)
     return rows
 
 

@@ -134,7 +134,8 @@ def run(args, log):
     doc["elapsed_s"] = time.time() - t0
     save(rows, failures)
     report.print_table(doc, log)
-    log(f"wrote {args.out} ({len(rows)} rows, {len(failures)} failures) in {doc['elapsed_s']:.0f} s")
+    log(f"wrote {args.out} ({len(rows)} rows, {len(failures)} failures) in "
+        f"{doc['elapsed_s']:.0f} s")
     return 0
 
 

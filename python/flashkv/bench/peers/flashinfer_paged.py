@@ -32,7 +32,8 @@ def import_flashinfer():
     try:
         import flashinfer
     except ImportError as e:
-        raise ImportError(f"the FlashInfer peers need flashinfer-python 0.7 importable ({e})") from e
+        raise ImportError(
+            f"the FlashInfer peers need flashinfer-python 0.7 importable ({e})") from e
     return flashinfer
 
 

@@ -37,9 +37,10 @@ class Peer:
 
 
 def _sdpa(backend):
+    padded = f"torch-sdpa-{backend}-padded"
     return Peer(f"sdpa-{backend}", "torch", ("decode", "prefill", "append"),
-                {"decode": f"torch-sdpa-{backend}-padded", "prefill": f"torch-sdpa-{backend}-padded",
-                 "append": f"torch-sdpa-{backend}-boolmask"}, "sdpa", backend)
+                {"decode": padded, "prefill": padded, "append": f"torch-sdpa-{backend}-boolmask"},
+                "sdpa", backend)
 
 
 def _flashinfer(system, runs):
