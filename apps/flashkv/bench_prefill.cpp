@@ -336,7 +336,7 @@ nlohmann::json bench_prefill(const PrefillBenchOptions& o, const Ceilings& ceil,
           std::printf("%-4s %-10s %-5s FAILED: %s\n", w.id.c_str(), sh.name.c_str(), dtype_name(dt),
                       e.what());
           std::fflush(stdout);
-          // heads/system: the keys peers_torch.py --summarize reads from "failures".
+          // heads/system: the keys a failures entry of the peers carries.
           failures.push_back({{"workload", w.id},
                               {"heads", sh.num_kv_heads == sh.num_qo_heads ? "MHA" : "GQA"},
                               {"system", "flashkv"},

@@ -1,5 +1,6 @@
 // flashkv bench prefill: P1-P5, A1 and S1 (causal, paged KV) through BatchPrefillPaged on the GPU,
-// timed, checked against the CPU reference on sampled rows, as JSON rows (BENCHMARKS.md schema).
+// timed, checked against the CPU reference on sampled rows, as JSON rows (docs/benchmarks.md's
+// schema).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -33,7 +34,7 @@ struct PrefillBenchOptions {
 // Unmasked (q, k) pairs of a causal request with queries aligned to the end of the KV: query i
 // sees kv positions <= kv_len - qo_len + i.
 int64_t causal_pairs(int64_t qo_len, int64_t kv_len);
-// 4 * head_dim * H_qo * pairs, summed over the requests of `w` (BENCHMARKS.md).
+// 4 * head_dim * H_qo * pairs, summed over the requests of `w` (docs/benchmarks.md).
 double prefill_flops(const Workload& w, int num_qo_heads, int head_dim);
 
 // Runs the prefill benchmark in a fixed order (workloads, then shapes, then dtypes: the card runs

@@ -1,5 +1,5 @@
 // Benchmark plumbing shared by the bench subcommands: device random fill, median timing with
-// CUDA events, the ceilings of ../shared/BENCHMARKS.md, paged KV caches with rotated copies and
+// CUDA events, the ceilings of docs/benchmarks.md, paged KV caches with rotated copies and
 // the reference-check tolerance.
 #pragma once
 
@@ -20,7 +20,7 @@ void device_fill_uniform(void* ptr, DType dtype, size_t n, uint64_t seed, float 
                          Stream stream = nullptr);
 
 // Median (and min) of `reps` timed calls of `fn` after `warmup` untimed ones, CUDA events around
-// each call. A 200 us GPU spin precedes each start event (as in ../shared/bench/peers_torch.py),
+// each call. A 200 us GPU spin precedes each start event (as the peers do, flashkv.bench.peers),
 // so the events time the GPU's work, not the host's launch path, which host_us reports apart.
 struct Timing {
   double median_us = 0, min_us = 0;
@@ -38,7 +38,7 @@ struct Ceilings {
 Ceilings measure_ceilings(Stream s);
 
 // How many copies of inputs of `bytes_per_copy` to rotate through so that the 50 MB L2 does not
-// flatter a kernel (BENCHMARKS.md): enough to cover 200 MB (4x L2), at most 8, at least 1.
+// flatter a kernel (docs/benchmarks.md): enough to cover 200 MB (4x L2), at most 8, at least 1.
 int rotation_copies(size_t bytes_per_copy);
 
 // A paged KV cache on the device (NHD, uniform values in [-1, 1)) of `copies` copies: copy c owns

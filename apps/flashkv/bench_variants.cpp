@@ -29,7 +29,7 @@ struct Setup {
   DType dt = DType::f16;
   BenchPagedKV kv;
   DeviceBuffer q, out, q_rot, k_rot, slot_pos, q_pos, none;
-  size_t bytes = 0;  // plain decode's bytes (BENCHMARKS.md): every variant is charged the same
+  size_t bytes = 0;  // plain decode's bytes (docs/benchmarks.md): every variant is charged the same
   BenchVariantInputs vin;
 
   size_t q_bytes() const { return size_t(B) * Hq * D * dtype_size(dt); }

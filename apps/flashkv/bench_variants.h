@@ -30,7 +30,7 @@ struct VariantsBenchOptions {
 };
 
 // Prints one line per (workload, shape, dtype, variant) and one per JIT measurement; returns the
-// rows (BENCHMARKS.md schema plus "variant", "ratio_to_plain", "check"; JIT rows carry
+// rows (docs/benchmarks.md's schema plus "variant", "ratio_to_plain", "check"; JIT rows carry
 // "jit_cold_ms" and "jit_warm_us"). A configuration that failed its reference check, or that the
 // library refused, is a row with "check": "FAILED" (and "ERROR" on its printed line).
 nlohmann::json bench_variants(const VariantsBenchOptions& opts, const Ceilings& ceil, Stream s);

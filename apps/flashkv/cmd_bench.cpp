@@ -201,7 +201,7 @@ void bench_cpu_only(const BenchArgs& a) {
 
 void add_bench_command(CLI::App& app) {
   auto* cmd =
-      app.add_subcommand("bench", "ceilings and the standard workloads (../shared/BENCHMARKS.md)");
+      app.add_subcommand("bench", "ceilings and the standard workloads (docs/benchmarks.md)");
   auto* a = new BenchArgs;
   cmd->add_option(
          "kinds", a->kinds,
@@ -215,7 +215,8 @@ void add_bench_command(CLI::App& app) {
       ->check(one_of(
           {"ceilings", "merge", "decode", "prefill", "step", "cascade", "variants", "sparse"}))
       ->capture_default_str();
-  cmd->add_option("--json", a->json, "write results (BENCHMARKS.md schema) to this file")
+  cmd->add_option("--json", a->json,
+                  "write results (the schema of docs/benchmarks.md) to this file")
       ->check(writable_file());
   cmd->add_option("--md", a->md, "write the prefill results as a Markdown table to this file")
       ->check(writable_file());
@@ -224,7 +225,7 @@ void add_bench_command(CLI::App& app) {
                   "(bench sparse) or those of "
                   "--workloads-file (default: all of the kind)");
   cmd->add_option("--workloads-file", a->workloads_file,
-                  "workloads from peers_torch.py --emit-workloads")
+                  "workloads from `python -m flashkv.bench.peers --emit-workloads`")
       ->check(CLI::ExistingFile);
   std::vector<std::string> shape_names;
   for (const auto& sh : standard_shapes()) shape_names.push_back(sh.name);

@@ -1,4 +1,4 @@
-// The sparse workloads B1-B4 of ../shared/BENCHMARKS.md, drawn exactly as
+// The sparse workloads B1-B4 of docs/benchmarks.md, drawn exactly as
 // python/flashkv/bench/sparse_workloads.py draws them (the same splitmix64 stream, so a pattern
 // is the same bits in both): GQA 32/8, head_dim 128, f16.
 // - B1 / B2: block-sparse causal prefill, M = N = 32768, R = C = 128 / 64. Block row i keeps its

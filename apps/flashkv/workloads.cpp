@@ -10,7 +10,7 @@
 namespace flashkv::cli {
 
 std::vector<Workload> standard_workloads() {
-  // D2/P2: "uniform in [512, 1024], seeded": the sequence peers_torch.py draws with Python's
+  // D2/P2: "uniform in [512, 1024], seeded": the sequence the peers draw with Python's
   // random.Random(2025).randint, copied here so flashkv and the peers measure the same batch.
   const std::vector<int64_t> uni = {596, 1001, 689, 512, 892, 896, 749, 579,
                                     903, 922,  612, 556, 633, 728, 896, 613};

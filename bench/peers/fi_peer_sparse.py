@@ -1,14 +1,13 @@
 #!/usr/bin/env python3
 """FlashInfer 0.7's BlockSparseAttentionWrapper as a peer on B1 / B2 (python/flashkv/bench/
 sparse_workloads.py draws the patterns, the same bits as flashkv's benchmarks): 32k x 32k, GQA
-32/8, d128, f16, causal. Run through the shared runner's setup (wheels, CUDA_HOME):
+32/8, d128, f16, causal. It needs flashinfer-python 0.7 importable with its JIT toolchain
+(nvcc, ninja), as the flashinfer peers of flashkv.bench.peers do (docs/benchmarks.md):
 
-    sed 's#"$HERE/fi_peer_bench.py"#bench/peers/fi_peer_sparse.py#' \\
-        .peers/flashinfer_peer/run_fi_peer.sh > /tmp/run_fi_sparse.sh
-    FI_WHEELS=.whl bash /tmp/run_fi_sparse.sh
+    python3 bench/peers/fi_peer_sparse.py --out fi_sparse.json
 
-It writes $OUT/fi_peer.json (rows in BENCHMARKS.md's schema, system "flashinfer-0.7 block-sparse")
-and the runner's $OUT/fi_peer.log. FlashInfer applies `causal` inside each block row's gathered
+It writes rows in the result schema of docs/benchmarks.md (system "flashinfer-0.7 block-sparse";
+default --out: $OUT/fi_peer.json). FlashInfer applies `causal` inside each block row's gathered
 keys; for these patterns (R == C, each row's columns ascending with its diagonal block last) that
 is the positional causal mask flashkv applies, and each row is checked against a float32
 reference of the positional mask. B3 / B4 (selections per KV head) are not run: FlashInfer's

@@ -1,7 +1,8 @@
 // A GPU spin of a given duration, launched before a benchmark's start event so that the host's
 // launch path (argument checks, the launch call itself) runs while the GPU is busy and the
-// events time the GPU work alone: the same method as ../shared/bench/peers_torch.py
-// (torch.cuda._sleep before each start event), so flashkv and the peers are timed alike.
+// events time the GPU work alone: the same method as flashkv's peers
+// (python/flashkv/bench/peers/timing.py: torch.cuda._sleep before each start event), so flashkv and
+// the peers are timed alike.
 #pragma once
 
 #include "primitives/types.cuh"

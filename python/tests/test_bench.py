@@ -1,6 +1,6 @@
 """python -m flashkv.bench on any machine: the CPU mode runs through the wrappers and writes
-BENCHMARKS.md's JSON, the plots draw from a result document, the workloads are those of the C++
-CLI and of peers_torch.py. On a GPU machine (torch with CUDA) a short GPU run is checked too."""
+the JSON of docs/benchmarks.md, the plots draw from a result document, the workloads are those of
+the C++ CLI. On a GPU machine (torch with CUDA) a short GPU run is checked too."""
 
 import json
 import os
@@ -15,10 +15,6 @@ from flashkv.bench import workloads as W
 
 SCHEMA_ROW_KEYS = {"workload", "shape", "dtype", "system", "time_us", "tbps", "tflops", "rel_err"}
 CEILING_KEYS = {"read_tbps", "copy_tbps", "gemm_f16_tflops", "gemm_bf16_tflops"}
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-PEERS = next((p for p in (os.path.join(ROOT, "..", "shared", "bench", "peers_torch.py"),
-                          os.path.join(ROOT, "shared", "bench", "peers_torch.py"))
-              if os.path.exists(p)), "")
 
 try:
     import torch
@@ -67,7 +63,7 @@ def test_cpu_mode_writes_the_schema(tmp_path):
 def test_cpu_mode_without_a_gpu_says_so(tmp_path):
     if GPU:
         pytest.skip("a GPU is present (the GPU mode runs)")
-    rc, text = run_main(["--kinds", "decode", "--cpu-reps", "1", "--peers", "x.py"])
+    rc, text = run_main(["--kinds", "decode", "--cpu-reps", "1", "--peers", "torch"])
     assert rc == 0
     assert "No GPU benchmark here:" in text and "peers need a GPU; skipped" in text
 
@@ -166,25 +162,23 @@ def test_workloads_are_the_standard_ones():
     assert W.rotation_copies(60 << 20) == 4
 
 
-def test_peers_script_has_the_same_workloads():
-    if not PEERS:
-        pytest.skip("../shared/bench/peers_torch.py not found")
-    pytest.importorskip("torch")  # flashkv.bench.peers runs torch code
-    from flashkv.bench import peers
-
-    pt = peers.load(PEERS)
-    assert peers.same_workloads(pt, W.standard_workloads()) == []
+def test_bad_peer_names_are_refused_at_parse_time(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--peers", "torch,nope"])
+    assert e.value.code == 2
+    assert "--peers: unknown peer 'nope'" in capsys.readouterr().err
+    assert [p.name for p in cli.parse_args(["--peers", "fa2-varlen"]).selected_peers] == [
+        "fa2-varlen"]
 
 
 @pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")
 def test_gpu_run(tmp_path):
-    """A short GPU run (D1 both shapes, P4, f16 and bf16, with the peers when the script is
-    there): ceilings measured, every flashkv row checked and passing, plots drawn."""
+    """A short GPU run (D1 both shapes, P4, f16 and bf16, with two peers): ceilings measured,
+    every flashkv row checked and passing, the peers' rows written, plots drawn."""
     out = tmp_path / "gpu.json"
     argv = ["--workloads", "D1", "P4", "--dtypes", "f16", "bf16", "--reps", "10", "--json",
             str(out), "--plots", str(tmp_path / "png")]
-    if PEERS:
-        argv += ["--peers", PEERS, "--no-flex"]
+    argv += ["--peers", "sdpa-flash,fa2-varlen"]
     rc, text = run_main(argv)
     assert rc == 0, text
     doc = strict_load(out)
@@ -195,8 +189,9 @@ def test_gpu_run(tmp_path):
         + [("P4", "gqa-32-8", d) for d in ("f16", "bf16")])
     for r in own:
         assert r["ref_ok"] and 0 < r["pct_of_ceiling"] < 150, r
-    if PEERS:
-        assert any(r["system"] == "torch-fa2-varlen" for r in doc["results"])
+    peers = {(r["system"], r["workload"]) for r in doc["results"] if r["system"] != "flashkv"}
+    assert {("torch-fa2-varlen", "D1"), ("torch-fa2-varlen", "P4"),
+            ("torch-sdpa-flash-padded", "D1")} <= peers
 
 
 @pytest.mark.skipif(not GPU, reason="needs PyTorch with CUDA and a CUDA GPU")

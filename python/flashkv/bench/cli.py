@@ -9,6 +9,7 @@ import flashkv
 from . import cpu, report
 from . import sparse_workloads as SW
 from . import workloads as W
+from .peers import registry as peer_registry
 
 SHAPES = list(W.SHAPES)
 METHOD = ("flashkv through its Python API (FlashInfer-shaped wrappers on torch CUDA tensors, "
@@ -23,10 +24,10 @@ METHOD = ("flashkv through its Python API (FlashInfer-shaped wrappers on torch C
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="python -m flashkv.bench",
-        description="flashkv's standard workloads (BENCHMARKS.md: decode D1-D6, prefill P1-P5) "
-                    "through the Python API, with the ceilings and, optionally, the torch peers "
-                    "of peers_torch.py measured in the same process. Without a GPU (or with "
-                    "--cpu) it runs the CPU reference at a small size instead.")
+        description="flashkv's standard workloads (docs/benchmarks.md: decode D1-D6, prefill "
+                    "P1-P5) through the Python API, with the ceilings and, optionally, the peers "
+                    "(--peers torch,flashinfer) measured in the same process. Without a GPU (or "
+                    "with --cpu) it runs the CPU reference at a small size instead.")
     ap.add_argument("--kinds", nargs="+", choices=["decode", "prefill", "sparse"],
                     default=["decode", "prefill"],
                     help="sparse: B1-B4 (block-sparse prefill, sparse-KV decode) with their "
@@ -43,12 +44,14 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions (median reported)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--json", metavar="FILE", help="results in BENCHMARKS.md's JSON schema")
+    ap.add_argument("--json", metavar="FILE",
+                    help="results in the JSON schema of docs/benchmarks.md")
     ap.add_argument("--md", metavar="FILE", help="results as a Markdown table")
     ap.add_argument("--plots", metavar="DIR", help="decode.png and prefill.png (matplotlib)")
-    ap.add_argument("--peers", metavar="PATH",
-                    help="shared/bench/peers_torch.py: its ceilings and its torch peers (f16), "
-                         "run in this process on the same workloads")
+    ap.add_argument("--peers", metavar="NAMES",
+                    help="peers run in this process on the same workloads (f16), comma-separated "
+                         "groups or names: " + ", ".join(peer_registry.names())
+                         + " (flashkv.bench.peers); without it no peer runs")
     ap.add_argument("--no-flex", action="store_true",
                     help="skip the FlexAttention peer (minutes of torch.compile)")
     ap.add_argument("--peers-budget-s", type=float, default=900.0,
@@ -59,6 +62,11 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.reps < 1 or args.cpu_reps < 1:
         ap.error("--reps and --cpu-reps must be >= 1")
+    if args.peers:
+        try:
+            args.selected_peers = peer_registry.select(args.peers)
+        except ValueError as e:
+            ap.error(str(e))
     known = {w.id for w in W.standard_workloads()} | set(SW.WORKLOADS)
     for wl in args.workloads or []:
         if wl not in known:
@@ -92,17 +100,22 @@ def env_info(torch=None):
 def run_gpu(args, log):
     import torch
 
-    from . import gpu, peers
+    from . import gpu
+    from .peers import ceilings as peer_ceilings
+    from .peers import runner as peer_runner
+    from .peers.timing import Timer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    pt = peers.load(args.peers) if args.peers else None
+    timer = Timer(torch) if args.peers else None
     doc = dict(gpu=torch.cuda.get_device_name(0), commit=report.commit(), date=report.now_iso(),
                api="python", env=env_info(torch), method=METHOD, ceilings=None, results=[],
                failures=[])
     log(f"GPU: {doc['gpu']}, torch {torch.__version__}, flashkv {flashkv.__version__} "
         f"({doc['commit']})")
-    doc["ceilings"] = gpu.peer_ceilings(pt) if pt else gpu.own_ceilings()
+    # With peers, the ceilings are measured as the peers' runs measure them, so that the
+    # percentages of both compare.
+    doc["ceilings"] = peer_ceilings.measure(torch, timer) if timer else gpu.own_ceilings()
     c = doc["ceilings"]
     log(f"ceilings: read {c['read_tbps']:.2f} TB/s, copy {c['copy_tbps']:.2f} TB/s, GEMM f16 "
         f"{c['gemm_f16_tflops']:.0f} TFLOP/s, bf16 {c['gemm_bf16_tflops']:.0f} TFLOP/s")
@@ -128,23 +141,22 @@ def run_gpu(args, log):
                 doc["results"].append(row)
                 report.fill_pct(doc)
                 log(report.fmt_row(row, row["pct_of_ceiling"]))
-    if pt is not None:
+    if timer is not None:
         if "f16" not in args.dtypes or args.head_dim != 128:
-            log("--peers: peers_torch.py runs f16 with head_dim 128 only; peers skipped")
+            log("--peers: the peers run f16 with head_dim 128 only; peers skipped")
         else:
-            differ = peers.same_workloads(pt, wls)
-            if differ:
-                log(f"--peers: WARNING: peers_torch.py's lengths differ for {differ}")
-            rows, fails = peers.run(pt, wls, shapes_of, args.no_flex, args.peers_budget_s, log)
+            chosen = [p for p in args.selected_peers if not (args.no_flex and p.name == "flex")]
+            rows, fails = peer_runner.run(torch, chosen, wls, shapes_of, timer,
+                                          args.peers_budget_s, log)
             doc["results"] += rows
             doc["failures"] += fails
-            doc["env"]["peers"] = args.peers
+            doc["env"]["peers"] = [p.name for p in chosen]
     if "sparse" in args.kinds:
         from . import sparse_gpu
 
         ids = [i for i in args.workloads or [] if i in SW.WORKLOADS] or list(SW.WORKLOADS)
         if "f16" not in args.dtypes or args.head_dim != 128:
-            log("sparse: B1-B4 are f16 with head_dim 128 (BENCHMARKS.md); they run so")
+            log("sparse: B1-B4 are f16 with head_dim 128 (docs/benchmarks.md); they run so")
         rows, fails = sparse_gpu.run(ids, args.reps, log, args.no_flex)
         doc["results"] += rows
         doc["failures"] += fails

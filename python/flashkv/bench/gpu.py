@@ -1,5 +1,5 @@
 """flashkv on the GPU through its Python API (the FlashInfer-shaped wrappers on torch CUDA
-tensors), timed and checked the way BENCHMARKS.md asks, and the ceilings of the same process.
+tensors), timed and checked the way docs/benchmarks.md asks, and the ceilings of the same process.
 
 Timing: plan() once per configuration (outside the timing), then run() with CUDA events around
 the call only: median (and min) of `reps` repetitions after 5 warm-ups; a GPU spin
@@ -89,16 +89,6 @@ def own_ceilings():
                 gemm_bf16_tflops=gemm["bf16"],
                 source="flashkv.bench: max(torch.sum f32, torch.amax i32) over 4 GiB; copy_ of "
                        "2 GiB (read + written); torch.mm 8192^3")
-
-
-def peer_ceilings(pt):
-    """peers_torch.py's ceilings() (its Bench), in the schema's keys."""
-    c = pt.ceilings(torch, pt.Bench(torch))
-    torch.cuda.empty_cache()
-    return dict(read_tbps=c["read_kernel_TBps"], copy_tbps=c["copy_d2d_TBps"],
-                gemm_f16_tflops=c["matmul_fp16_TFLOPs"], gemm_bf16_tflops=c["matmul_bf16_TFLOPs"],
-                source="peers_torch.py ceilings(): " + "; ".join(
-                    str(c.get(k, "")) for k in ("read_note", "copy_d2d_note", "matmul_note")))
 
 
 # --- data, plan, check ---

@@ -1,4 +1,4 @@
-"""The result document (BENCHMARKS.md's JSON schema) and its text forms: one line per row, a
+"""The result document (the JSON schema of docs/benchmarks.md) and its text forms: one line per row, a
 Markdown table, the JSON file."""
 
 import json
@@ -30,7 +30,7 @@ def now_iso() -> str:
 
 def ceiling_of(doc, kind):
     """(value, unit label) that a row of `kind` is a percentage of: decode the read ceiling,
-    prefill the fp16 GEMM rate (bf16 rows too, as BENCHMARKS.md does)."""
+    prefill the fp16 GEMM rate (bf16 rows too, as docs/benchmarks.md does)."""
     c = doc.get("ceilings") or {}
     if kind == "decode":
         return c.get("read_tbps"), "read ceiling", "TB/s"
@@ -86,8 +86,10 @@ def ceilings_text(doc) -> str:
     c = doc.get("ceilings") or {}
     if c.get("read_tbps") is None:
         return "no ceilings (CPU reference mode)"
-    return (f"read {c['read_tbps']:.2f} TB/s, copy {c['copy_tbps']:.2f} TB/s, GEMM fp16 "
-            f"{c['gemm_f16_tflops']:.0f} / bf16 {c['gemm_bf16_tflops']:.0f} TFLOP/s")
+    # A merged document may lack some (a peers' run measures them all, an older file not).
+    num = lambda key, spec: "n/a" if c.get(key) is None else format(c[key], spec)  # noqa: E731
+    return (f"read {num('read_tbps', '.2f')} TB/s, copy {num('copy_tbps', '.2f')} TB/s, GEMM fp16 "
+            f"{num('gemm_f16_tflops', '.0f')} / bf16 {num('gemm_bf16_tflops', '.0f')} TFLOP/s")
 
 
 def print_table(doc, log=print):

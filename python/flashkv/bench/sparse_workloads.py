@@ -1,4 +1,4 @@
-"""The sparse workloads B1-B4 of BENCHMARKS.md, exactly as `flashkv bench sparse` draws them
+"""The sparse workloads B1-B4 of docs/benchmarks.md, exactly as `flashkv bench sparse` draws them
 (apps/flashkv/sparse_workloads.cpp): the same splitmix64 stream in both languages, so a pattern is
 the same bits in C++ and Python. GQA 32/8, head_dim 128, f16.
 

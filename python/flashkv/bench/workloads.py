@@ -1,5 +1,6 @@
-"""The standard workloads of BENCHMARKS.md (../shared/BENCHMARKS.md), exactly as `flashkv bench`
-defines them (apps/flashkv/workloads.cpp) and peers_torch.py draws them, and how they are counted.
+"""The standard workloads (docs/benchmarks.md), exactly as `flashkv bench` defines them
+(apps/flashkv/workloads.cpp) and the peers (flashkv.bench.peers) draw them, and how they are
+counted.
 
 Decode D1-D6: one query token per request over paged KV. Prefill P1-P5: causal, qo_len = kv_len
 per request. D2/P2 are uniform in [512, 1024] from Python's random.Random(2025) (the sequence the
@@ -58,6 +59,14 @@ def standard_workloads():
         Workload("P4", "prefill", [8192]),
         Workload("P5", "prefill", [32768]),
     ]
+
+
+def append_workloads():
+    """A1 (append: 16 requests, 512 new query tokens on 4096 cached) and S1 (speculative
+    verification: 64 requests, 4 query tokens on 4096 keys): prefill with qo_len < kv_len, the
+    causal mask aligned to the end of the KV (`flashkv bench prefill` runs them too)."""
+    return [Workload("A1", "prefill", [4096 + 512] * 16, [512] * 16),
+            Workload("S1", "prefill", [4096] * 64, [4] * 64)]
 
 
 def select(kind, ids=None):
