@@ -22,9 +22,19 @@ from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
 
 def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
-    """(v, s) = (v_a, s_a) ⊕ (v_b, s_b). v ``[seq_len, num_heads, head_dim]`` (float16, bfloat16
-    or float32), s ``float32 [seq_len, num_heads]`` base 2. Returns new (V, S). On torch CUDA
-    tensors (without ``stream``) this is the torch custom op ``flashkv::merge_state``."""
+    """(v, s) = (v_a, s_a) ⊕ (v_b, s_b). Returns new (V, S). On torch CUDA tensors (without
+    ``stream``) this is the torch custom op ``flashkv::merge_state``.
+
+    Parameters
+    ----------
+    v_a, v_b : array
+        ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32: the two attention
+        outputs.
+    s_a, s_b : array
+        ``float32 [seq_len, num_heads]``: their log-sum-exps, base 2.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     ops = A.torch_ops(v_a) if stream is None else None
     if ops is not None:
         return ops.merge_state(v_a, s_a, v_b, s_b)
@@ -32,9 +42,20 @@ def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
 
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
-    """(v, s) = (v, s) ⊕ (v_other, s_other), written into v and s (base-2 s). ``mask`` (merge
-    only some rows) raises NotImplementedError. On torch CUDA tensors (without ``stream``) this is
-    the torch custom op ``flashkv::merge_state_in_place``."""
+    """(v, s) = (v, s) ⊕ (v_other, s_other), written into v and s. On torch CUDA tensors
+    (without ``stream``) this is the torch custom op ``flashkv::merge_state_in_place``.
+
+    Parameters
+    ----------
+    v, v_other : array
+        ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32; v is written.
+    s, s_other : array
+        ``float32 [seq_len, num_heads]``, base 2; s is written.
+    mask : None
+        Merging only some rows raises NotImplementedError.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     if mask is not None:
         raise NotImplementedError("mask: not supported by flashkv yet (expected None)")
     ops = A.torch_ops(v) if stream is None else None
@@ -44,10 +65,19 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
 
 
 def merge_states(v, s, *, stream=None):
-    """⊕ over the states of each row: v ``[seq_len, num_states, num_heads, head_dim]``, s
-    ``float32 [seq_len, num_states, num_heads]`` base 2. Returns (V ``[seq_len, num_heads,
-    head_dim]``, S ``[seq_len, num_heads]``). On torch CUDA tensors (without ``stream``) this is
-    the torch custom op ``flashkv::merge_states``."""
+    """⊕ over the states of each row. Returns (V ``[seq_len, num_heads, head_dim]``, S
+    ``[seq_len, num_heads]``). On torch CUDA tensors (without ``stream``) this is the torch custom
+    op ``flashkv::merge_states``.
+
+    Parameters
+    ----------
+    v : array
+        ``[seq_len, num_states, num_heads, head_dim]``, float16, bfloat16 or float32.
+    s : array
+        ``float32 [seq_len, num_states, num_heads]``, base 2.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     ops = A.torch_ops(v) if stream is None else None
     if ops is not None:
         return ops.merge_states(v, s)

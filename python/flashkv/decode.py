@@ -193,6 +193,36 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
              variant_args=None):
         """Plan decode for one step's page table (FlashInfer's arguments).
 
+        Parameters
+        ----------
+        indptr : array
+            int32 ``[batch + 1]``: request i has pages ``indices[indptr[i]:indptr[i + 1]]``.
+        indices : array
+            int32 ``[indptr[-1]]``: the page ids, on the host or the device.
+        last_page_len : array
+            int32 ``[batch]``: the tokens of each request's last page, in ``[1, page_size]``.
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads (GQA: num_qo_heads a multiple of num_kv_heads).
+        head_dim : int
+            64, 128 or 256.
+        page_size : int
+            Tokens per page (>= 1).
+        q_data_type, kv_data_type, o_data_type : dtype or str
+            q's dtype (default float16), the cache's (default q's; or fp8) and the output's
+            (default q's).
+        sm_scale : float, optional
+            The logits' scale (default ``1/sqrt(head_dim)``).
+        fixed_split_size : int, optional
+            KV chunks of this many pages (batch-invariant output).
+        disable_split_kv : bool
+            Never split a request's KV across CTAs.
+        pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta
+            FlashInfer's attention variants (below).
+        sinks, alibi_slopes, sigmoid, sigmoid_bias, variant, variant_args
+            flashkv's variant extensions (below).
+        low_freq_factor, high_freq_factor, old_context_len
+            The Llama 3.1 RoPE factors (``"ROPE_LLAMA31"``).
+
         indptr ``[batch + 1]``, indices ``[indptr[-1]]``, last_page_len ``[batch]``: int32, on the
         host or the device (host copies of indptr and last_page_len are taken here, as FlashInfer
         does). ``fixed_split_size`` is in pages, as FlashInfer's (batch-invariant output);
@@ -334,6 +364,23 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None):
         """Decode attention for the planned batch.
+
+        Parameters
+        ----------
+        q : array
+            ``[batch, num_qo_heads, head_dim]``, the plan's q dtype.
+        paged_kv_cache : tuple or array
+            ``(k_cache, v_cache)`` or one interleaved ``[num_pages, 2, ...]`` array (below).
+        k_scale, v_scale : float or array, optional
+            An fp8 cache's dequantization scales (below).
+        out : array, optional
+            ``[batch, num_qo_heads, head_dim]`` to write into.
+        lse : array, optional
+            ``float32 [batch, num_qo_heads]`` to write into (base 2).
+        return_lse : bool
+            Also return lse.
+        q_scale, enable_pdl, window_left
+            Accepted for FlashInfer compatibility (below).
 
         q ``[batch, num_qo_heads, head_dim]``; paged_kv_cache a ``(k_cache, v_cache)`` tuple of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or

@@ -344,6 +344,35 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
              **variant_extras):
         """Plan prefill for one step (FlashInfer's arguments).
 
+        Parameters
+        ----------
+        qo_indptr : array
+            int32 ``[batch + 1]``: request i has query rows ``qo_indptr[i]:qo_indptr[i + 1]``.
+        paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len : array
+            The page table (int32 ``[batch + 1]``, ``[paged_kv_indptr[-1]]``, ``[batch]``).
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads (GQA: num_qo_heads a multiple of num_kv_heads).
+        head_dim_qk : int
+            64, 128 or 256 (``head_dim_vo``, if given, must equal it).
+        page_size : int
+            Tokens per page (>= 1).
+        causal : bool
+            Causal mask aligned to the end of each request's KV.
+        custom_mask, packed_custom_mask : array, optional
+            FlashInfer's custom masks (below).
+        sm_scale : float, optional
+            The logits' scale (default ``1/sqrt(head_dim)``).
+        pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta
+            FlashInfer's attention variants (below).
+        q_data_type, kv_data_type, o_data_type : dtype or str
+            q's dtype (default float16), the cache's (default q's; or fp8), the output's.
+        fixed_split_size : int, optional
+            KV chunks of this many pages (batch-invariant output).
+        disable_split_kv : bool
+            Never split a query tile's KV across CTAs.
+        **variant_extras
+            flashkv's variant extensions (below).
+
         qo_indptr, paged_kv_indptr ``[batch + 1]``, paged_kv_indices ``[paged_kv_indptr[-1]]``,
         paged_kv_last_page_len ``[batch]``: int32 on the host or the device. ``causal`` aligns to
         the end of each request's KV. ``fixed_split_size`` is in pages (FlashInfer's unit).
