@@ -71,6 +71,9 @@ struct CascadePlanOptions {
   enum class Use : uint8_t { kAuto, kAlways, kNever } use = Use::kAuto;
   int min_group_size = 2;          // requests that must share a prefix for it to form a group
   bool enable_cuda_graph = false;  // fixed launches and grids: run() may be captured and replayed
+  // How the errors of plan() and run() name the page-table arrays (the Python wrappers pass
+  // FlashInfer's argument names). Read during plan() only; the strings are copied.
+  PageTableNames names;
 };
 
 struct CascadePlanInfo {

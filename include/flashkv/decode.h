@@ -104,6 +104,9 @@ struct DecodePlanOptions {
   // (device_errors.h), naming the entry and its request. A kernel variant that costs 1-6 % on
   // the H200, so off by default; FLASHKV_CHECK_DEVICE_ERRORS=1 turns it on for every plan.
   bool check_page_ids = false;
+  // How the errors of plan() and run() name the page-table arrays (the Python wrappers pass
+  // FlashInfer's argument names). Read during plan() only; the strings are copied.
+  PageTableNames names;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,
   // custom mask, fused RoPE) or a user's source; compiled into the kernel at plan().
   Variant variant;
@@ -141,6 +144,11 @@ class BatchDecode {
   // The least a workspace may have: the plan arrays of max_batch requests and no partial states
   // (plans then never split KV).
   static size_t min_workspace_bytes(const BatchDecodeConfig& cfg);
+  // The KV chunks per KV head a plan of `batch` with DecodePlanOptions::fixed_split_size cuts
+  // (each takes a partial-state slot): sum over requests of ceil(kv_len / fixed_split_size). A
+  // config holds them with max_kv_tokens = this count and min_fixed_split_size = 1. Reads the
+  // page table unchecked (negative lengths count 0): for sizing before plan() checks it.
+  static int64_t fixed_split_chunks(const DecodeBatch& batch, int fixed_split_size);
 
   // `workspace` is device memory owned by the caller, of at least min_workspace_bytes(cfg) bytes
   // (else throws, naming that size). With less than workspace_bytes(cfg) the partial states get

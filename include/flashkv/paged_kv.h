@@ -28,6 +28,15 @@ KVLayout parse_kv_layout(const std::string& name);  // "NHD" / "HND" (case-insen
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 bool is_supported_head_dim(int head_dim);
 
+// How the plan checks' messages name the page-table arrays (plan_checks.h; the plan options'
+// `names`): the C++ API's names by default; the Python wrappers pass FlashInfer's argument names.
+struct PageTableNames {
+  const char* qo_indptr = "qo_indptr";
+  const char* kv_indptr = "kv_indptr";
+  const char* kv_indices = "kv_indices";
+  const char* kv_last_page_len = "kv_last_page_len";
+};
+
 struct PagedKVCache {
   TensorView k;  // [num_pages, page_size, H_kv, D] (NHD) or [num_pages, H_kv, page_size, D] (HND)
   TensorView v;  // same shape, dtype and device as k

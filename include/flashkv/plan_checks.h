@@ -30,15 +30,6 @@ enum class PlanTarget : uint8_t { kGpu, kHost };
 inline constexpr int kMaxDecodeGroup = 64;
 inline constexpr int kMaxPrefillGroup = 128;
 
-// How the messages name the page-table arrays (the C++ API's names by default; the Python
-// wrappers pass FlashInfer's argument names).
-struct PageTableNames {
-  const char* qo_indptr = "qo_indptr";
-  const char* kv_indptr = "kv_indptr";
-  const char* kv_indices = "kv_indices";
-  const char* kv_last_page_len = "kv_last_page_len";
-};
-
 // BatchDecode::plan's arguments (decode.h): batch_size >= 0; kv_indptr [batch_size + 1] host array
 // from 0, non-decreasing; kv_last_page_len [batch_size] in [1, page_size] for each request with
 // pages; page_size >= 1; num_qo_heads and num_kv_heads positive, num_qo_heads % num_kv_heads == 0,

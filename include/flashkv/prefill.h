@@ -90,6 +90,9 @@ struct PrefillPlanOptions {
   // cache: out-of-range ids read as zeros.
   const int32_t* kv_indices_host = nullptr;
   int64_t num_pages = 0;  // 0: compare with the cache at run()
+  // How the errors of plan() and run() name the page-table arrays (the Python wrappers pass
+  // FlashInfer's argument names). Read during plan() only; the strings are copied.
+  PageTableNames names;
   PrefillBackend backend = PrefillBackend::kAuto;
   PrefillItemOrder item_order = PrefillItemOrder::kAuto;
   // The attention variant (variant_spec.h): a built-in (window, soft-cap, ALiBi, sinks, sigmoid,

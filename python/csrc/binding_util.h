@@ -1,5 +1,6 @@
 // What the binding files share: the GIL release around an op, the caller's workspace, the
-// optional-argument types and FlashInfer's k_scale / v_scale keyword arguments.
+// optional-argument types, the options of the unplanned ops and FlashInfer's k_scale / v_scale
+// keyword arguments.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -10,7 +11,9 @@
 #include <utility>
 
 #include "array_view.h"
+#include "flashkv/attention.h"
 #include "flashkv/error.h"
+#include "flashkv/rope.h"
 
 namespace flashkv::python {
 
@@ -22,6 +25,41 @@ template <class F>
 void without_gil(F&& f) {
   nb::gil_scoped_release release;
   f();
+}
+
+// The options of the ops without a plan (single-request attention, the CPU references).
+inline AttentionOptions attention_options(float sm_scale, bool causal,
+                                          const KVScale& kv_scale = {}) {
+  AttentionOptions o;
+  o.sm_scale = sm_scale;
+  o.causal = causal;
+  o.kv_scale = kv_scale;
+  return o;
+}
+
+// RoPE's options from the wrappers' scalars (the RoPE ops and the fused decode step).
+inline RopeOptions llama_rope(int rotary_dim, bool interleave, double rope_scale,
+                              double rope_theta) {
+  RopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  return o;
+}
+
+inline Llama31RopeOptions llama31_rope(int rotary_dim, bool interleave, double rope_scale,
+                                       double rope_theta, double low_freq_factor,
+                                       double high_freq_factor, double old_context_len) {
+  Llama31RopeOptions o;
+  o.rotary_dim = rotary_dim;
+  o.interleave = interleave;
+  o.rope_scale = rope_scale;
+  o.rope_theta = rope_theta;
+  o.low_freq_factor = low_freq_factor;
+  o.high_freq_factor = high_freq_factor;
+  o.old_context_len = old_context_len;
+  return o;
 }
 
 // The keyword arguments of FlashInfer's k_scale / v_scale (array_view.h: kv_scale_of) that every

@@ -1,5 +1,5 @@
-#include "block_sparse_binding.h"
-
+// Block-sparse attention from Python (flashkv/block_sparse.h): _C.BlockSparseAttention (the GPU
+// op), _C.reference_block_sparse_attention (its CPU reference) and _C.block_sparse_mask_bytes.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "binding_util.h"
+#include "bindings.h"
 #include "flashkv/block_sparse.h"
 #include "flashkv/error.h"
 #include "flashkv/reference_block_sparse.h"

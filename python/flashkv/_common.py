@@ -191,6 +191,39 @@ def _not_fp8(name, value, which, dtype):
         f"and this cache is {dtype}: pass None or 1.0 and {fold}")
 
 
+# --- the structs of the C++ plan() calls (flashkv._C) --------------------------------------------
+
+
+def make(cls, **fields):
+    """A flashkv._C struct (AttentionShape, DecodePlanOptions, PageTableNames, ...) with `fields`
+    set (AttributeError names a field the struct does not have)."""
+    s = cls()
+    for name, value in fields.items():
+        setattr(s, name, value)
+    return s
+
+
+def page_table_names(qo_indptr="qo_indptr", kv_indptr="paged_kv_indptr",
+                     kv_indices="paged_kv_indices", kv_last_page_len="paged_kv_last_page_len"):
+    """How the C++ plan checks name the page-table arrays: the wrapper's argument names
+    (FlashInfer's; the defaults are the paged prefill and cascade wrappers')."""
+    return make(_C.PageTableNames, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                kv_indices=kv_indices, kv_last_page_len=kv_last_page_len)
+
+
+def attention_shape(plan) -> object:
+    """The _C.AttentionShape of a decode or prefill plan (its heads, head_dim and dtypes)."""
+    return make(_C.AttentionShape, num_qo_heads=plan["num_qo_heads"],
+                num_kv_heads=plan["num_kv_heads"], head_dim=plan["head_dim"],
+                q_dtype=plan["q_dtype"], kv_dtype=plan["kv_dtype"], o_dtype=plan["o_dtype"])
+
+
+def plan_info(slot) -> dict:
+    """A wrapper's plan_info(): the statistics of its C++ op's last plan as a dict (the bound
+    PlanInfo's to_dict()), {} before a GPU plan."""
+    return slot.op.plan_info().to_dict() if slot is not None and slot.op else {}
+
+
 def sm_scale_arg(sm_scale) -> float:
     """The C++ sm_scale (0: 1/sqrt(head_dim))."""
     if sm_scale is None:
@@ -371,13 +404,15 @@ def object_of(handle: int):
 
 
 # --- plan()'s checks on the host path ---------------------------------------------------------
-# The GPU path's plan() runs flashkv's C++ checks (include/flashkv/plan_checks.h) inside the C++
-# op; the host path (CPU reference) runs the same C++ functions through _C.check_*_plan, so a plan
-# the GPU refuses is refused on the host too, with the same message (and CI, without a GPU, covers
-# them). Page ids: plan() checks a host page table's ids are >= 0 and keeps its largest id
-# (plan["page_id_max"] = (id, entry), None for device-resident ids); run() compares it with the
-# cache's page count before anything runs (check_page_ids_fit). Device-resident page tables are
-# checked only on request, in the kernel (check_page_ids / FLASHKV_CHECK_DEVICE_ERRORS=1).
+# Each path checks a plan once, in C++ (include/flashkv/plan_checks.h): the GPU path inside the C++
+# op's plan() (given the host page ids and the wrapper's argument names, _C.PageTableNames), the
+# host path (CPU reference) through _C.check_host_*_plan, the same functions, so a plan the GPU
+# refuses is refused on the host too, with the same message (and CI, without a GPU, covers them).
+# Page ids: plan() checks a host page table's ids are >= 0 and keeps its largest id; run()
+# compares it with the cache's page count before anything runs: the C++ op's run() on the GPU, on
+# the host check_page_ids_fit below (plan["page_id_max"] = (id, entry), None without host ids).
+# Device-resident page tables are checked only on request, in the kernel (check_page_ids /
+# FLASHKV_CHECK_DEVICE_ERRORS=1).
 
 
 def check_page_ids_fit(plan, k, name: str):

@@ -22,9 +22,19 @@ from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
 
 def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
-    """(v, s) = (v_a, s_a) ⊕ (v_b, s_b). v ``[seq_len, num_heads, head_dim]`` (float16, bfloat16
-    or float32), s ``float32 [seq_len, num_heads]`` base 2. Returns new (V, S). On torch CUDA
-    tensors (without ``stream``) this is the torch custom op ``flashkv::merge_state``."""
+    """(v, s) = (v_a, s_a) ⊕ (v_b, s_b). Returns new (V, S). On torch CUDA tensors (without
+    ``stream``) this is the torch custom op ``flashkv::merge_state``.
+
+    Parameters
+    ----------
+    v_a, v_b : array
+        ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32: the two attention
+        outputs.
+    s_a, s_b : array
+        ``float32 [seq_len, num_heads]``: their log-sum-exps, base 2.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     ops = A.torch_ops(v_a) if stream is None else None
     if ops is not None:
         return ops.merge_state(v_a, s_a, v_b, s_b)
@@ -32,9 +42,20 @@ def merge_state(v_a, s_a, v_b, s_b, *, stream=None):
 
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
-    """(v, s) = (v, s) ⊕ (v_other, s_other), written into v and s (base-2 s). ``mask`` (merge
-    only some rows) raises NotImplementedError. On torch CUDA tensors (without ``stream``) this is
-    the torch custom op ``flashkv::merge_state_in_place``."""
+    """(v, s) = (v, s) ⊕ (v_other, s_other), written into v and s. On torch CUDA tensors
+    (without ``stream``) this is the torch custom op ``flashkv::merge_state_in_place``.
+
+    Parameters
+    ----------
+    v, v_other : array
+        ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32; v is written.
+    s, s_other : array
+        ``float32 [seq_len, num_heads]``, base 2; s is written.
+    mask : None
+        Merging only some rows raises NotImplementedError.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     if mask is not None:
         raise NotImplementedError("mask: not supported by flashkv yet (expected None)")
     ops = A.torch_ops(v) if stream is None else None
@@ -44,10 +65,19 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
 
 
 def merge_states(v, s, *, stream=None):
-    """⊕ over the states of each row: v ``[seq_len, num_states, num_heads, head_dim]``, s
-    ``float32 [seq_len, num_states, num_heads]`` base 2. Returns (V ``[seq_len, num_heads,
-    head_dim]``, S ``[seq_len, num_heads]``). On torch CUDA tensors (without ``stream``) this is
-    the torch custom op ``flashkv::merge_states``."""
+    """⊕ over the states of each row. Returns (V ``[seq_len, num_heads, head_dim]``, S
+    ``[seq_len, num_heads]``). On torch CUDA tensors (without ``stream``) this is the torch custom
+    op ``flashkv::merge_states``.
+
+    Parameters
+    ----------
+    v : array
+        ``[seq_len, num_states, num_heads, head_dim]``, float16, bfloat16 or float32.
+    s : array
+        ``float32 [seq_len, num_states, num_heads]``, base 2.
+    stream : int, optional
+        A CUDA stream handle (flashkv extension; default: the framework's current stream).
+    """
     ops = A.torch_ops(v) if stream is None else None
     if ops is not None:
         return ops.merge_states(v, s)
@@ -277,12 +307,18 @@ class MultiLevelCascadeWrapper:
                     indptr=kv_h, indices=A.host_i32(paged_kv_indices, "paged_kv_indices"),
                     last_page_len=A.host_i32(paged_kv_last_page_len, "paged_kv_last_page_len"))
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
-        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths: the page
-        # table, its ids (>= 0; the largest is compared with the cache at run()), the shape.
-        plan["page_id_max"] = A.call(
-            _C.check_cascade_plan, qo_h, kv_h, plan["indices"], plan["last_page_len"],
-            plan["page_size"], plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt,
-            not self._on_gpu)
+        # One C++ check per path (flashkv/plan_checks.h, _common.py): the host path's here, the
+        # GPU path's in the op's plan() below: the page table, its ids (>= 0; the largest is
+        # compared with the cache at run()), the shape.
+        shape = C.make(_C.CascadeShape, num_qo_heads=plan["num_qo_heads"],
+                       num_kv_heads=plan["num_kv_heads"], head_dim=plan["head_dim"], dtype=q_dt,
+                       kv_dtype=kv_dt)
+        names = C.page_table_names()
+        plan["page_id_max"] = None
+        if not self._on_gpu:
+            plan["page_id_max"] = A.call(
+                _C.check_host_cascade_plan, qo_h, kv_h, plan["indices"], plan["last_page_len"],
+                plan["page_size"], shape, names)
         pages = int(kv_h[-1]) if batch > 0 else 0
         need = dict(max_batch=max(batch, 1), max_qo_tokens=0 if qo_h is None else max(rows, 1),
                     max_pages=max(pages, 1), num_qo_heads=plan["num_qo_heads"],
@@ -302,10 +338,11 @@ class MultiLevelCascadeWrapper:
                              f"first plan(), {sized}; create another wrapper for the other")
         op = self._slot.acquire(need, what,
                                 exact_fields=("max_qo_tokens",) if qo_h is None else ())
-        op.plan(qo_h, kv_h, plan["indices"], plan["last_page_len"], plan["page_size"],
-                plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], q_dt, kv_dt,
-                plan["causal"], plan["sm_scale"], use_cascade, int(min_group_size),
-                self._use_cuda_graph, A.cuda_stream(self._float_workspace_buffer))
+        options = C.make(_C.CascadePlanOptions, causal=plan["causal"], sm_scale=plan["sm_scale"],
+                         use=use_cascade, min_group_size=int(min_group_size),
+                         enable_cuda_graph=self._use_cuda_graph)
+        A.call(op.plan, qo_h, kv_h, plan["indices"], plan["last_page_len"], plan["page_size"],
+               shape, options, names=names, stream=A.cuda_stream(self._float_workspace_buffer))
         self._plan = plan
 
     begin_forward = plan
@@ -342,4 +379,4 @@ class MultiLevelCascadeWrapper:
         """The last GPU plan: num_levels (1: plain attention), cascade (whether a shared-prefix
         level is used), the KV bytes plain attention and this plan read, the cost model's
         estimates (us) and plan time. Empty for a host wrapper."""
-        return self._slot.op.plan_info() if self._slot is not None and self._slot.op else {}
+        return C.plan_info(self._slot)

@@ -102,10 +102,18 @@ def _single_decode_variant_gpu(q, k, v, out, lse, kv_layout, sm_scale, cvar, str
     # Kept until the next call: the kernel reads them asynchronously (maybe on another stream).
     slot.indices = A.to_device_like(np.arange(max(kv_len, 1), dtype=np.int32), q)
     kp, vp, _ = C.token_pages(k, v, kv_layout)
-    A.call(op.plan, indptr, last, hq, hk, d, 1, A.array_dtype(q), A.array_dtype(k),
-           A.array_dtype(out), sm_scale, False, 0, False, cvar, stream)
+    shape = C.make(_C.AttentionShape, num_qo_heads=hq, num_kv_heads=hk, head_dim=d,
+                   q_dtype=A.array_dtype(q), kv_dtype=A.array_dtype(k), o_dtype=A.array_dtype(out))
+    A.call(op.plan, indptr, last, 1, shape, C.make(_C.DecodePlanOptions, sm_scale=sm_scale),
+           variant=cvar, stream=stream)
     A.call(op.run, q[None], kp, vp, kv_layout, indptr, slot.indices, last, out[None],
            None if lse is None else lse[None], stream, **kvs.kwargs())
+
+
+def _DECODE_NAMES():
+    """The decode wrapper's names of its page-table arrays (plan()'s arguments)."""
+    return C.page_table_names(kv_indptr="indptr", kv_indices="indices",
+                              kv_last_page_len="last_page_len")
 
 
 class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
@@ -185,6 +193,36 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
              variant_args=None):
         """Plan decode for one step's page table (FlashInfer's arguments).
 
+        Parameters
+        ----------
+        indptr : array
+            int32 ``[batch + 1]``: request i has pages ``indices[indptr[i]:indptr[i + 1]]``.
+        indices : array
+            int32 ``[indptr[-1]]``: the page ids, on the host or the device.
+        last_page_len : array
+            int32 ``[batch]``: the tokens of each request's last page, in ``[1, page_size]``.
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads (GQA: num_qo_heads a multiple of num_kv_heads).
+        head_dim : int
+            64, 128 or 256.
+        page_size : int
+            Tokens per page (>= 1).
+        q_data_type, kv_data_type, o_data_type : dtype or str
+            q's dtype (default float16), the cache's (default q's; or fp8) and the output's
+            (default q's).
+        sm_scale : float, optional
+            The logits' scale (default ``1/sqrt(head_dim)``).
+        fixed_split_size : int, optional
+            KV chunks of this many pages (batch-invariant output).
+        disable_split_kv : bool
+            Never split a request's KV across CTAs.
+        pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta
+            FlashInfer's attention variants (below).
+        sinks, alibi_slopes, sigmoid, sigmoid_bias, variant, variant_args
+            flashkv's variant extensions (below).
+        low_freq_factor, high_freq_factor, old_context_len
+            The Llama 3.1 RoPE factors (``"ROPE_LLAMA31"``).
+
         indptr ``[batch + 1]``, indices ``[indptr[-1]]``, last_page_len ``[batch]``: int32, on the
         host or the device (host copies of indptr and last_page_len are taken here, as FlashInfer
         does). ``fixed_split_size`` is in pages, as FlashInfer's (batch-invariant output);
@@ -235,13 +273,11 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         last_h = A.host_i32(last_page_len, "last_page_len")
         batch = indptr_h.shape[0] - 1
         self._plan = None  # a plan() that raises leaves the wrapper unplanned
-        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths; with a
-        # host page table also its ids (>= 0; the largest is compared with the cache at run()).
+        # One C++ check per path (flashkv/plan_checks.h, _common.py): the host path's here, the
+        # GPU path's in the op's plan() below; with a host page table also its ids (>= 0; the
+        # largest is compared with the cache at run()).
         indices_h = (None if self._on_gpu and A.is_cuda(indices)
                      else A.host_i32(indices, "indices"))
-        page_id_max = A.call(_C.check_decode_plan, indptr_h, last_h, indices_h, int(num_qo_heads),
-                             int(num_kv_heads), int(head_dim), int(page_size), q_dt, kv_dt, o_dt,
-                             not self._on_gpu)
         split = 0 if fixed_split_size is None or fixed_split_size <= 0 else (
             int(fixed_split_size) * int(page_size))
         plan = dict(q_dtype=q_dt, kv_dtype=kv_dt, o_dtype=o_dt, num_qo_heads=int(num_qo_heads),
@@ -249,8 +285,11 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                     page_size=int(page_size), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
                     indptr=indptr_h, last_page_len=last_h,
                     window_left=-1 if window_left is None else int(window_left),
-                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"),
-                    page_id_max=page_id_max)
+                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"), page_id_max=None)
+        shape = C.attention_shape(plan)
+        if not self._on_gpu:
+            plan["page_id_max"] = A.call(_C.check_host_decode_plan, indptr_h, last_h, indices_h,
+                                         int(page_size), shape, _DECODE_NAMES())
         keep = []
         plan["variant"] = V.plan_variant(
             on_gpu=self._on_gpu, like=self._float_workspace_buffer,
@@ -280,18 +319,19 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                 f"indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
                 f"buffers given to the constructor (CUDA graph mode)")
         # fixed_split_size cuts requests into chunks whatever the grid, so the workspace must hold
-        # every chunk's partial state. BatchDecodeConfig holds ceil(max_kv_tokens /
-        # min_fixed_split_size) + max_batch chunks per KV head; the wrapper passes the chunk count
-        # itself with min_fixed_split_size 1, a field that only grows (OpSlot.acquire). Eagerly: this
-        # plan's chunks. CUDA graph mode sizes once, for the most the indices buffer can describe
-        # (its pages full), so later plans with longer requests fit the captured workspace.
+        # every chunk's partial state: C++ counts them (BatchDecode.fixed_split_chunks), and the
+        # config holds them as max_kv_tokens with min_fixed_split_size 1, fields that only grow
+        # (OpSlot.acquire). Eagerly: this plan's chunks. CUDA graph mode sizes once, for the most
+        # the indices buffer can describe (one request over all its pages, full), so later plans
+        # with longer requests fit the captured workspace.
         chunks = 0
         if split > 0 and self._use_cuda_graph:
-            tokens = int(self._paged_kv_indices_buf.shape[0]) * int(page_size)
-            chunks = (tokens + split - 1) // split
-        elif split > 0 and batch > 0:
-            lens = C.host_kv_lens(indptr_h, last_h, page_size)
-            chunks = int(((lens + split - 1) // split).sum())
+            pages = int(self._paged_kv_indices_buf.shape[0])
+            chunks = _C.BatchDecode.fixed_split_chunks(
+                np.array([0, pages], np.int32), np.array([page_size], np.int32), int(page_size),
+                split)
+        elif split > 0:
+            chunks = _C.BatchDecode.fixed_split_chunks(indptr_h, last_h, int(page_size), split)
         need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
                     num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
         if chunks > 0:
@@ -311,9 +351,12 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
             plan["indices"] = (A.device_i32(indices) if indices_h is None
                                else A.to_device_like(indices_h, self._float_workspace_buffer))
             plan["run_indptr"], plan["run_last_page_len"] = indptr_h, last_h
-        op.plan(indptr_h, last_h, int(num_qo_heads), int(num_kv_heads), int(head_dim),
-                int(page_size), q_dt, kv_dt, o_dt, plan["sm_scale"], self._use_cuda_graph,
-                split, bool(disable_split_kv), plan["variant"], stream)
+        options = C.make(_C.DecodePlanOptions, sm_scale=plan["sm_scale"],
+                         enable_cuda_graph=self._use_cuda_graph, fixed_split_size=split,
+                         disable_split_kv=bool(disable_split_kv))
+        A.call(op.plan, indptr_h, last_h, int(page_size), shape, options,
+               variant=plan["variant"], kv_indices=indices_h, names=_DECODE_NAMES(),
+               stream=stream)
         self._plan = plan
 
     begin_forward = plan
@@ -321,6 +364,23 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None):
         """Decode attention for the planned batch.
+
+        Parameters
+        ----------
+        q : array
+            ``[batch, num_qo_heads, head_dim]``, the plan's q dtype.
+        paged_kv_cache : tuple or array
+            ``(k_cache, v_cache)`` or one interleaved ``[num_pages, 2, ...]`` array (below).
+        k_scale, v_scale : float or array, optional
+            An fp8 cache's dequantization scales (below).
+        out : array, optional
+            ``[batch, num_qo_heads, head_dim]`` to write into.
+        lse : array, optional
+            ``float32 [batch, num_qo_heads]`` to write into (base 2).
+        return_lse : bool
+            Also return lse.
+        q_scale, enable_pdl, window_left
+            Accepted for FlashInfer compatibility (below).
 
         q ``[batch, num_qo_heads, head_dim]``; paged_kv_cache a ``(k_cache, v_cache)`` tuple of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or
@@ -483,4 +543,4 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
 
     def plan_info(self) -> dict:
         """flashkv's statistics of the last GPU plan (CTAs, work items, splits, plan time)."""
-        return self._slot.op.plan_info() if self._slot is not None and self._slot.op else {}
+        return C.plan_info(self._slot)

@@ -165,8 +165,10 @@ def _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, sm_scale, cvar, ba
                              f"{qo_len} query tokens, num_qo_heads {hq}, head_dim {d}").op
     qo_indptr = np.array([0, qo_len], np.int32)
     kv_indptr = np.array([0, kv_len], np.int32)
-    A.call(op.plan, qo_indptr, kv_indptr, hq, hk, d, A.array_dtype(q), A.array_dtype(k),
-           A.array_dtype(out), causal, sm_scale, False, 0, False, 0, cvar, backend, stream)
+    shape = C.make(_C.AttentionShape, num_qo_heads=hq, num_kv_heads=hk, head_dim=d,
+                   q_dtype=A.array_dtype(q), kv_dtype=A.array_dtype(k), o_dtype=A.array_dtype(out))
+    options = C.make(_C.PrefillPlanOptions, causal=causal, sm_scale=sm_scale, backend=backend)
+    A.call(op.plan, qo_indptr, kv_indptr, shape, options, variant=cvar, stream=stream)
     if kv_layout == "HND":
         k, v = A.swap01(k), A.swap01(v)
     A.call(op.run, q, k, v, out, lse, stream, **kvs.kwargs())
@@ -219,7 +221,7 @@ class _BatchPrefillBase:
 
     def plan_info(self) -> dict:
         """flashkv's statistics of the last GPU plan (CTAs, work items, tile rows, plan time)."""
-        return self._slot.op.plan_info() if self._slot is not None and self._slot.op else {}
+        return C.plan_info(self._slot)
 
     def _common_plan(self, qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                      causal, sm_scale, q_data_type, kv_data_type, o_data_type, fixed_split_size,
@@ -281,9 +283,16 @@ class _BatchPrefillBase:
             f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
             f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
 
+    def _plan_options(self, plan, disable_split_kv):
+        """The _C.PrefillPlanOptions of a GPU plan."""
+        return C.make(_C.PrefillPlanOptions, causal=plan["causal"], sm_scale=plan["sm_scale"],
+                      enable_cuda_graph=self._use_cuda_graph, fixed_split_size=plan["split"],
+                      disable_split_kv=bool(disable_split_kv), tile_rows=self._tile_rows,
+                      backend=self._backend)
+
     def _planned(self, op):
         if self._use_cuda_graph and not self._tile_rows:
-            self._tile_rows = op.plan_info()["tile_rows"]
+            self._tile_rows = op.plan_info().tile_rows
 
     def _outputs(self, q, out, lse, return_lse):
         return C.run_outputs(self, q, None, out, lse, return_lse)
@@ -335,6 +344,35 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
              **variant_extras):
         """Plan prefill for one step (FlashInfer's arguments).
 
+        Parameters
+        ----------
+        qo_indptr : array
+            int32 ``[batch + 1]``: request i has query rows ``qo_indptr[i]:qo_indptr[i + 1]``.
+        paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len : array
+            The page table (int32 ``[batch + 1]``, ``[paged_kv_indptr[-1]]``, ``[batch]``).
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads (GQA: num_qo_heads a multiple of num_kv_heads).
+        head_dim_qk : int
+            64, 128 or 256 (``head_dim_vo``, if given, must equal it).
+        page_size : int
+            Tokens per page (>= 1).
+        causal : bool
+            Causal mask aligned to the end of each request's KV.
+        custom_mask, packed_custom_mask : array, optional
+            FlashInfer's custom masks (below).
+        sm_scale : float, optional
+            The logits' scale (default ``1/sqrt(head_dim)``).
+        pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta
+            FlashInfer's attention variants (below).
+        q_data_type, kv_data_type, o_data_type : dtype or str
+            q's dtype (default float16), the cache's (default q's; or fp8), the output's.
+        fixed_split_size : int, optional
+            KV chunks of this many pages (batch-invariant output).
+        disable_split_kv : bool
+            Never split a query tile's KV across CTAs.
+        **variant_extras
+            flashkv's variant extensions (below).
+
         qo_indptr, paged_kv_indptr ``[batch + 1]``, paged_kv_indices ``[paged_kv_indptr[-1]]``,
         paged_kv_last_page_len ``[batch]``: int32 on the host or the device. ``causal`` aligns to
         the end of each request's KV. ``fixed_split_size`` is in pages (FlashInfer's unit).
@@ -375,14 +413,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
             raise ValueError(f"paged_kv_indptr, paged_kv_last_page_len: expected {batch + 1} and "
                              f"{batch} entries (qo_indptr's batch {batch}), got {kv_h.shape[0]} "
                              f"and {last_h.shape[0]}")
-        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths; with a
-        # host page table also its ids (>= 0; the largest is compared with the cache at run()).
+        # One C++ check per path (flashkv/plan_checks.h, _common.py): the host path's here, the
+        # GPU path's in the op's plan() below; with a host page table also its ids (>= 0; the
+        # largest is compared with the cache at run()).
         indices_h = (None if self._on_gpu and A.is_cuda(paged_kv_indices)
                      else A.host_i32(paged_kv_indices, "paged_kv_indices"))
-        plan["page_id_max"] = A.call(
-            _C.check_prefill_plan, plan["qo_indptr"], kv_h, last_h, indices_h,
-            plan["num_qo_heads"], plan["num_kv_heads"], plan["head_dim"], plan["page_size"],
-            plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"], not self._on_gpu)
+        names = C.page_table_names()
+        plan["page_id_max"] = None
+        if not self._on_gpu:
+            plan["page_id_max"] = A.call(
+                _C.check_host_prefill_plan, plan["qo_indptr"], kv_h, last_h, indices_h,
+                plan["page_size"], C.attention_shape(plan), names)
         kv_lens = C.host_kv_lens(kv_h, last_h, page_size)
         self._plan_variant(plan, np.diff(plan["qo_indptr"]), kv_lens, custom_mask,
                            packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
@@ -408,11 +449,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
             plan["indices"] = (A.device_i32(paged_kv_indices) if indices_h is None
                                else A.to_device_like(indices_h, self._float_workspace_buffer))
             plan.update(run_indptr=kv_h, run_last_page_len=last_h)
-        op.plan(plan["qo_indptr"], kv_h, last_h, plan["num_qo_heads"], plan["num_kv_heads"],
-                plan["head_dim"], plan["page_size"], plan["q_dtype"], plan["kv_dtype"],
-                plan["o_dtype"], plan["causal"], plan["sm_scale"], self._use_cuda_graph,
-                plan["split"], bool(disable_split_kv), self._tile_rows, plan["variant"],
-                self._backend, A.cuda_stream(self._float_workspace_buffer))
+        A.call(op.plan, plan["qo_indptr"], kv_h, last_h, plan["page_size"],
+               C.attention_shape(plan), self._plan_options(plan, disable_split_kv),
+               variant=plan["variant"], kv_indices=indices_h, names=names,
+               stream=A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan
 
@@ -495,10 +535,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         if kv_h.shape[0] != plan["batch"] + 1:
             raise ValueError(f"kv_indptr: expected {plan['batch'] + 1} entries (qo_indptr's "
                              f"batch + 1), got {kv_h.shape[0]}")
-        # The C++ checks the GPU plan runs (flashkv/plan_checks.h), here on both paths.
-        A.call(_C.check_prefill_plan, plan["qo_indptr"], kv_h, None, None, plan["num_qo_heads"],
-               plan["num_kv_heads"], plan["head_dim"], 1, plan["q_dtype"], plan["kv_dtype"],
-               plan["o_dtype"], not self._on_gpu, kv_indptr_name="kv_indptr")
+        # One C++ check per path (flashkv/plan_checks.h, _common.py): the host path's here, the
+        # GPU path's in the op's plan() below.
+        names = C.page_table_names(kv_indptr="kv_indptr")
+        if not self._on_gpu:
+            A.call(_C.check_host_prefill_plan, plan["qo_indptr"], kv_h, None, None, 0,
+                   C.attention_shape(plan), names)
         self._plan_variant(plan, np.diff(plan["qo_indptr"]), np.diff(kv_h), custom_mask,
                            packed_custom_mask, pos_encoding_mode, window_left, logits_soft_cap,
                            rope_scale, rope_theta, variant_extras)
@@ -511,11 +553,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
             A.copy_into(self._buffers["qo_indptr_buf"], plan["qo_indptr"], plan["batch"] + 1,
                         "qo_indptr")
             A.copy_into(self._buffers["kv_indptr_buf"], kv_h, kv_h.shape[0], "kv_indptr")
-        op.plan(plan["qo_indptr"], kv_h, plan["num_qo_heads"], plan["num_kv_heads"],
-                plan["head_dim"], plan["q_dtype"], plan["kv_dtype"], plan["o_dtype"],
-                plan["causal"], plan["sm_scale"], self._use_cuda_graph, plan["split"],
-                bool(disable_split_kv), self._tile_rows, plan["variant"], self._backend,
-                A.cuda_stream(self._float_workspace_buffer))
+        A.call(op.plan, plan["qo_indptr"], kv_h, C.attention_shape(plan),
+               self._plan_options(plan, disable_split_kv), variant=plan["variant"], names=names,
+               stream=A.cuda_stream(self._float_workspace_buffer))
         self._planned(op)
         self._plan = plan
 

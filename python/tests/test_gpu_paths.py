@@ -3,6 +3,8 @@ and a stand-in for the C++ plan/run objects, checking what they are asked to do 
 and re-creation, the size error, CUDA-graph buffers and pinning, unit conversions, the LSE base).
 The real kernels are covered by the test_gpu_*.py modules on a GPU machine."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -46,8 +48,12 @@ class FakeOp:
     def min_workspace_bytes(cls, **cfg):
         return cls.workspace_bytes(**cfg)
 
-    def plan(self, *args):
+    # The real op's chunk count (host code, no GPU): the wrapper sizes fixed-split plans with it.
+    fixed_split_chunks = staticmethod(_C.BatchDecode.fixed_split_chunks)
+
+    def plan(self, *args, **kwargs):
         self.plans.append(args)
+        self.plan_kwargs = kwargs
 
     def run(self, *args, **scales):
         self.runs.append(args)
@@ -63,7 +69,7 @@ class FakeOp:
         args[9][...] = 0.25  # out
 
     def plan_info(self):
-        return {"tile_rows": 32}
+        return SimpleNamespace(tile_rows=32, to_dict=lambda: {"tile_rows": 32})
 
 
 class FakeCascade(FakeOp):
@@ -75,7 +81,7 @@ class FakeCascade(FakeOp):
         return 1000 * max_batch + 10 * max_qo_tokens + max_pages + num_qo_heads * head_dim
 
     def plan_info(self):
-        return {"cascade": True}
+        return SimpleNamespace(to_dict=lambda: {"cascade": True})
 
 
 @pytest.fixture
@@ -136,10 +142,13 @@ def test_decode_plan_and_run_arguments(fake):
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)), "HND")
     decode_plan(w, 2, fixed_split_size=3, q_data_type="bfloat16")
     op = FakeOp.made[-1]
-    (indptr, last, hq, hk, d, ps, qt, kt, ot, scale, graph, split, no_split, variant,
-     stream) = op.plans[-1]
-    assert (qt, kt, ot, scale, graph, split, no_split, variant) == (
-        "bf16", "bf16", "bf16", 0.0, False, 48, False, None)  # 3 pages of 16 tokens
+    indptr, last, ps, shape, o = op.plans[-1]
+    assert (shape.q_dtype, shape.kv_dtype, shape.o_dtype, shape.num_qo_heads, ps) == (
+        "bf16", "bf16", "bf16", 8, 16)
+    assert (o.sm_scale, o.enable_cuda_graph, o.fixed_split_size, o.disable_split_kv) == (
+        0.0, False, 48, False)  # 3 pages of 16 tokens
+    assert op.plan_kwargs["variant"] is None
+    assert op.plan_kwargs["names"].kv_indptr == "indptr"  # the C++ checks name plan()'s arguments
     assert indptr.tolist() == [0, 1, 2] and last.tolist() == [1, 1]
     # fixed_split_size sizes the workspace for the plan's chunks per KV head (one 1-token
     # request per chunk here): BatchDecodeConfig.max_kv_tokens with min_fixed_split_size 1.
@@ -169,7 +178,7 @@ def test_decode_cuda_graph_buffers(fake):
     assert op.cfg == dict(max_batch=4, num_qo_heads=8, head_dim=64)  # the buffers' batch
     assert bufs[0][:3].tolist() == [0, 2, 5] and bufs[2][:2].tolist() == [3, 16]
     assert bufs[1][:5].tolist() == [7, 8, 9, 10, 11]
-    assert op.plans[-1][10] is True  # enable_cuda_graph
+    assert op.plans[-1][4].enable_cuda_graph is True
     q, out = cuda(np.zeros((4, 8, 64), np.float16)), cuda(np.zeros((4, 8, 64), np.float16))
     w.run(q, (cuda(np.zeros((9, 16, 2, 64))), cuda(np.zeros((9, 16, 2, 64)))), out=out)
     args = op.runs[-1]
@@ -227,9 +236,9 @@ def test_prefill_cuda_graph_pins_tokens_and_tile(fake):
     plan([0, 10, 30])
     op = FakeOp.made[-1]
     assert op.cfg == dict(max_batch=2, max_qo_tokens=30, num_qo_heads=8, head_dim=64)
-    assert op.plans[-1][-4] == 0  # the first plan's tile is the heuristic's...
+    assert op.plans[-1][5].tile_rows == 0  # the first plan's tile is the heuristic's...
     plan([0, 1, 20])
-    assert op.plans[-1][-4] == 32  # ...and kept for every later plan (plan_info's tile_rows)
+    assert op.plans[-1][5].tile_rows == 32  # ...and kept for every later plan (plan_info's)
     assert bufs["qo_indptr_buf"].tolist() == [0, 1, 20]
     with pytest.raises(ValueError, match="max_qo_tokens 31 > 30"):
         plan([0, 1, 31])
@@ -241,9 +250,12 @@ def test_ragged_prefill_plan_arguments(fake):
            sm_scale=0.125, fixed_split_size=64)
     op = FakeOp.made[-1]
     assert op.cfg == dict(max_batch=2, max_qo_tokens=8, num_qo_heads=4, head_dim=128)
-    (qo, kvp, hq, hk, d, qt, kt, ot, causal, scale, graph, split, no_split, tile, variant,
-     backend, stream) = op.plans[-1]
-    assert (causal, scale, split, tile, variant, backend) == (True, 0.125, 64, 0, None, "auto")
+    qo, kvp, shape, o = op.plans[-1]
+    assert (shape.num_qo_heads, shape.num_kv_heads, shape.head_dim) == (4, 4, 128)
+    assert (o.causal, o.sm_scale, o.fixed_split_size, o.tile_rows, o.backend) == (
+        True, 0.125, 64, 0, "auto")
+    assert op.plan_kwargs["variant"] is None
+    assert op.plan_kwargs["names"].kv_indptr == "kv_indptr"
     q, out = cuda(np.zeros((7, 4, 128), np.float16)), cuda(np.zeros((7, 4, 128), np.float16))
     k = cuda(np.zeros((4, 9, 128), np.float16))  # HND [H, L, D]
     w.run(q, k, k, out=out)
@@ -284,7 +296,8 @@ def test_fp8_scales_reach_the_ops(fake):
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
     decode_plan(w, 2, kv_data_type="float8_e4m3fn")
     op = FakeOp.made[-1]
-    assert op.plans[-1][6:9] == ("f16", "e4m3", "f16")
+    shape = op.plans[-1][3]
+    assert (shape.q_dtype, shape.kv_dtype, shape.o_dtype) == ("f16", "e4m3", "f16")
     q, out = cuda(np.zeros((2, 8, 64), np.float16)), cuda(np.zeros((2, 8, 64), np.float16))
     kv = cuda(np.zeros((4, 2, 16, 2, 64), e4m3))
     ks = cuda(np.ones(2, np.float32))
@@ -322,17 +335,18 @@ def test_cascade_wrapper_sizes_by_mode(fake):
     op = FakeCascade.made[-1]
     assert op.cfg == dict(max_batch=4, max_qo_tokens=0, max_pages=8, num_qo_heads=8, head_dim=64,
                           max_levels=2)
-    (qo, kvp, idx, last, ps, hq, hk, d, dt, kv_dt, causal, scale, use, mgs, graph,
-     stream) = op.plans[-1]
+    qo, kvp, idx, last, ps, shape, o = op.plans[-1]
     assert qo is None and kvp.tolist() == [0, 2, 4, 6] and idx.tolist() == list(range(6))
-    assert (ps, dt, kv_dt, causal, use, mgs, graph) == (16, "f16", "f16", False, "auto", 2, False)
+    assert (ps, shape.dtype, shape.kv_dtype) == (16, "f16", "f16")
+    assert (o.causal, o.use, o.min_group_size, o.enable_cuda_graph) == (False, "auto", 2, False)
     cascade_plan(w, 4)
     assert len(FakeCascade.made) == 1  # fits
     cascade_plan(w, 3, qo=5, causal=True, use_cascade="always", q_data_type="bfloat16")
     op = FakeCascade.made[-1]  # prefill rows: a new object, rows rounded up
     assert len(FakeCascade.made) == 2 and op.cfg["max_qo_tokens"] == 16
-    assert op.plans[-1][0].tolist() == [0, 5, 10, 15] and op.plans[-1][8:13] == (
-        "bf16", "bf16", True, 0.0, "always")
+    qo, shape, o = op.plans[-1][0], op.plans[-1][5], op.plans[-1][6]
+    assert qo.tolist() == [0, 5, 10, 15] and (shape.dtype, shape.kv_dtype) == ("bf16", "bf16")
+    assert (o.causal, o.sm_scale, o.use) == (True, 0.0, "always")
     cascade_plan(w, 2, qo=1)
     assert len(FakeCascade.made) == 2  # prefill fits prefill
     cascade_plan(w, 2)
@@ -350,7 +364,8 @@ def test_cascade_wrapper_sizes_by_mode(fake):
 def test_cascade_wrapper_cuda_graph_is_sized_once(fake):
     w = flashkv.MultiLevelCascadeWrapper(cuda(np.zeros(100_000, np.uint8)), use_cuda_graph=True)
     cascade_plan(w, 3)
-    assert FakeCascade.made[-1].cfg["max_batch"] == 3 and FakeCascade.made[-1].plans[-1][14]
+    assert FakeCascade.made[-1].cfg["max_batch"] == 3
+    assert FakeCascade.made[-1].plans[-1][6].enable_cuda_graph
     with pytest.raises(ValueError, match="max_batch 4 > 3, max_pages 8 > 6: in CUDA graph mode"):
         cascade_plan(w, 4)
     with pytest.raises(ValueError, match="keeps the mode of its first plan"):
@@ -370,4 +385,4 @@ def test_explicit_cascade_splits_the_workspace(fake):
     base = ws.__array_interface__["data"][0]
     assert [s - base for s in starts] == [0, 33280, 66560]  # disjoint, 256-byte multiples
     assert all(op.workspace.nbytes == 33280 for op in ops)
-    assert [op.plans[-1][10] for op in ops] == [False, False, True]  # causal: the last level
+    assert [op.plans[-1][5].causal for op in ops] == [False, False, True]  # causal: the last

@@ -330,27 +330,28 @@ def fake_dev(fake, monkeypatch):
     return fake
 
 
-VARIANT = -3  # the variant's position among the op's plan() arguments (backend, stream follow)
+VARIANT, CAUSAL = "variant", "causal"  # what fake_paged_plan reports of the op's plan() call
 
 
 def fake_paged_plan(w, **kw):
     w.plan(cuda(np.array([0, 2, 5], np.int32)), cuda(np.array([0, 1, 3]), np.int32),
            cuda(np.arange(3), np.int32), cuda(np.array([4, 2]), np.int32), HQ, HK, D, 16, **kw)
-    return FakeOp.made[-1].plans[-1]
+    op = FakeOp.made[-1]
+    return {VARIANT: op.plan_kwargs["variant"], CAUSAL: op.plans[-1][5].causal}
 
 
 def test_gpu_plan_passes_the_variant(fake_dev):
     w = flashkv.BatchPrefillWithPagedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
     plan = fake_paged_plan(w, causal=True)
-    assert plan[VARIANT] is None and plan[10] is True  # plain causal: no variant, the op's causal
+    assert plan[VARIANT] is None and plan[CAUSAL] is True  # plain causal: no variant, the op's causal
     plan = fake_paged_plan(w, causal=True, window_left=7, logits_soft_cap=30.0,
                            sinks=cuda(SINKS), pos_encoding_mode="ROPE_LLAMA")
     var = plan[VARIANT]
     assert isinstance(var, flashkv._C.Variant) and not var.is_user and var.use_softmax
-    assert plan[10] is True
+    assert plan[CAUSAL] is True
     # kv_lens 4 and 18: a custom mask replaces causal (FlashInfer's MaskMode.CUSTOM).
     plan = fake_paged_plan(w, causal=True, custom_mask=np.ones(2 * 4 + 3 * 18, bool))
-    assert plan[VARIANT] is not None and plan[10] is False
+    assert plan[VARIANT] is not None and plan[CAUSAL] is False
     assert not fake_paged_plan(w, sigmoid=True)[VARIANT].use_softmax
     bias = cuda(np.zeros(16, np.float32))
     var = fake_paged_plan(w, variant=T5, variant_args={"num_buckets": 16, "bias": bias})[VARIANT]
@@ -358,7 +359,7 @@ def test_gpu_plan_passes_the_variant(fake_dev):
     r = flashkv.BatchPrefillWithRaggedKVCacheWrapper(cuda(np.zeros(100_000, np.uint8)))
     r.plan(cuda(np.array([0, 2, 5], np.int32)), cuda(np.array([0, 4, 9], np.int32)), HQ, HK, D,
            window_left=2)
-    assert FakeOp.made[-1].plans[-1][VARIANT] is not None
+    assert FakeOp.made[-1].plan_kwargs["variant"] is not None
     with pytest.raises(ValueError, match="sinks: expected a host array"):
         flashkv.BatchPrefillWithRaggedKVCacheWrapper(WS).plan(
             np.array([0, 1]), np.array([0, 1]), HQ, HK, D, sinks=cuda(SINKS))

@@ -253,7 +253,7 @@ from test_gpu_paths import FakeOp, cuda, fake  # noqa: E402, F401  (fake: a fixt
 def fake_plan(w, **kw):
     w.plan(cuda(np.array([0, 1, 3], np.int32)), cuda(np.arange(3), np.int32),
            cuda(np.array([4, 2]), np.int32), HQ, HK, D, 16, **kw)
-    return FakeOp.made[-1].plans[-1][13]  # the plan's variant argument
+    return FakeOp.made[-1].plan_kwargs["variant"]  # the plan's variant argument
 
 
 def test_gpu_plan_passes_the_variant(fake):

@@ -27,8 +27,10 @@ CascadeWorkspace::Sizes CascadeWorkspace::sizes(const MultiLevelCascadeConfig& c
   check(cfg.max_levels >= 1 && cfg.max_levels <= kCascadeMaxLevels,
         "MultiLevelCascadeConfig.max_levels: expected 1..", kCascadeMaxLevels, ", got ",
         cfg.max_levels);
-  check(cfg.num_qo_heads > 0 && is_supported_head_dim(cfg.head_dim),
-        "MultiLevelCascadeConfig: num_qo_heads > 0 and head_dim 64/128/256 expected");
+  check(cfg.num_qo_heads > 0, "MultiLevelCascadeConfig.num_qo_heads: expected > 0, got ",
+        cfg.num_qo_heads);
+  check(is_supported_head_dim(cfg.head_dim),
+        "MultiLevelCascadeConfig.head_dim: expected 64, 128 or 256, got ", cfg.head_dim);
   Sizes s;
   s.max_rows = cfg.max_qo_tokens == 0 ? cfg.max_batch : cfg.max_qo_tokens;
   s.num_rows_offset = size_t(s.max_rows) * 4;

@@ -106,6 +106,7 @@ struct MultiLevelCascade::Impl {
   bool gather = false;  // q rows reordered (or graph mode): gather q, merge-scatter the output
   CascadePlanInfo info;
   PageIdMax page_ids;  // the plan's largest page id (run() checks it against the cache)
+  std::string kv_indices_name = "kv_indices";  // how run() names them (CascadePlanOptions::names)
   CUfunction gather_fn = nullptr, merge_fn = nullptr;
 };
 
@@ -170,7 +171,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   check(b.page_size >= 1, "CascadeBatch.page_size: expected >= 1, got ", b.page_size);
   // The checks the host path of the Python wrapper runs too (plan_checks.h); the largest page id
   // is compared with the cache's page count at run().
-  const PageIdMax page_ids = check_cascade_plan(b, shape);
+  const PageIdMax page_ids = check_cascade_plan(b, shape, PlanTarget::kGpu, opts.names);
   check(shape.num_qo_heads <= cfg.num_qo_heads && shape.head_dim <= cfg.head_dim,
         "CascadeShape: num_qo_heads / head_dim exceed MultiLevelCascadeConfig's (",
         cfg.num_qo_heads, " / ", cfg.head_dim, ")");
@@ -306,6 +307,9 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   }
   m.shape = shape;
   m.opts = opts;
+  // The caller's strings may not outlive the call: the one run() uses is copied.
+  m.opts.names = {};
+  m.kv_indices_name = opts.names.kv_indices;
   m.layout = std::move(layout);
   m.num_levels = levels;
   m.rows = rows;
@@ -352,7 +356,7 @@ void MultiLevelCascade::run(const TensorView& q, const PagedKVCache& kv, const T
   ops::check_planned_queries(q, out, lse, queries);
   check_defined(kv.k, "paged_kv.k");
   // The plan's page ids against this cache, before anything is launched: no GPU work.
-  check_page_ids_fit(m.page_ids, kv.num_pages());
+  check_page_ids_fit(m.page_ids, kv.num_pages(), m.kv_indices_name.c_str());
   runtime::ensure_context(m.cfg.device);
   const bool capturing = m.life.begin_run(m.opts.enable_cuda_graph, "CascadePlanOptions", stream);
   const int64_t max_rows = m.ws.max_rows();

@@ -46,7 +46,7 @@ void check_planned_paged_kv(const PagedKVCache& kv, const PlannedPagedKV& plan) 
   check_device(kv.k, "paged_kv.k", plan.device);
   check_device(kv.indices, "paged_kv.indices", plan.device);
   // The plan's host page ids (if it had them) against this cache: no GPU work.
-  check_page_ids_fit(plan.page_ids, kv.num_pages());
+  check_page_ids_fit(plan.page_ids, kv.num_pages(), plan.kv_indices_name);
   check_dtype(kv.k, "paged_kv.k", plan.kv_dtype);
   check(kv.page_size() == plan.page_size, "paged_kv.page_size: expected ", plan.page_size,
         " (the plan's), got ", kv.page_size());

@@ -49,6 +49,7 @@ struct PlannedPagedKV {
   int batch = 0;          // requests
   int64_t nnz_pages = 0;  // kv_indptr[batch]: the page-id entries the kernel reads
   PageIdMax page_ids;     // the plan's largest host page id, when it had them
+  const char* kv_indices_name = "kv_indices";  // how the message names them (PageTableNames)
   bool graph = false;
 };
 // The cache's shapes, the index tensor, and the plan's host page ids against its page count.

@@ -87,6 +87,7 @@ struct BatchDecode::Impl {
   int ctas_per_unit = 1;  // the schedule's: CTAs share a unit's stored items (decode_plan.cuh)
   int64_t nnz_pages = 0;  // kv_indptr[batch] of the plan in force
   PageIdMax page_ids;     // its largest host page id (DecodePlanOptions::kv_indices_host)
+  std::string kv_indices_name = "kv_indices";  // how run() names them (DecodePlanOptions::names)
   ops::KernelMemo<DecodeKernelKey> kernel;
   PlanInfo info;
   std::vector<int64_t> kv_lens;
@@ -118,6 +119,18 @@ size_t BatchDecode::workspace_bytes(const BatchDecodeConfig& cfg) {
 
 size_t BatchDecode::min_workspace_bytes(const BatchDecodeConfig& cfg) {
   return ops::DecodeWorkspace::min_bytes(cfg);
+}
+
+// The scheduler's fixed split (scheduler/decode_scheduler.h): request i in ceil(kv_len_i / fs)
+// chunks, whatever the rest of the batch.
+int64_t BatchDecode::fixed_split_chunks(const DecodeBatch& b, int fixed_split_size) {
+  if (fixed_split_size <= 0 || b.kv_indptr == nullptr || b.kv_last_page_len == nullptr) return 0;
+  int64_t chunks = 0;
+  for (int i = 0; i < b.batch_size; ++i) {
+    const int64_t len = paged_kv_len(b.kv_indptr, b.kv_last_page_len, b.page_size, i);
+    if (len > 0) chunks += (len + fixed_split_size - 1) / fixed_split_size;
+  }
+  return chunks;
 }
 
 BatchDecode::BatchDecode(const BatchDecodeConfig& cfg, void* workspace, size_t bytes)
@@ -204,6 +217,8 @@ void BatchDecode::plan(const DecodeBatch& b, const AttentionShape& sh,
   m.shape = sh;
   m.opts = opts;
   m.opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
+  m.opts.names = {};                 // nor its strings (the one run() uses is copied)
+  m.kv_indices_name = opts.names.kv_indices;
   m.variant_jit = std::move(vj);
   m.variant_args = variant_args;
   m.sm_scale = sm_scale;
@@ -233,7 +248,8 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
         " (BatchDecodeConfig.max_batch), got ", b.batch_size);
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_decode_plan(b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads, sh.num_kv_heads,
-                    sh.head_dim, b.page_size, sh.q_dtype, sh.kv_dtype, sh.o_dtype);
+                    sh.head_dim, b.page_size, sh.q_dtype, sh.kv_dtype, sh.o_dtype, PlanTarget::kGpu,
+                    o.names);
   check(sh.num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchDecodeConfig.num_qo_heads), got ", sh.num_qo_heads);
   check(sh.head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
@@ -258,10 +274,11 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
   // the largest with the cache's page count before it launches (plan_checks.h).
   check(o.num_pages >= 0,
         "DecodePlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ", o.num_pages);
-  page_ids = o.kv_indices_host != nullptr
-                 ? check_page_ids(o.kv_indices_host,
-                                  b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0, o.num_pages)
-                 : PageIdMax{};
+  page_ids =
+      o.kv_indices_host != nullptr
+          ? check_page_ids(o.kv_indices_host, b.batch_size > 0 ? b.kv_indptr[b.batch_size] : 0,
+                           o.num_pages, o.names.kv_indices)
+          : PageIdMax{};
 }
 
 // plan() step 2: the kernel (tensor cores where they take the shape and fit) and its grid shape.
@@ -466,6 +483,7 @@ void BatchDecode::Impl::launch(const TensorView& q, const PagedKVCache& kv, cons
   pages.batch = m.batch;
   pages.nnz_pages = m.nnz_pages;
   pages.page_ids = m.page_ids;
+  pages.kv_indices_name = m.kv_indices_name.c_str();
   pages.graph = graph;
   ops::check_planned_paged_kv(kv, pages);
   check_aligned(kv.k, "paged_kv.k", 16);

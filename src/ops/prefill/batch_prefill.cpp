@@ -70,6 +70,7 @@ void BatchPrefillPaged::run(const TensorView& q, const PagedKVCache& kv, const T
   pages.batch = c.batch;
   pages.nnz_pages = c.nnz_kv;
   pages.page_ids = c.page_ids;
+  pages.kv_indices_name = c.kv_indices_name.c_str();
   pages.graph = c.opts.enable_cuda_graph;
   ops::check_planned_paged_kv(kv, pages);
   check_kv_strides(kv.k, kv.v, c.shape.kv_dtype, "paged_kv");

@@ -132,6 +132,8 @@ void PrefillCore::plan(const PrefillBatch& b, const AttentionShape& sh, const Pr
   page_size = page_sz;
   opts = o;
   opts.kv_indices_host = nullptr;  // not kept: the caller's array may not outlive the call
+  opts.names = {};                 // nor its strings (the one run() uses is copied)
+  kv_indices_name = o.names.kv_indices;
   opts.causal = causal;
   variant_jit = std::move(vj);
   variant_args = vargs;
@@ -167,7 +169,7 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_prefill_plan(b.qo_indptr, b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads,
                      sh.num_kv_heads, sh.head_dim, b.page_size, paged, sh.q_dtype, sh.kv_dtype,
-                     sh.o_dtype);
+                     sh.o_dtype, PlanTarget::kGpu, o.names);
   check(sh.num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchPrefillConfig.num_qo_heads), got ", sh.num_qo_heads);
   check(sh.head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
@@ -201,7 +203,7 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
         "PrefillPlanOptions.num_pages: expected >= 0 (0: the cache's, at run()), got ",
         o.num_pages);
   page_ids = paged && o.kv_indices_host != nullptr
-                 ? check_page_ids(o.kv_indices_host, kv_total, o.num_pages)
+                 ? check_page_ids(o.kv_indices_host, kv_total, o.num_pages, o.names.kv_indices)
                  : PageIdMax{};
 }
 

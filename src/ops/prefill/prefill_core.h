@@ -54,6 +54,7 @@ struct PrefillCore {
   int64_t nnz_qo = 0;
   int64_t nnz_kv = 0;  // paged: kv_indptr[batch] page ids; ragged: KV rows
   PageIdMax page_ids;  // paged, with PrefillPlanOptions::kv_indices_host: the largest page id
+  std::string kv_indices_name = "kv_indices";  // how run() names them (PrefillPlanOptions::names)
   unsigned grid = 0;
   PrefillPlanInfo info;
 
