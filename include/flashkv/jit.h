@@ -44,6 +44,10 @@ struct PrecompiledKernel {
 using PrecompileProgress =
     std::function<void(const PrecompiledKernel& kernel, size_t done, size_t total)>;
 
+// The ids of the kernels precompile(opts) compiles, in its order, without compiling anything
+// (`flashkv precompile --list`).
+std::vector<std::string> precompile_kernel_ids(const PrecompileOptions& opts);
+
 // Compiles every kernel `opts` names into the disk cache, `opts.jobs` at a time. Returns them in
 // a fixed order (that of the options, whatever the completion order); the first compile error is
 // rethrown after the compiles in flight have finished.

@@ -76,6 +76,7 @@ TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
   std::vector<std::string> serial;
   for (const auto& k : precompile(o)) serial.push_back(k.id);
   ASSERT_EQ(serial.size(), 4u);  // merge, RoPE, append, batch indices
+  EXPECT_EQ(precompile_kernel_ids(o), serial);  // `flashkv precompile --list`: the same, in order
   o.jobs = 2;
   std::vector<size_t> done_counts;
   std::vector<std::string> reported;

@@ -12,10 +12,10 @@
 
 namespace flashkv {
 
-std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
-                                          const PrecompileProgress& progress) {
-  check(opts.jobs >= 0, "PrecompileOptions.jobs: expected >= 0 (0: one per hardware thread), got ",
-        opts.jobs);
+namespace {
+
+// Every kernel `opts` names, in precompile()'s order.
+std::vector<ops::KernelSpec> precompile_specs(const PrecompileOptions& opts) {
   const ops::VariantJit plain = ops::plain_variant_jit();
   // The kernel side of opts.variants as the ops' plan() derives it.
   std::vector<ops::VariantJit> decode_variants, prefill_variants;
@@ -120,6 +120,22 @@ std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
     }
   }
   specs.insert(specs.begin(), variant_specs.begin(), variant_specs.end());
+  return specs;
+}
+
+}  // namespace
+
+std::vector<std::string> precompile_kernel_ids(const PrecompileOptions& opts) {
+  std::vector<std::string> ids;
+  for (const ops::KernelSpec& spec : precompile_specs(opts)) ids.push_back(spec.id);
+  return ids;
+}
+
+std::vector<PrecompiledKernel> precompile(const PrecompileOptions& opts,
+                                          const PrecompileProgress& progress) {
+  check(opts.jobs >= 0, "PrecompileOptions.jobs: expected >= 0 (0: one per hardware thread), got ",
+        opts.jobs);
+  const std::vector<ops::KernelSpec> specs = precompile_specs(opts);
   // Workers take the next spec in order; the kernel cache compiles distinct ids concurrently
   // (runtime/kernel_cache.h) and each NVRTC program lives in one thread.
   std::vector<PrecompiledKernel> out(specs.size());
