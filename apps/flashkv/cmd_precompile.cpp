@@ -22,17 +22,17 @@ void add_precompile_command(CLI::App& app) {
   auto* kv_dtypes = new std::vector<std::string>;
   auto* json_path = new std::string;
   auto* list = new bool(false);
-  cmd->add_flag("--list", *list, "print the ids of the kernels it would compile, one a line, and "
-                                 "compile nothing");
+  cmd->add_flag("--list", *list,
+                "print the ids of the kernels it would compile, one a line, and "
+                "compile nothing");
   cmd->add_option("--json", *json_path, "also write the compiled kernels and times as JSON")
       ->check(writable_file());
   cmd->add_option("-j,--jobs", o->jobs, "kernels compiled at once (default: all cores)")
       ->check(int_in_range(1, 4096))
       ->capture_default_str();
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
-  cmd->add_option("--ops", o->ops,
-                  "ops to compile: merge, decode, prefill, kv (RoPE, append), cascade")
-      ->check(one_of({"merge", "decode", "prefill", "kv", "cascade"}))
+  cmd->add_option("--ops", o->ops, "ops to compile (kv: RoPE, KV append)")
+      ->check(one_of(precompile_ops()))
       ->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")
       ->check(one_of({"f16", "bf16"}))

@@ -44,6 +44,10 @@ struct PrecompiledKernel {
 using PrecompileProgress =
     std::function<void(const PrecompiledKernel& kernel, size_t done, size_t total)>;
 
+// The op names PrecompileOptions::ops takes, one per kernel family (PrecompileOptions' default
+// ops are all of them).
+std::vector<std::string> precompile_ops();
+
 // The ids of the kernels precompile(opts) compiles, in its order, without compiling anything
 // (`flashkv precompile --list`).
 std::vector<std::string> precompile_kernel_ids(const PrecompileOptions& opts);
