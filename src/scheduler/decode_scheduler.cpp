@@ -49,7 +49,7 @@
 #include "scheduler/decode_schedule_state.h"
 #include "scheduler/greedy_lpt.h"
 #include "scheduler/split_options.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 namespace {
@@ -125,7 +125,7 @@ double greedy_makespan(std::span<const int64_t> kv_lens, const DecodeScheduleOpt
 // and the one with the smallest greedy makespan (ties: the larger bound, fewer chunks) wins.
 // With at most C chunks a larger bound only lengthens the longest; with more than 2 C every CTA
 // runs several and the greedy balances them anyway.
-constexpr int kBalanceCandidates = tuning::sm90::kDecodeBalanceCandidates;
+constexpr int kBalanceCandidates = tuning::Policy::kDecodeBalanceCandidates;
 
 int64_t balanced_chunk_bound(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& o,
                              int ctas_per_unit, int64_t bound, PlanScratch& scratch) {

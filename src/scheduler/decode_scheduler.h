@@ -13,7 +13,7 @@
 #include "attention/decode/decode_plan.cuh"
 #include "scheduler/plan_image.h"
 #include "scheduler/split_bounds.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 
@@ -26,8 +26,8 @@ namespace flashkv::scheduler {
 // alpha only breaks near-ties. 64 stays. (The defaults are the sm_90 policy's, tuning/sm90.cuh.)
 struct CostModel {
   // Fixed cost of a work item (launch of the tile, q load, epilogue), in KV-token units.
-  double alpha = tuning::sm90::kDecodeWorkItemCostTokens;
-  double beta = tuning::sm90::kDecodeTokenCost;  // per KV token; must be > 0
+  double alpha = tuning::Policy::kDecodeWorkItemCostTokens;
+  double beta = tuning::Policy::kDecodeTokenCost;  // per KV token; must be > 0
   double cost(int64_t l_q, int64_t l_kv) const { return alpha * l_q + beta * l_kv; }
 };
 
@@ -52,11 +52,11 @@ struct DecodeScheduleOptions {
                                   // (last one shorter), independent of the rest of the batch
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   // Dynamic splitting never makes chunks shorter than this.
-  int min_chunk_tokens = tuning::sm90::kDecodeMinChunkTokens;
+  int min_chunk_tokens = tuning::Policy::kDecodeMinChunkTokens;
   // Dynamic splitting: when a few chunks per CTA are at stake, also try the bounds > L_kv that
   // cut the longest tile into fewer pieces and keep the one with the smallest greedy makespan
   // (decode_scheduler.cpp, balanced_chunk_bound). false: always L_kv.
-  bool balance_chunk_bound = tuning::sm90::kDecodeBalanceChunkBound;
+  bool balance_chunk_bound = tuning::Policy::kDecodeBalanceChunkBound;
   // Dynamic splitting, units of one greedy chunk per request chunk (block mode, or one KV head):
   // the chunks that would overflow the average load (the last, partial round of the greedy) are
   // cut to fill the least-loaded units up to a common level instead of landing whole on some of

@@ -19,7 +19,7 @@
 #include "flashkv/decode.h"
 #include "ops/common/workspace_fit.h"
 #include "scheduler/decode_scheduler.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::ops {
 
@@ -31,7 +31,7 @@ class DecodeWorkspace {
   static size_t min_bytes(const BatchDecodeConfig& cfg);       // plan arrays, no partial states
 
   // BatchDecodeConfig.ctas_per_sm = 0 (auto): room for this many CTAs per SM, the most auto picks.
-  static constexpr int kAutoCtasPerSm = tuning::sm90::kDecodeAutoMaxCtasPerSm;
+  static constexpr int kAutoCtasPerSm = tuning::Policy::kDecodeAutoMaxCtasPerSm;
   int num_ctas() const { return num_ctas_; }  // the most a plan may use
   int sms() const { return sms_; }
   int max_work_items() const { return max_work_items_; }
