@@ -1,6 +1,6 @@
-// Ahead-of-time filling of the JIT kernel cache (DESIGN.md idea 4). NVRTC needs no GPU to compile
-// for a named architecture, so this works on a build machine without one; the cubins land in
-// $FLASHKV_CACHE_DIR (default ~/.cache/flashkv) and a later run on that GPU finds them.
+// Ahead-of-time filling of the JIT kernel cache (docs/design.md "Kernel keys"). NVRTC needs no GPU
+// to compile for a named architecture, so this works on a build machine without one; the cubins
+// land in $FLASHKV_CACHE_DIR (default ~/.cache/flashkv) and a later run on that GPU finds them.
 #pragma once
 
 #include <cstddef>

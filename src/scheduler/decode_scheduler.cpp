@@ -1,6 +1,6 @@
 // The load-balanced decode schedule: KV chunking, greedy (LPT) assignment of chunks to CTAs,
 // partial-state slots and merge items. Contract in decode_scheduler.h; the algorithm is the
-// FlashInfer paper's (DESIGN.md "The load-balanced schedule") with tiles = (request, kv_head).
+// FlashInfer paper's (docs/design.md "Layers", "Workspace") with tiles = (request, kv_head).
 //
 // Workspace bounds for dynamic splitting (max_split_slots, max_decode_work_items), proved:
 // let tile i have l_i KV tokens, T = sum_i l_i, C = num_ctas and L = max(min_chunk_tokens,

@@ -1,4 +1,5 @@
-// The load-balanced decode schedule (FlashInfer paper, DESIGN.md "The load-balanced schedule").
+// The load-balanced decode schedule (FlashInfer paper; docs/design.md "Layers",
+// "Workspace").
 // Pure C++: no CUDA. Unit-tested on the CPU.
 //
 // Tiles are (request, kv_head) pairs: with GQA head-group fusion one CTA serves every query head
@@ -134,8 +135,8 @@ DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeSchedul
 void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts,
                  DecodeSchedule* out);
 
-// Upper bounds used to size the workspace (see DESIGN.md): with dynamic splitting the number of
-// partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
+// Upper bounds used to size the workspace (docs/design.md "Workspace"): with dynamic splitting the
+// number of partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
 // max_batch * num_kv_heads + num_ctas (proof in decode_scheduler.cpp; block mode stores
 // num_kv_heads times fewer). fixed_split_size has no such bound (its chunk count follows the KV
 // lengths, not num_ctas): size for the longest batch, or let plan_decode throw. Both throw

@@ -1,7 +1,7 @@
 // The load-balanced prefill/append schedule: query tiling, causal visibility, KV chunking, greedy
 // (LPT) assignment of chunks to CTAs, partial-state slots and merge items. Contract in
-// prefill_scheduler.h; the algorithm is the FlashInfer paper's (DESIGN.md "The load-balanced
-// schedule") with tiles = (request, kv_head, query tile). The decode scheduler is the special
+// prefill_scheduler.h; the algorithm is the FlashInfer paper's (docs/design.md "Layers",
+// "Workspace") with tiles = (request, kv_head, query tile). The decode scheduler is the special
 // case of one query token per tile; it is kept separate because decode plans run at every step
 // and are tuned for that (decode_scheduler.cpp), while this one favours being easy to read.
 //

@@ -1,5 +1,5 @@
-// The load-balanced prefill/append schedule (FlashInfer paper, DESIGN.md "The load-balanced
-// schedule"). Pure C++: no CUDA. Unit-tested on the CPU.
+// The load-balanced prefill/append schedule (FlashInfer paper; docs/design.md "Layers"
+// and "Workspace"). Pure C++: no CUDA. Unit-tested on the CPU.
 //
 // Queries are ragged: request i has qo_lens[i] >= 0 query tokens and kv_lens[i] >= 0 KV tokens.
 // With GQA head-group fusion the `group` = num_qo_heads / num_kv_heads query heads of one KV head

@@ -3,12 +3,13 @@
 // is fixed for the life of the BatchDecode (what CUDA-graph replay needs).
 //
 // Layout: [plan: header | indptr | work items, merge items][partial lse][partial o][merge arrivals]
-// Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), DESIGN.md's bound; with GQA
-// group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots. A
-// config sized for fixed_split_size (max_kv_tokens) may raise the row count (decode_workspace.cpp).
-// A caller's buffer smaller than that (FlashInfer's users pass one fixed buffer) holds as many
-// rows as fit after the plan arrays, down to none (min_bytes): the scheduler then fits its splits
-// into the slots there are (DecodeScheduleOptions::max_slots).
+// Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), the scheduler's bound
+// (docs/design.md "Workspace"); with GQA group g a slot holds g rows, so there are
+// 2 * num_ctas * H_qo / g >= 2 * num_ctas slots. A config sized for fixed_split_size
+// (max_kv_tokens) may raise the row count (decode_workspace.cpp). A caller's buffer smaller than
+// that (FlashInfer's users pass one fixed buffer) holds as many rows as fit after the plan arrays,
+// down to none (min_bytes): the scheduler then fits its splits into the slots there are
+// (DecodeScheduleOptions::max_slots).
 #pragma once
 
 #include <cuda.h>
