@@ -19,12 +19,10 @@
 namespace flashkv::scheduler {
 
 // cost(l_q, l_kv) = alpha * l_q + beta * l_kv, in arbitrary units (only ratios matter): beta is
-// the unit (one KV token streamed), alpha a work item's fixed cost in tokens. How alpha was set on
-// the H200: the timelines put an item's fixed cost (first-tile latency + epilogue, ~4 us) at
-// ~120 tokens of one CTA's streaming, and a sweep of alpha over {16, 64, 128, 256} on D1-D4
-// moved no workload beyond run-to-run noise (bench/results/decode-alpha-sweep-2026-11-29-*,
-// NOTES.md "alpha calibration"): with the balanced chunk bound the chunking sets the makespan and
-// alpha only breaks near-ties. 64 stays. (The defaults are the sm_90 policy's, tuning/sm90.cuh.)
+// the unit (one KV token streamed), alpha a work item's fixed cost in tokens. alpha matters
+// little: with the balanced chunk bound the chunking sets the makespan and alpha only breaks
+// near-ties. (The defaults are the policy's, tuning/policy.cuh; the sweep behind them is in
+// tuning/sm90.cuh and NOTES "Scheduler", α calibration.)
 struct CostModel {
   // Fixed cost of a work item (launch of the tile, q load, epilogue), in KV-token units.
   double alpha = tuning::Policy::kDecodeWorkItemCostTokens;
