@@ -21,15 +21,18 @@ void add_precompile_command(CLI::App& app) {
   auto* dtypes = new std::vector<std::string>{"f16", "bf16"};
   auto* kv_dtypes = new std::vector<std::string>;
   auto* json_path = new std::string;
+  auto* list = new bool(false);
+  cmd->add_flag("--list", *list,
+                "print the ids of the kernels it would compile, one a line, and "
+                "compile nothing");
   cmd->add_option("--json", *json_path, "also write the compiled kernels and times as JSON")
       ->check(writable_file());
   cmd->add_option("-j,--jobs", o->jobs, "kernels compiled at once (default: all cores)")
       ->check(int_in_range(1, 4096))
       ->capture_default_str();
   cmd->add_option("--arch", o->arch, "NVRTC target architecture")->capture_default_str();
-  cmd->add_option("--ops", o->ops,
-                  "ops to compile: merge, decode, prefill, kv (RoPE, append), cascade")
-      ->check(one_of({"merge", "decode", "prefill", "kv", "cascade"}))
+  cmd->add_option("--ops", o->ops, "ops to compile (kv: RoPE, KV append)")
+      ->check(one_of(precompile_ops()))
       ->capture_default_str();
   cmd->add_option("--dtypes", *dtypes, "q/kv dtypes")
       ->check(one_of({"f16", "bf16"}))
@@ -47,10 +50,14 @@ void add_precompile_command(CLI::App& app) {
   cmd->add_option("--page-sizes", o->page_sizes, "page sizes")
       ->check(int_in_range(1, 1 << 16))
       ->capture_default_str();
-  cmd->callback([o, dtypes, kv_dtypes, json_path] {
+  cmd->callback([o, dtypes, kv_dtypes, json_path, list] {
     o->dtypes.clear();
     for (const auto& d : *dtypes) o->dtypes.push_back(parse_dtype(d));
     for (const auto& d : *kv_dtypes) o->kv_dtypes.push_back(parse_dtype(d));
+    if (*list) {
+      for (const std::string& id : precompile_kernel_ids(*o)) std::printf("%s\n", id.c_str());
+      return;
+    }
     // The progress line below replaces the cache's per-compile log lines (which would interleave
     // across threads); FLASHKV_QUIET=0 in the environment keeps them.
     setenv("FLASHKV_QUIET", "1", /*overwrite=*/0);

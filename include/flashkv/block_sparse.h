@@ -1,4 +1,4 @@
-// Block-sparse attention masks (issue 26; the FlashInfer paper's view of KV as a block-sparse row
+// Block-sparse attention masks (the FlashInfer paper's view of KV as a block-sparse row
 // matrix): which keys each query row attends to, as FlashInfer's BlockSparseAttentionWrapper and
 // VariableBlockSparseAttentionWrapper describe them. Host arrays, as PrefillBatch takes them.
 //

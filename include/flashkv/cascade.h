@@ -1,4 +1,5 @@
-// Multi-level cascade attention over a paged KV cache (DESIGN.md idea 2, "composable formats").
+// Multi-level cascade attention over a paged KV cache (docs/design.md "Kernel families", composed
+// ops).
 //
 // When requests share a prefix (a system prompt, parallel sampling, tree search), plain batch
 // attention reads the prefix's KV once per request. A cascade reads it once per group: level 0 is

@@ -1,6 +1,6 @@
-// Ahead-of-time filling of the JIT kernel cache (DESIGN.md idea 4). NVRTC needs no GPU to compile
-// for a named architecture, so this works on a build machine without one; the cubins land in
-// $FLASHKV_CACHE_DIR (default ~/.cache/flashkv) and a later run on that GPU finds them.
+// Ahead-of-time filling of the JIT kernel cache (docs/design.md "Kernel keys"). NVRTC needs no GPU
+// to compile for a named architecture, so this works on a build machine without one; the cubins
+// land in $FLASHKV_CACHE_DIR (default ~/.cache/flashkv) and a later run on that GPU finds them.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +43,14 @@ struct PrecompiledKernel {
 // are done, how many in all.
 using PrecompileProgress =
     std::function<void(const PrecompiledKernel& kernel, size_t done, size_t total)>;
+
+// The op names PrecompileOptions::ops takes, one per kernel family (PrecompileOptions' default
+// ops are all of them).
+std::vector<std::string> precompile_ops();
+
+// The ids of the kernels precompile(opts) compiles, in its order, without compiling anything
+// (`flashkv precompile --list`).
+std::vector<std::string> precompile_kernel_ids(const PrecompileOptions& opts);
 
 // Compiles every kernel `opts` names into the disk cache, `opts.jobs` at a time. Returns them in
 // a fixed order (that of the options, whatever the completion order); the first compile error is

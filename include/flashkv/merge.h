@@ -1,4 +1,4 @@
-// ⊕, the merge of attention states (DESIGN.md idea 2), as public ops.
+// ⊕, the merge of attention states (docs/design.md "Kernel families"), as public ops.
 //
 // States are (v, s): v [n, H, D] in f16/bf16/f32, s f32 [n, H], natural-log LSE (attention.h).
 // Host tensors run on the CPU reference; CUDA tensors on the GPU (JIT kernel, enqueued on

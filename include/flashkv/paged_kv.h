@@ -1,4 +1,5 @@
-// The paged KV cache description (block-sparse rows, DESIGN.md idea 1).
+// The paged KV cache description (pages as the rows of a block-sparse matrix, the FlashInfer
+// paper's format; docs/design.md "Kernel keys": page size).
 //
 // A request's KV is the concatenation of its pages kv_indices[kv_indptr[i] .. kv_indptr[i+1]),
 // all full except the last, which holds kv_last_page_len[i] tokens. A request with no pages

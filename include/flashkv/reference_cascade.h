@@ -1,4 +1,4 @@
-// The CPU reference of multi-level cascade (shared-prefix) attention, issue 7: the oracle for a
+// The CPU reference of multi-level cascade (shared-prefix) attention: the oracle for a
 // MultiLevelCascade GPU op, and the proof that a cascade computes plain attention.
 //
 // A cascade is L levels of page tables over one paged cache (FlashInfer's multi-level cascade

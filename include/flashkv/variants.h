@@ -1,7 +1,8 @@
-// The built-in attention variants a caller can request (issue 5), and their exact math.
+// The built-in attention variants a caller can request, and their exact math.
 //
 // An AttentionVariant is a plain description: which built-ins are on and their parameters. Each
-// built-in is one or more of the hooks of DESIGN.md idea 5, applied per (request, query head) in
+// built-in is one or more of the hooks of the device variants (kernels/variants/variant.cuh;
+// docs/design.md "Kernel families"), applied per (request, query head) in
 // this order for query row i (qo_len rows) and key j (kv_len keys) of a request:
 //
 //   positions  q_pos = kv_len - qo_len + i          (the causal diagonal; attention.h)
@@ -63,9 +64,9 @@
 // lse = -inf (attention.h), except that with sinks the sink is still in the denominator:
 // out = 0, lse = sinks[h]. Sigmoid rows give out = 0.
 //
-// Split-KV and ⊕ (DESIGN.md idea 2): a state over a KV chunk is computed with every mask and
-// position of the WHOLE request (a chunk is keys [begin, end) at their own kv_pos). The sink is
-// itself a state, (o = 0, lse = sinks[h]); it must enter a row's merge exactly once: either
+// Split-KV and ⊕ (docs/design.md "Kernel families"): a state over a KV chunk is computed with every
+// mask and position of the WHOLE request (a chunk is keys [begin, end) at their own kv_pos). The
+// sink is itself a state, (o = 0, lse = sinks[h]); it must enter a row's merge exactly once: either
 // one chunk carries it (flashkv's kernels: decode the request's last chunk, which also lets a
 // sliding window skip the keys it hides; prefill the chunk at key 0) or the merge adds
 // (0, sinks[h]) as one more state. Merging the chunks then equals the whole, sink included.

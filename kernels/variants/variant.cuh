@@ -1,5 +1,6 @@
-// Attention variants as functors (DESIGN.md idea 5): the interface every attention kernel (decode
-// on CUDA cores and tensor cores, prefill) calls, and the defaults of hooks a variant leaves out.
+// Attention variants as functors (docs/design.md "Kernel families"): the interface every attention
+// kernel (decode on CUDA cores and tensor cores, prefill) calls, and the defaults of hooks a
+// variant leaves out.
 //
 // A variant is a struct with static hooks, each optional (detected at compile time; a hook that
 // is not defined costs nothing):

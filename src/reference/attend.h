@@ -20,8 +20,8 @@ namespace flashkv::reference::detail {
 
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The attention state (O, LSE) of one query row over the keys it saw (DESIGN.md idea 2).
-// A row that saw no key is (0, -inf), the identity of ⊕.
+// The attention state (O, LSE) of one query row over the keys it saw (docs/design.md "Kernel
+// families": ⊕). A row that saw no key is (0, -inf), the identity of ⊕.
 struct RowState {
   std::vector<double> o;  // [D]
   double lse = kNegInf;   // natural log of the softmax denominator

@@ -1,5 +1,5 @@
-// CPU reference of the attention-state merge ⊕ (DESIGN.md idea 2), in double with the max trick:
-// for states (o_s, lse_s), m = max_s lse_s, w_s = exp(lse_s - m),
+// CPU reference of the attention-state merge ⊕ (docs/design.md "Kernel families"), in double with
+// the max trick: for states (o_s, lse_s), m = max_s lse_s, w_s = exp(lse_s - m),
 // o = Σ w_s o_s / Σ w_s, lse = m + log Σ w_s. All-empty input (every lse -inf) gives (0, -inf).
 #include <algorithm>
 #include <cmath>

@@ -2,8 +2,9 @@
 //
 // A variant is resolved once per call (parameters read from host tensors and checked), then
 // applied through VariantHooks, one object per (request, query head) with one method per hook of
-// DESIGN.md idea 5: the shape a device variant functor mirrors (FlashInfer's variant closures are
-// built per (batch_idx, head) the same way).
+// the device variant functors (kernels/variants/variant.cuh; docs/design.md "Kernel families"),
+// whose shape it mirrors (FlashInfer's variant closures are built per (batch_idx, head) the same
+// way).
 #pragma once
 
 #include <cstdint>

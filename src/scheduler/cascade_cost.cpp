@@ -7,7 +7,7 @@
 
 #include "flashkv/error.h"
 #include "scheduler/prefill_scheduler.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 
@@ -95,14 +95,14 @@ CascadeEstimate estimate_cascade(const CascadeLayout& layout, const CascadeProbl
     const int tile = choose_query_tile_rows(qo_lens, group);
     const int tile_tokens = tile / group;
     const bool wgmma = tile == m.wgmma_tile_rows && D <= m.wgmma_max_head_dim;
-    const int64_t ctas =
-        int64_t{m.num_sms} * (wgmma ? tuning::sm90::kPrefillHopperCtasPerSm : m.prefix_ctas_per_sm);
+    const int64_t ctas = int64_t{m.num_sms} *
+                         (wgmma ? tuning::Policy::kPrefillHopperCtasPerSm : m.prefix_ctas_per_sm);
     int64_t visible = 0;  // Σ tiles × kv heads × kv_len: what the scheduler splits over the CTAs
     for (int g = 0; g < lv.num_groups(); ++g)
       visible +=
           ceil_div(qo_lens[g], tile_tokens) * shape.num_kv_heads * lv.kv_len(g, layout.page_size);
     const int64_t chunk =
-        std::max<int64_t>(tuning::sm90::kPrefillMinChunkTokens, ceil_div(visible, ctas));
+        std::max<int64_t>(tuning::Policy::kPrefillMinChunkTokens, ceil_div(visible, ctas));
     const double wgmma_chunk_us = m.prefix_chunk_us_wgmma * D / 128.0;
     for (int g = 0; g < lv.num_groups(); ++g) {
       const int64_t kv_len = lv.kv_len(g, layout.page_size);
@@ -124,7 +124,7 @@ CascadeEstimate estimate_cascade(const CascadeLayout& layout, const CascadeProbl
     longest = std::max(longest, last.kv_len(g, layout.page_size));
   }
   const double split_at =
-      std::max(static_cast<double>(tuning::sm90::kDecodeMinChunkTokens),
+      std::max(static_cast<double>(tuning::Policy::kDecodeMinChunkTokens),
                static_cast<double>(suffix_tokens) * shape.num_kv_heads / m.decode_ctas);
   e.suffix_us = k_dec * static_cast<double>(suffix_tokens * token_bytes) / m.dram_bytes_per_us +
                 (static_cast<double>(longest) > split_at ? m.suffix_split_us : 0.0);

@@ -45,7 +45,7 @@
 #include <cstdint>
 
 #include "scheduler/prefix_sharing.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 
@@ -80,10 +80,10 @@ struct CascadeCostModel {
   double suffix_split_us = 6.93794;  // the suffix decode's split merge
   // The schedulers' grids (the sm_90 policy's knobs, tuning/sm90.cuh; bench/cascade_cost_fit.py
   // has them as numbers: 132, 264, 2).
-  int num_sms = tuning::sm90::kH200Sms;  // H200
+  int num_sms = tuning::Policy::kH200Sms;  // H200
   // The decode kernel's grid (2 per SM); the mma.sync prefill kernel's CTAs per SM (wgmma: 1).
-  int decode_ctas = int{tuning::sm90::kH200Sms} * tuning::sm90::kDecodeDefaultCtasPerSm;
-  int prefix_ctas_per_sm = tuning::sm90::kPrefillCtasPerSm;
+  int decode_ctas = int{tuning::Policy::kH200Sms} * tuning::Policy::kDecodeDefaultCtasPerSm;
+  int prefix_ctas_per_sm = tuning::Policy::kPrefillCtasPerSm;
   int wgmma_tile_rows = 128;     // the tile the wgmma kernel runs ...
   int wgmma_max_head_dim = 128;  // ... at these head dims (D 256 measured as mma.sync)
   // A margin makes more wrong choices on the grid (fit: 0 % and 2-10 % compared).

@@ -1,6 +1,6 @@
 // The load-balanced decode schedule: KV chunking, greedy (LPT) assignment of chunks to CTAs,
 // partial-state slots and merge items. Contract in decode_scheduler.h; the algorithm is the
-// FlashInfer paper's (DESIGN.md "The load-balanced schedule") with tiles = (request, kv_head).
+// FlashInfer paper's (docs/design.md "Layers", "Workspace") with tiles = (request, kv_head).
 //
 // Workspace bounds for dynamic splitting (max_split_slots, max_decode_work_items), proved:
 // let tile i have l_i KV tokens, T = sum_i l_i, C = num_ctas and L = max(min_chunk_tokens,
@@ -27,10 +27,8 @@
 // num_kv_heads divides num_ctas it assigns request chunks to blocks of num_kv_heads CTAs and
 // stores one head-0 item per request chunk, which each CTA of the block expands for its head
 // (decode_plan.cuh "Units"); items are written once, into the caller's buffer (plan() passes its
-// pinned plan image). Measured on the 2-vCPU dev VM, 8 KV heads, 264 CTAs, lengths 1024 +
-// rng() % 2048: batch 256 (2048 chunks) went from 43 us (a tournament-tree walk per chunk) to
-// ~15 us, then ~10 us (blocks, sequential item writes), then ~5 us (256 items stored instead of
-// 2048, the greedy chunk by chunk over the 33 blocks).
+// pinned plan image). What each of these saved (DecodeScheduler.PlanTimeMicroBenchmark): NOTES
+// "Scheduler", plan time.
 #include "scheduler/decode_scheduler.h"
 
 #include <algorithm>
@@ -49,7 +47,7 @@
 #include "scheduler/decode_schedule_state.h"
 #include "scheduler/greedy_lpt.h"
 #include "scheduler/split_options.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 namespace {
@@ -125,7 +123,7 @@ double greedy_makespan(std::span<const int64_t> kv_lens, const DecodeScheduleOpt
 // and the one with the smallest greedy makespan (ties: the larger bound, fewer chunks) wins.
 // With at most C chunks a larger bound only lengthens the longest; with more than 2 C every CTA
 // runs several and the greedy balances them anyway.
-constexpr int kBalanceCandidates = tuning::sm90::kDecodeBalanceCandidates;
+constexpr int kBalanceCandidates = tuning::Policy::kDecodeBalanceCandidates;
 
 int64_t balanced_chunk_bound(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& o,
                              int ctas_per_unit, int64_t bound, PlanScratch& scratch) {

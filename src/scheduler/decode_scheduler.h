@@ -1,4 +1,5 @@
-// The load-balanced decode schedule (FlashInfer paper, DESIGN.md "The load-balanced schedule").
+// The load-balanced decode schedule (FlashInfer paper; docs/design.md "Layers",
+// "Workspace").
 // Pure C++: no CUDA. Unit-tested on the CPU.
 //
 // Tiles are (request, kv_head) pairs: with GQA head-group fusion one CTA serves every query head
@@ -13,21 +14,19 @@
 #include "attention/decode/decode_plan.cuh"
 #include "scheduler/plan_image.h"
 #include "scheduler/split_bounds.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 
 // cost(l_q, l_kv) = alpha * l_q + beta * l_kv, in arbitrary units (only ratios matter): beta is
-// the unit (one KV token streamed), alpha a work item's fixed cost in tokens. How alpha was set on
-// the H200: the timelines put an item's fixed cost (first-tile latency + epilogue, ~4 us) at
-// ~120 tokens of one CTA's streaming, and a sweep of alpha over {16, 64, 128, 256} on D1-D4
-// moved no workload beyond run-to-run noise (bench/results/decode-alpha-sweep-2026-11-29-*,
-// NOTES.md "alpha calibration"): with the balanced chunk bound the chunking sets the makespan and
-// alpha only breaks near-ties. 64 stays. (The defaults are the sm_90 policy's, tuning/sm90.cuh.)
+// the unit (one KV token streamed), alpha a work item's fixed cost in tokens. alpha matters
+// little: with the balanced chunk bound the chunking sets the makespan and alpha only breaks
+// near-ties. (The defaults are the policy's, tuning/policy.cuh; the sweep behind them is in
+// tuning/sm90.cuh and NOTES "Scheduler", α calibration.)
 struct CostModel {
   // Fixed cost of a work item (launch of the tile, q load, epilogue), in KV-token units.
-  double alpha = tuning::sm90::kDecodeWorkItemCostTokens;
-  double beta = tuning::sm90::kDecodeTokenCost;  // per KV token; must be > 0
+  double alpha = tuning::Policy::kDecodeWorkItemCostTokens;
+  double beta = tuning::Policy::kDecodeTokenCost;  // per KV token; must be > 0
   double cost(int64_t l_q, int64_t l_kv) const { return alpha * l_q + beta * l_kv; }
 };
 
@@ -52,11 +51,11 @@ struct DecodeScheduleOptions {
                                   // (last one shorter), independent of the rest of the batch
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   // Dynamic splitting never makes chunks shorter than this.
-  int min_chunk_tokens = tuning::sm90::kDecodeMinChunkTokens;
+  int min_chunk_tokens = tuning::Policy::kDecodeMinChunkTokens;
   // Dynamic splitting: when a few chunks per CTA are at stake, also try the bounds > L_kv that
   // cut the longest tile into fewer pieces and keep the one with the smallest greedy makespan
   // (decode_scheduler.cpp, balanced_chunk_bound). false: always L_kv.
-  bool balance_chunk_bound = tuning::sm90::kDecodeBalanceChunkBound;
+  bool balance_chunk_bound = tuning::Policy::kDecodeBalanceChunkBound;
   // Dynamic splitting, units of one greedy chunk per request chunk (block mode, or one KV head):
   // the chunks that would overflow the average load (the last, partial round of the greedy) are
   // cut to fill the least-loaded units up to a common level instead of landing whole on some of
@@ -134,8 +133,8 @@ DecodeSchedule plan_decode(std::span<const int64_t> kv_lens, const DecodeSchedul
 void plan_decode(std::span<const int64_t> kv_lens, const DecodeScheduleOptions& opts,
                  DecodeSchedule* out);
 
-// Upper bounds used to size the workspace (see DESIGN.md): with dynamic splitting the number of
-// partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
+// Upper bounds used to size the workspace (docs/design.md "Workspace"): with dynamic splitting the
+// number of partial slots never exceeds 2 * num_ctas and the number of work items never exceeds
 // max_batch * num_kv_heads + num_ctas (proof in decode_scheduler.cpp; block mode stores
 // num_kv_heads times fewer). fixed_split_size has no such bound (its chunk count follows the KV
 // lengths, not num_ctas): size for the longest batch, or let plan_decode throw. Both throw

@@ -1,7 +1,7 @@
 // The load-balanced prefill/append schedule: query tiling, causal visibility, KV chunking, greedy
 // (LPT) assignment of chunks to CTAs, partial-state slots and merge items. Contract in
-// prefill_scheduler.h; the algorithm is the FlashInfer paper's (DESIGN.md "The load-balanced
-// schedule") with tiles = (request, kv_head, query tile). The decode scheduler is the special
+// prefill_scheduler.h; the algorithm is the FlashInfer paper's (docs/design.md "Layers",
+// "Workspace") with tiles = (request, kv_head, query tile). The decode scheduler is the special
 // case of one query token per tile; it is kept separate because decode plans run at every step
 // and are tuned for that (decode_scheduler.cpp), while this one favours being easy to read.
 //
@@ -26,13 +26,11 @@
 // bounds hold trivially. fixed_split_size has no bound in terms of C (its chunks follow the
 // lengths alone) and disable_split_kv uses no slots and exactly #tiles work items.
 //
-// Plan time (measured on the 2-vCPU dev VM, best of 20; see the PlanTimeMicroBenchmark test):
-// batch 16 x 1024 causal, 8 KV heads, group 4, 264 CTAs (4096 work items) 18 us; batch 64 x qo 4 /
-// kv 4096 2.5 us; 1 x 32k causal MHA on 132 CTAs (8192 items) 26 us request-major, 66 us
-// head-major (its costs rise again at every head: the greedy goes chunk by chunk). The greedy takes
-// runs of equal-cost chunks (GreedyLpt); with a tournament-tree walk per chunk it was 132 / 16 us
-// (16 x 1024, 64 x 4), with std::priority_queue ~450 us; what is left is mostly writing the work
-// items in CTA order and the sort by cost.
+// Plan time: plan() runs this at every prefill step, so the greedy takes runs of equal-cost chunks
+// (GreedyLpt) instead of a walk per chunk; head-major goes chunk by chunk (its costs rise again at
+// every head). What is left is mostly writing the work items in CTA order and the sort by cost.
+// The times, and what a walk per chunk or std::priority_queue took
+// (PrefillScheduler.PlanTimeMicroBenchmark): NOTES "Scheduler", plan time.
 #include "scheduler/prefill_scheduler.h"
 
 #include <algorithm>
@@ -177,10 +175,8 @@ void cut_tile(const Piece& tile, int64_t begin, int64_t v, int64_t n,
 
 // Everything plan_prefill needs besides its result. One per thread, kept (as the decode
 // scheduler's): a plan then allocates nothing once the buffers have grown. Per-call vectors cost
-// 23 -> 18 us (16 x 1024 causal), 34 -> 26 / 72 -> 66 us (32k MHA request- / head-major) in the
-// micro-benchmark, and more in a one-off plan, where the allocator maps a fresh 128 KB vector and
-// faults it in (32k MHA request-major 75 -> 27 us). Up to kKeptScratchItems work items' worth is
-// kept.
+// time in every plan, and most in a one-off plan, where the allocator maps a fresh vector and
+// faults it in (NOTES "Scheduler", plan time). Up to kKeptScratchItems work items' worth is kept.
 struct PlanScratch {
   std::vector<Piece> pieces;
   std::vector<size_t> request_pieces;
@@ -334,8 +330,8 @@ void plan_prefill_into(std::span<const int64_t> qo_lens, std::span<const int64_t
   };
   // Head-major: head by head (each head's chunks in `order`), so the costs rise again at every
   // head, which GreedyLpt's groups do not allow: its chunk-by-chunk form, exact for any order.
-  // (A std::priority_queue of (load, CTA) gave the same schedules in 408 us for P5 MHA's 8192
-  // chunks on the dev VM: PrefillScheduler.PlanTimeMicroBenchmark.)
+  // (A std::priority_queue of (load, CTA) gives the same schedules, slower:
+  // PrefillScheduler.HeadMajorMatchesPlainPriorityQueueGreedy; NOTES "Scheduler", plan time.)
   std::vector<CostRun>& runs = sc.runs;
   runs.clear();
   for (int h = 0; h < (o.head_major ? heads : 1); ++h) {

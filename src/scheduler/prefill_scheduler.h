@@ -1,5 +1,5 @@
-// The load-balanced prefill/append schedule (FlashInfer paper, DESIGN.md "The load-balanced
-// schedule"). Pure C++: no CUDA. Unit-tested on the CPU.
+// The load-balanced prefill/append schedule (FlashInfer paper; docs/design.md "Layers"
+// and "Workspace"). Pure C++: no CUDA. Unit-tested on the CPU.
 //
 // Queries are ragged: request i has qo_lens[i] >= 0 query tokens and kv_lens[i] >= 0 KV tokens.
 // With GQA head-group fusion the `group` = num_qo_heads / num_kv_heads query heads of one KV head
@@ -22,7 +22,7 @@
 #include "attention/prefill/prefill_plan.cuh"
 #include "scheduler/plan_image.h"
 #include "scheduler/split_bounds.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::scheduler {
 
@@ -41,8 +41,8 @@ int choose_query_tile_rows(std::span<const int64_t> qo_lens, int group);
 // token through a tile) are to be measured on the GPU, not guessed: these defaults (the sm_90
 // policy's, tuning/sm90.cuh) only say that a row's fixed work is about one KV token's.
 struct PrefillCostModel {
-  double alpha = tuning::sm90::kPrefillRowCost;   // >= 0
-  double beta = tuning::sm90::kPrefillTokenCost;  // > 0
+  double alpha = tuning::Policy::kPrefillRowCost;   // >= 0
+  double beta = tuning::Policy::kPrefillTokenCost;  // > 0
   double cost(int64_t rows, int64_t kv_tokens) const { return alpha * rows + beta * kv_tokens; }
 };
 
@@ -66,7 +66,7 @@ struct PrefillScheduleOptions {
                                   // (the heuristic's choice depends on the batch)
   bool disable_split_kv = false;  // never split: one work item per tile; not with fixed_split_size
   // Dynamic splitting never makes chunks shorter than this.
-  int min_chunk_tokens = tuning::sm90::kPrefillMinChunkTokens;
+  int min_chunk_tokens = tuning::Policy::kPrefillMinChunkTokens;
   int split_align = 1;  // dynamic splitting cuts KV at multiples of this (<= min_chunk_tokens):
                         // the kernel's KV tile, so every chunk starts on a tile (TMA loads)
   // A sliding window (>= 0; -1: none): a query at position q_pos = kv_len - qo_len + i sees no

@@ -1,4 +1,5 @@
-// Shared-prefix detection for cascade attention (issue 7; DESIGN.md idea 2, "composable formats").
+// Shared-prefix detection for cascade attention (docs/design.md "Kernel families",
+// composed ops).
 // Pure C++: no CUDA, no KV data. Unit-tested on the CPU.
 //
 // When requests' page lists start with the same pages (a system prompt, parallel sampling,

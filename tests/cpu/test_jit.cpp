@@ -75,7 +75,8 @@ TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
   o.dtypes = {DType::f16};
   std::vector<std::string> serial;
   for (const auto& k : precompile(o)) serial.push_back(k.id);
-  ASSERT_EQ(serial.size(), 4u);  // merge, RoPE, append, batch indices
+  ASSERT_EQ(serial.size(), 4u);                 // merge, RoPE, append, batch indices
+  EXPECT_EQ(precompile_kernel_ids(o), serial);  // `flashkv precompile --list`: the same, in order
   o.jobs = 2;
   std::vector<size_t> done_counts;
   std::vector<std::string> reported;
@@ -92,6 +93,13 @@ TEST(Jit, ParallelPrecompileKeepsTheOrderAndReportsEachKernel) {
   EXPECT_EQ(reported, serial);
   o.jobs = -1;
   EXPECT_THROW(precompile(o), Error);
+}
+
+TEST(Jit, PrecompileDefaultsToEveryKernelFamily) {
+  EXPECT_EQ(PrecompileOptions{}.ops, precompile_ops());
+  PrecompileOptions o;
+  o.ops = {"merge", "no_such_op"};
+  EXPECT_THROW(precompile_kernel_ids(o), Error);
 }
 
 TEST(Jit, PrecompileTakesFp8CacheDtypes) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,12 +22,15 @@
 #include "scheduler/cascade_cost.h"
 #include "scheduler/decode_scheduler.h"
 #include "scheduler/prefill_scheduler.h"
+#include "tuning/policy.cuh"
 #include "tuning/sm90.cuh"
 
 namespace flashkv {
 namespace {
 
-namespace policy = tuning::sm90;
+using policy = tuning::Sm90;
+// The shapes and defaults below are read through the hub: they are sm_90's where it picks sm_90.
+static_assert(std::is_same_v<tuning::Policy, tuning::Sm90>);
 
 // Everything is usable in constant expressions (the kernels read it at compile time).
 static_assert(decode_tc_shape(128, 4).stages == 2 && prefill_hopper_shape(128).stages == 3);
@@ -327,12 +331,12 @@ TEST(TuningPolicy, NvrtcEmitsNothingForThePolicy) {
   // The kernels include the policy; its knobs are enumerators and constexpr functions because a
   // constexpr variable would be a __device__ global in every module (a symbol, moving the
   // kernels' symbol indices and constant-bank offsets). A probe kernel that reads knobs and rules
-  // must have no symbol of namespace flashkv::tuning::sm90 ("6tuning4sm90" in the mangled names).
+  // must have no symbol of namespace flashkv::tuning ("6tuning" in the mangled names).
   runtime::CompileRequest req;
   req.key_name = "policy_probe";
   req.source =
-      "#include \"tuning/sm90.cuh\"\n"
-      "namespace p = flashkv::tuning::sm90;\n"
+      "#include \"tuning/policy.cuh\"\n"
+      "using p = flashkv::tuning::Policy;\n"
       "__global__ void policy_probe(int* o) {\n"
       "  constexpr int w = p::decode_auto_warps(128, p::kDecodeOneCtaPerSm);\n"
       "  constexpr int s = p::prefill_stages(0, 8192, 128) + p::prefill_hopper_kv_tile(128);\n"
@@ -343,7 +347,7 @@ TEST(TuningPolicy, NvrtcEmitsNothingForThePolicy) {
   const runtime::CompiledKernels k = runtime::nvrtc_compile(req);
   const std::string cubin(k.cubin.begin(), k.cubin.end());
   EXPECT_FALSE(cubin.empty());
-  EXPECT_EQ(cubin.find("6tuning4sm90"), std::string::npos);
+  EXPECT_EQ(cubin.find("6tuning"), std::string::npos);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // the policy, whose enumerators emit nothing.
 #pragma once
 
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 
@@ -21,9 +21,9 @@ struct DecodeCudaCoreShape {
 };
 constexpr DecodeCudaCoreShape decode_cuda_core_shape(int head_dim, int kv_bytes) {
   DecodeCudaCoreShape s{};
-  s.threads = tuning::sm90::kDecodeCudaCoreThreads;
-  s.tile = tuning::sm90::decode_cuda_core_tile(head_dim, kv_bytes);
-  s.stages = tuning::sm90::kDecodeCudaCoreStages;
+  s.threads = tuning::Policy::kDecodeCudaCoreThreads;
+  s.tile = tuning::Policy::decode_cuda_core_tile(head_dim, kv_bytes);
+  s.stages = tuning::Policy::kDecodeCudaCoreStages;
   s.smem_bytes = 2 * s.stages * s.tile * head_dim * kv_bytes;
   return s;
 }

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "attention/decode/decode_cuda_core_shape.cuh"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 
@@ -31,10 +31,10 @@ struct DecodeTCShape {
 // it was measured to do), under the name the decode kernels have always compiled. A namespace-scope
 // constexpr variable is a __device__ global of every NVRTC module that includes this file (the
 // policy's enumerators are not): keep it, or every decode kernel's symbol indices move.
-constexpr int kDecodeBytesInFlightPerSm = tuning::sm90::kDecodeBytesInFlightPerSm;
+constexpr int kDecodeBytesInFlightPerSm = tuning::Policy::kDecodeBytesInFlightPerSm;
 
-// stages, warps: 0 picks the default (tuning::sm90::decode_tc_default_warps: 4 at head_dim <= 128,
-// else 2; decode_tc_default_stages: so that the grid's CTAs on one SM keep
+// stages, warps: 0 picks the default (tuning::Policy::decode_tc_default_warps: 4 at head_dim <=
+// 128, else 2; decode_tc_default_stages: so that the grid's CTAs on one SM keep
 // kDecodeBytesInFlightPerSm in flight, at least 2). ctas: the CTAs per SM the grid is sized for
 // (0: kDecodeDefaultCtasPerSm, 2); the kernel is built for as many of them as fit one SM.
 // kv_bytes: the KV element size (2, or 1 for fp8: half the bytes per stage, so the default depth
@@ -44,21 +44,21 @@ constexpr int kDecodeBytesInFlightPerSm = tuning::sm90::kDecodeBytesInFlightPerS
 constexpr DecodeTCShape decode_tc_shape(int head_dim, int group, int stages = 0, int warps = 0,
                                         int ctas = 0, int kv_bytes = 2) {
   DecodeTCShape s{};
-  const int want = ctas > 0 ? ctas : tuning::sm90::kDecodeDefaultCtasPerSm;
-  s.warps = warps > 0 ? warps : tuning::sm90::decode_tc_default_warps(head_dim);
+  const int want = ctas > 0 ? ctas : tuning::Policy::kDecodeDefaultCtasPerSm;
+  s.warps = warps > 0 ? warps : tuning::Policy::decode_tc_default_warps(head_dim);
   s.threads = 32 * s.warps;
   s.tile = 16 * s.warps;
   const int stage_kv_bytes = 2 * s.tile * head_dim * kv_bytes;
-  s.stages = stages > 0 ? stages : tuning::sm90::decode_tc_default_stages(stage_kv_bytes, want);
+  s.stages = stages > 0 ? stages : tuning::Policy::decode_tc_default_stages(stage_kv_bytes, want);
   s.row_tiles = (group + 15) / 16;
   const int pipeline = s.stages * stage_kv_bytes;
   const int merge = s.warps * 16 * s.row_tiles * (head_dim + 4 + 2) * 4;
   s.smem_bytes = s.row_tiles * 16 * head_dim * 2 + (pipeline > merge ? pipeline : merge);
   // As many of the grid's CTAs per SM as their shared memory (227 KB per SM) allows, and no more
   // than leave kDecodeMinRegistersPerThread (128) registers per thread (65536 per SM).
-  const int fit_smem = tuning::sm90::kSmemPerSmBytes / s.smem_bytes;
-  const int fit_regs =
-      int{tuning::sm90::kRegistersPerSm} / tuning::sm90::kDecodeMinRegistersPerThread / s.threads;
+  const int fit_smem = tuning::Policy::kSmemPerSmBytes / s.smem_bytes;
+  const int fit_regs = int{tuning::Policy::kRegistersPerSm} /
+                       tuning::Policy::kDecodeMinRegistersPerThread / s.threads;
   s.min_ctas = want < fit_smem ? want : fit_smem;
   s.min_ctas = s.min_ctas < fit_regs ? s.min_ctas : fit_regs;
   s.min_ctas = s.min_ctas > 1 ? s.min_ctas : 1;
@@ -70,7 +70,7 @@ constexpr DecodeTCShape decode_tc_shape(int head_dim, int group, int stages = 0,
 // registers; more spilled to local memory (ptxas: head_dim 256 used 255 registers and a 360-byte
 // stack), so larger shapes use the CUDA-core kernel.
 constexpr bool decode_tc_supported(int head_dim, int group) {
-  return (group + 15) / 16 * (head_dim / 8) * 4 <= tuning::sm90::kDecodeTCMaxAccumulatorRegs;
+  return (group + 15) / 16 * (head_dim / 8) * 4 <= tuning::Policy::kDecodeTCMaxAccumulatorRegs;
 }
 
 // Stages and warps a caller may ask for (0: the default).

@@ -1,5 +1,5 @@
-// ⊕ of attention states (DESIGN.md idea 2) on the GPU: one pass, 16-byte vector loads.
-// Values T (f16/bf16/f32) are [rows, D] contiguous; LSEs are f32, NATURAL log (the public
+// ⊕ of attention states (docs/design.md "Kernel families") on the GPU: one pass, 16-byte vector
+// loads. Values T (f16/bf16/f32) are [rows, D] contiguous; LSEs are f32, NATURAL log (the public
 // convention); -inf marks an empty state (the identity of ⊕).
 #pragma once
 

@@ -6,7 +6,7 @@
 // what each was measured to do; this file includes nothing else.
 #pragma once
 
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 
@@ -33,22 +33,22 @@ constexpr PrefillShape prefill_shape(int head_dim, int rows, int kv_elem_bytes =
   // Two 16-row MMA tiles per warp in the 128-row tile: each K/V fragment read from shared memory
   // then feeds two MMAs (shared-memory bandwidth, not the tensor cores, bounds one row tile per
   // warp). head_dim 256 keeps one: 128 output accumulators per row tile already.
-  s.row_tiles = tuning::sm90::prefill_row_tiles_per_warp(head_dim, rows);
+  s.row_tiles = tuning::Policy::prefill_row_tiles_per_warp(head_dim, rows);
   s.warp_rows = 16 * s.row_tiles;
   s.warps_q = rows / s.warp_rows;
   // Small tiles (16, 32 rows: short queries) would leave most of a CTA idle: 4 warps there, the
   // warps of a row block splitting each KV tile.
-  s.warps_kv = tuning::sm90::prefill_warps_kv(rows, s.warps_q);
+  s.warps_kv = tuning::Policy::prefill_warps_kv(rows, s.warps_q);
   s.warps = s.warps_q * s.warps_kv;
   s.threads = 32 * s.warps;
   // 64 KV tokens per stage, or 32 at head_dim 256 where a warp has a whole tile (its S fragment
   // next to 128 output accumulators).
-  s.tile = tuning::sm90::prefill_kv_tile(head_dim, s.warps_kv);
+  s.tile = tuning::Policy::prefill_kv_tile(head_dim, s.warps_kv);
   s.q_bytes = rows * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * kv_elem_bytes;
   // Pipeline depth: as many KV tiles in flight as fit two CTAs per SM (<= 112 KB each); a CTA of
   // 8 warps runs alone on its SM (registers) and takes 4.
-  s.stages = tuning::sm90::prefill_stages(s.q_bytes, s.stage_bytes, s.threads);
+  s.stages = tuning::Policy::prefill_stages(s.q_bytes, s.stage_bytes, s.threads);
   const int kv_bytes = 2 * s.stages * s.stage_bytes;
   const int merge_bytes = s.warps_kv > 1 ? s.warps * 16 * (head_dim + 2) * 4 : 0;
   s.smem_bytes = s.q_bytes + (kv_bytes > merge_bytes ? kv_bytes : merge_bytes);
@@ -76,15 +76,16 @@ constexpr PrefillShape prefill_hopper_shape(int head_dim, int kv_elem_bytes = 2)
   s.warps_kv = 1;
   s.warps = 8;
   s.threads = 256;
-  s.tile = kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_kv_tile(head_dim)
-                              : tuning::sm90::prefill_hopper_kv_tile(head_dim);
+  s.tile = kv_elem_bytes == 1 ? tuning::Policy::prefill_hopper_fp8_kv_tile(head_dim)
+                              : tuning::Policy::prefill_hopper_kv_tile(head_dim);
   s.q_bytes = 128 * head_dim * 2;
   s.stage_bytes = s.tile * head_dim * 2;
-  s.stages = kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_stages(head_dim)
-                                : tuning::sm90::prefill_hopper_stages(head_dim);
-  s.q_buffers = tuning::sm90::prefill_hopper_q_buffers(head_dim);  // d128: 2 x 32 + (2 + 3) x 32 KB
+  s.stages = kv_elem_bytes == 1 ? tuning::Policy::prefill_hopper_fp8_stages(head_dim)
+                                : tuning::Policy::prefill_hopper_stages(head_dim);
+  s.q_buffers =
+      tuning::Policy::prefill_hopper_q_buffers(head_dim);  // d128: 2 x 32 + (2 + 3) x 32 KB
   s.staging_slots =
-      kv_elem_bytes == 1 ? tuning::sm90::prefill_hopper_fp8_staging_slots(head_dim) : 0;
+      kv_elem_bytes == 1 ? tuning::Policy::prefill_hopper_fp8_staging_slots(head_dim) : 0;
   s.staging_bytes = s.staging_slots * 2 * s.tile * head_dim;
   s.smem_bytes =
       1024 + s.q_buffers * s.q_bytes + (2 * s.stages - 1) * s.stage_bytes + s.staging_bytes;

@@ -27,7 +27,7 @@
 #include "runtime/launch.h"
 #include "scheduler/cascade_cost.h"
 #include "scheduler/prefix_sharing.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 
@@ -251,7 +251,7 @@ void MultiLevelCascade::plan(const CascadeBatch& b, const CascadeShape& shape,
   pp.sm_scale = opts.sm_scale;
   pp.enable_cuda_graph = opts.enable_cuda_graph;
   // A captured graph pins the query tile.
-  if (opts.enable_cuda_graph) pp.tile_rows = tuning::sm90::kCascadeGraphTileRows;
+  if (opts.enable_cuda_graph) pp.tile_rows = tuning::Policy::kCascadeGraphTileRows;
   for (int l = 0; l + 1 < levels; ++l) {
     const scheduler::CascadeLevel& lv = layout.levels[l];
     pp.causal = false;

@@ -27,7 +27,7 @@
 #include "runtime/launch.h"
 #include "runtime/plan_upload.h"
 #include "scheduler/decode_scheduler.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 namespace {
@@ -330,7 +330,7 @@ DecodeKernelChoice BatchDecode::Impl::choose_kernel(const AttentionShape& sh,
   if (!k.tensor_cores) {
     k.tuning = {};
     // The CUDA-core kernel's default grid.
-    if (cfg.ctas_per_sm == 0) k.ctas_per_sm = tuning::sm90::kDecodeCudaCoreCtasPerSm;
+    if (cfg.ctas_per_sm == 0) k.ctas_per_sm = tuning::Policy::kDecodeCudaCoreCtasPerSm;
   }
   return k;
 }

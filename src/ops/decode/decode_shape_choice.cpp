@@ -34,7 +34,7 @@
 namespace flashkv::ops {
 
 DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in) {
-  namespace policy = tuning::sm90;
+  using policy = tuning::Policy;
   int ctas = in.config_ctas_per_sm;
   if (ctas == 0) {
     ctas = policy::kDecodeDefaultCtasPerSm;

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "ops/jit/kernel_specs.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::ops {
 
@@ -18,7 +18,7 @@ struct DecodeShapeInputs {
   int group = 1;  // query heads per KV head
   int num_kv_heads = 1;
   // The GPU's opt-in shared memory per block.
-  int max_smem_bytes = tuning::sm90::kSmemPerBlockBytes;
+  int max_smem_bytes = tuning::Policy::kSmemPerBlockBytes;
   std::span<const int64_t> kv_lens;  // the keys each request's row sees
   bool enable_cuda_graph = false;
   int fixed_split_size = 0;
@@ -28,13 +28,13 @@ struct DecodeShapeInputs {
 
 struct DecodeShapeChoice {
   // The grid's, for the tensor-core kernel (::flashkv::tuning: the member below hides it).
-  int ctas_per_sm = ::flashkv::tuning::sm90::kDecodeDefaultCtasPerSm;
+  int ctas_per_sm = ::flashkv::tuning::Policy::kDecodeDefaultCtasPerSm;
   DecodeTCTuning tuning;  // its kernel shape ({} : the default, 2 CTAs of 4 warps)
 };
 
 // KV tokens (summed over KV heads) per CTA from which auto runs 4 CTAs of 2 warps per SM
 // (tuning/sm90.cuh: the measurement behind it).
-inline constexpr int64_t kDecodeSmallCtaMinTokens = tuning::sm90::kDecodeSmallCtaMinTokens;
+inline constexpr int64_t kDecodeSmallCtaMinTokens = tuning::Policy::kDecodeSmallCtaMinTokens;
 
 DecodeShapeChoice choose_decode_shape(const DecodeShapeInputs& in);
 

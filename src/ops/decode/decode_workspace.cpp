@@ -33,9 +33,10 @@ DecodeWorkspace::Sizes DecodeWorkspace::layout_for(const BatchDecodeConfig& cfg,
         " is too large (at most 2^28)");
   check(sms > 0, "DecodeWorkspace: expected > 0 SMs, got ", sms);
   const int num_ctas = sms * (cfg.ctas_per_sm > 0 ? cfg.ctas_per_sm : kAutoCtasPerSm);
-  // Partial-state rows: DESIGN.md's bound for dynamic splitting (2 slots per CTA), or, where the
-  // config sizes for fixed_split_size, one per chunk a batch can be cut into: a request of l tokens
-  // gives ceil(l / fs) <= l / fs + 1 chunks per KV head, so a batch <= T / fs + max_batch.
+  // Partial-state rows: the bound of dynamic splitting (2 slots per CTA; docs/design.md
+  // "Workspace"), or, where the config sizes for fixed_split_size, one per chunk a batch can be cut
+  // into: a request of l tokens gives ceil(l / fs) <= l / fs + 1 chunks per KV head, so a batch
+  // <= T / fs + max_batch.
   size_t full_rows = 2ull * num_ctas * cfg.num_qo_heads;
   check((cfg.max_kv_tokens > 0) == (cfg.min_fixed_split_size > 0),
         "BatchDecodeConfig.max_kv_tokens / min_fixed_split_size: expected both > 0 (sized for "

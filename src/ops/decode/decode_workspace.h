@@ -3,12 +3,13 @@
 // is fixed for the life of the BatchDecode (what CUDA-graph replay needs).
 //
 // Layout: [plan: header | indptr | work items, merge items][partial lse][partial o][merge arrivals]
-// Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), DESIGN.md's bound; with GQA
-// group g a slot holds g rows, so there are 2 * num_ctas * H_qo / g >= 2 * num_ctas slots. A
-// config sized for fixed_split_size (max_kv_tokens) may raise the row count (decode_workspace.cpp).
-// A caller's buffer smaller than that (FlashInfer's users pass one fixed buffer) holds as many
-// rows as fit after the plan arrays, down to none (min_bytes): the scheduler then fits its splits
-// into the slots there are (DecodeScheduleOptions::max_slots).
+// Partial states: 2 * num_ctas * H_qo rows of (D floats + 1 lse), the scheduler's bound
+// (docs/design.md "Workspace"); with GQA group g a slot holds g rows, so there are
+// 2 * num_ctas * H_qo / g >= 2 * num_ctas slots. A config sized for fixed_split_size
+// (max_kv_tokens) may raise the row count (decode_workspace.cpp). A caller's buffer smaller than
+// that (FlashInfer's users pass one fixed buffer) holds as many rows as fit after the plan arrays,
+// down to none (min_bytes): the scheduler then fits its splits into the slots there are
+// (DecodeScheduleOptions::max_slots).
 #pragma once
 
 #include <cuda.h>
@@ -19,7 +20,7 @@
 #include "flashkv/decode.h"
 #include "ops/common/workspace_fit.h"
 #include "scheduler/decode_scheduler.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::ops {
 
@@ -31,7 +32,7 @@ class DecodeWorkspace {
   static size_t min_bytes(const BatchDecodeConfig& cfg);       // plan arrays, no partial states
 
   // BatchDecodeConfig.ctas_per_sm = 0 (auto): room for this many CTAs per SM, the most auto picks.
-  static constexpr int kAutoCtasPerSm = tuning::sm90::kDecodeAutoMaxCtasPerSm;
+  static constexpr int kAutoCtasPerSm = tuning::Policy::kDecodeAutoMaxCtasPerSm;
   int num_ctas() const { return num_ctas_; }  // the most a plan may use
   int sms() const { return sms_; }
   int max_work_items() const { return max_work_items_; }

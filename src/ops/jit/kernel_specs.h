@@ -9,7 +9,7 @@
 #include "ops/jit/jit_util.h"
 #include "ops/jit/variant_jit.h"
 #include "runtime/kernel_cache.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::ops {
 
@@ -39,10 +39,10 @@ KernelSpec kernel_spec(const Key& key) {
 // The shapes BatchDecode's auto mode (BatchDecodeConfig.ctas_per_sm = 0) picks besides the default
 // at head_dim <= 128 (ops/decode/decode_shape_choice.cpp says when; tuning/sm90.cuh why): 4 CTAs of
 // 2 warps per SM, 1 of 8.
-inline constexpr DecodeTCTuning kDecodeTCSmallCtas{0, tuning::sm90::kDecodeSmallCtaWarps,
-                                                   tuning::sm90::kDecodeSmallCtasPerSm};
-inline constexpr DecodeTCTuning kDecodeTCOneCta{0, tuning::sm90::kDecodeOneCtaWarps,
-                                                tuning::sm90::kDecodeOneCtaPerSm};
+inline constexpr DecodeTCTuning kDecodeTCSmallCtas{0, tuning::Policy::kDecodeSmallCtaWarps,
+                                                   tuning::Policy::kDecodeSmallCtasPerSm};
+inline constexpr DecodeTCTuning kDecodeTCOneCta{0, tuning::Policy::kDecodeOneCtaWarps,
+                                                tuning::Policy::kDecodeOneCtaPerSm};
 
 // Whether the Hopper wgmma prefill kernel (attention/prefill/prefill_hopper_ws.cuh) can run a
 // plan: an sm_90a target, 128-row query tiles (two warpgroups of 64 rows), a softmax variant that

@@ -12,7 +12,7 @@
 #include "runtime/driver.h"
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv {
 
@@ -278,8 +278,8 @@ bool PrefillCore::prefer_head_major(const AttentionShape& sh) const {
     total += l;
     longest = std::max(longest, l);
   }
-  return total * sh.num_kv_heads * token_head_bytes > tuning::sm90::kPrefillHeadMajorKvBytes &&
-         longest * token_head_bytes >= tuning::sm90::kPrefillHeadMajorHeadKvBytes;
+  return total * sh.num_kv_heads * token_head_bytes > tuning::Policy::kPrefillHeadMajorKvBytes &&
+         longest * token_head_bytes >= tuning::Policy::kPrefillHeadMajorHeadKvBytes;
 }
 
 // plan() step 4.

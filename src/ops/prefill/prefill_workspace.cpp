@@ -8,13 +8,13 @@
 #include "flashkv/runtime.h"
 #include "ops/common/workspace_fit.h"
 #include "runtime/driver.h"
-#include "tuning/sm90.cuh"
+#include "tuning/policy.cuh"
 
 namespace flashkv::ops {
 
 // The public header cannot include the policy (include/flashkv never includes kernels/): its
 // literal default is checked here.
-static_assert(BatchPrefillConfig{}.ctas_per_sm == tuning::sm90::kPrefillCtasPerSm,
+static_assert(BatchPrefillConfig{}.ctas_per_sm == tuning::Policy::kPrefillCtasPerSm,
               "BatchPrefillConfig::ctas_per_sm is the sm_90 policy's kPrefillCtasPerSm");
 
 PrefillWorkspace::Sizes PrefillWorkspace::sizes(const BatchPrefillConfig& cfg, size_t bytes) {
