@@ -6,7 +6,7 @@ import sys
 
 import flashkv
 
-from . import cpu, report
+from . import cpu, outputs, report
 from . import sparse_workloads as SW
 from . import workloads as W
 from .peers import registry as peer_registry
@@ -185,24 +185,7 @@ def main(argv=None, log=None):
     why = "--cpu given" if args.cpu else gpu_unavailable()
     doc = run_cpu(args, why, log) if why else run_gpu(args, log)
     report.print_table(doc, log)
-    if args.json:
-        report.write_json(doc, args.json)
-        log(f"wrote {args.json}")
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(report.markdown(doc))
-        log(f"wrote {args.md}")
-    if args.plots:
-        try:
-            from . import plot
-        except ImportError as e:  # pragma: no cover
-            log(f"--plots: {e}")
-        else:
-            try:
-                for path in plot.plot_results(doc, args.plots):
-                    log(f"wrote {path}")
-            except ImportError as e:
-                log(f"--plots: matplotlib is needed ({e}); no plots drawn")
+    outputs.write_outputs(doc, args.json, args.md, args.plots, log)
     failed = report.flashkv_failures(doc)
     if failed:
         log(f"{failed} flashkv configurations failed the reference check or did not run")

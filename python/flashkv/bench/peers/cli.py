@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .. import report
+from .. import outputs, report
 from .. import workloads as W
 from . import registry
 
@@ -144,21 +144,7 @@ def merge(args, log):
 
     doc = merging.merge_files(args.merge)
     report.print_table(doc, log)
-    if args.json:
-        report.write_json(doc, args.json)
-        log(f"wrote {args.json}")
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(report.markdown(doc))
-        log(f"wrote {args.md}")
-    if args.plots:
-        from .. import plot
-
-        try:
-            for path in plot.plot_results(doc, args.plots):
-                log(f"wrote {path}")
-        except ImportError as e:
-            log(f"--plots: matplotlib is needed ({e}); no plots drawn")
+    outputs.write_outputs(doc, args.json, args.md, args.plots, log)
     return 0
 
 
