@@ -77,6 +77,7 @@ class StepPageTable:
     kv_indptr: np.ndarray
     last_page_len: np.ndarray
     page_starts: np.ndarray
+    _num_q_tokens: int | None = None
 
     @property
     def batch(self) -> int:
@@ -93,7 +94,9 @@ class StepPageTable:
 
     @property
     def num_q_tokens(self) -> int:
-        return int(self.qo_indptr[-1])
+        if self._num_q_tokens is None:  # read once per call of every layer: keep the int
+            self._num_q_tokens = int(self.qo_indptr[-1])
+        return self._num_q_tokens
 
 
 def step_page_table(cu_seq_lens_q, cu_seq_lens_k, page_size) -> StepPageTable:

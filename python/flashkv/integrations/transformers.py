@@ -56,10 +56,16 @@ _FP8_NAMES = {"float8_e4m3fn": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
               "float8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}
 
 
-def _torch():
-    import torch
+_TORCH = []
 
-    return torch
+
+def _torch():
+    # Imported at first use (flashkv never imports torch itself), then one list lookup per call.
+    if not _TORCH:
+        import torch
+
+        _TORCH.append(torch)
+    return _TORCH[0]
 
 
 def check_transformers_version(version: str) -> None:
@@ -135,6 +141,7 @@ class _GroupStep:
         self.dev = {}  # device arrays of the step: kv_indices, kv_indptr, last, batch_idx, pos
         self.sinks = None  # float32 [H] scratch the plan points at; each layer copies its own
         self.checked_layouts = set()  # data_ptr of the layers' key caches checked viewable
+        self.pages = {}  # data_ptr of a layer's key cache -> its (k, v) page views
 
 
 class FlashkvTransformersAttention:
@@ -154,6 +161,9 @@ class FlashkvTransformersAttention:
         if self.kv_cache_dtype is None and (self.k_scale != 1.0 or self.v_scale != 1.0):
             raise ValueError("k_scale / v_scale: only an fp8 cache (kv_cache_dtype) takes scales")
         self.workspace_bytes = int(workspace_bytes)
+        # run() / append keywords: an fp8 cache's scales, nothing for a 16-bit one.
+        self._scales = ({} if self.kv_cache_dtype is None else
+                        dict(k_scale=self.k_scale, v_scale=self.v_scale))
         self.stats = AdapterStats()
         # Per engine cache: {layer group: _GroupStep}. Weak: a stopped manager's cache (GBs) and
         # the plans over it go when the engine drops it.
@@ -163,7 +173,8 @@ class FlashkvTransformersAttention:
     # ------------------------------------------------------------------ shared checks
     def _check_module(self, module, query, key):
         torch = _torch()
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # query.is_cuda first: torch.cuda.is_available() reads the environment on every call.
+        if query.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "flashkv attention inside a CUDA graph capture: transformers captures the whole "
                 "forward, plan included, so replays would reuse a stale plan. Turn the engine's "
@@ -276,7 +287,10 @@ class FlashkvTransformersAttention:
         if sliding and window_left != window - 1:
             raise ValueError(f"sliding_window: the layer says {window_left + 1}, the cache "
                              f"{window} (layer {layer})")
-        gs = self._groups_of(cache).setdefault(group, _GroupStep())
+        groups = self._groups_of(cache)
+        gs = groups.get(group)
+        if gs is None:
+            gs = groups[group] = _GroupStep()
         k_cache, v_cache = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
         if k_cache.data_ptr() not in gs.checked_layouts:  # once per layer's cache tensors
             _check_paged_layout(k_cache, v_cache, int(cache.block_size), num_kv_heads, head_dim)
@@ -378,38 +392,44 @@ class FlashkvTransformersAttention:
             gs.sinks.copy_(sinks.reshape(-1))  # this layer's sinks, read when the kernel runs
         if not q.is_contiguous():
             q = q.contiguous()
-        scales = {}
-        if self.kv_cache_dtype is not None:
-            scales = dict(k_scale=self.k_scale, v_scale=self.v_scale)
+        padded = n != q.shape[0]  # static shapes pad the query rows; else no slicing (views cost)
+        q_all = q
+        if padded:
+            q, k_new, v_new = q[:n], k_new[:n], v_new[:n]
         path = gs.path
         if path == "gather":
             kg, vg = cache.update(key, value, module.layer_idx, read_index, write_index)
-            out = gs.wrappers["ragged"].run(q[:n], kg, vg)
+            out = gs.wrappers["ragged"].run(q, kg, vg)
         elif path == "ragged":
-            self._write_kv_engine(k_cache, v_cache, windex, k_new, v_new)
-            out = gs.wrappers["ragged"].run(q[:n], k_new[:n].contiguous(),
-                                            v_new[:n].contiguous())
+            # The engine's write takes every row (its write index has trash slots for padding).
+            self._write_kv_engine(k_cache, v_cache, windex, key[0].transpose(0, 1),
+                                  value[0].transpose(0, 1))
+            out = gs.wrappers["ragged"].run(q, k_new.contiguous(), v_new.contiguous())
         else:
             ps = table.page_size
-            hkv, d = k_cache.shape[-2], k_cache.shape[-1]
-            pages = (k_cache.view(-1, ps, hkv, d), v_cache.view(-1, ps, hkv, d))
+            pages = gs.pages.get(k_cache.data_ptr())
+            if pages is None or pages[0].shape[1] != ps:  # the layer's cache as pages: views, once
+                hkv, d = k_cache.shape[-2], k_cache.shape[-1]
+                pages = (k_cache.view(-1, ps, hkv, d), v_cache.view(-1, ps, hkv, d))
+                gs.pages[k_cache.data_ptr()] = pages
             kind = "decode" if path == "decode" else "paged"
             w = gs.wrappers[kind]
             if ps > 1 and kind == "decode" and self.backend.name == "flashkv":
                 # flashkv's fused decode step: the append of every request's new token and the
                 # attention over the updated pages in one launch.
-                out = w.run_step(q[:n], k_new[:n], v_new[:n], pages, **scales)
+                out = w.run_step(q, k_new, v_new, pages, **self._scales)
             else:
                 if ps == 1:
-                    self._write_kv_engine(k_cache, v_cache, windex, k_new, v_new)
+                    self._write_kv_engine(k_cache, v_cache, windex, key[0].transpose(0, 1),
+                                          value[0].transpose(0, 1))
                 else:
                     dv = gs.dev
-                    self.backend.append(k_new[:n], v_new[:n], dv["batch_idx"], dv["positions"],
-                                        pages, dv["kv_indices"], dv["kv_indptr"], dv["last"],
-                                        **scales)
-                out = w.run(q[:n], pages, **scales)
-        if n != q.shape[0]:  # padded query rows (static shapes): zeros, ignored by the engine
-            full = torch.zeros_like(q)
+                    self.backend.append(k_new, v_new, dv["batch_idx"], dv["positions"], pages,
+                                        dv["kv_indices"], dv["kv_indptr"], dv["last"],
+                                        **self._scales)
+                out = w.run(q, pages, **self._scales)
+        if padded:  # padded query rows: zeros, ignored by the engine
+            full = torch.zeros_like(q_all)
             full[:n] = out
             out = full
         return out
@@ -450,7 +470,9 @@ class FlashkvTransformersAttention:
                              f"builds for 'fkv' (registered mask function), got "
                              f"{mask.dim()}D")
         vkey = (window_left, cap, sinks is not None)
-        gs = self._plain.setdefault(vkey, _GroupStep())
+        gs = self._plain.get(vkey)
+        if gs is None:
+            gs = self._plain[vkey] = _GroupStep()
         signature = (b, h, hkv, sq, skv, d, query.dtype, key.dtype, scale) + vkey
         objects = (mask,) if mask is not None else ()
         layer = int(getattr(module, "layer_idx", 0))
