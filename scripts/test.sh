@@ -32,9 +32,11 @@ if [ "${FLASHKV_PYTHON_TESTS:-1}" != 0 ]; then
   # FLASHKV_TORCH_TESTS=1 (CI sets it): torch and transformers too, for the transformers
   # integration's CPU tests (flashkv's CPU reference inside transformers' continuous batching;
   # psutil sizes its CPU cache). The versions the GPU machine has. About 3 GB, a minute or two.
-  if [ "${FLASHKV_TORCH_TESTS:-0}" = 1 ]; then
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.11.0 \
-      transformers==5.17.0 psutil
+  # A failed install (no space, no index) does not stop the suite: those tests then skip, loudly.
+  if [ "${FLASHKV_TORCH_TESTS:-0}" = 1 ] && ! "$VENV/bin/python" -m pip install -q \
+      --disable-pip-version-check torch==2.11.0 transformers==5.17.0 psutil; then
+    echo "test.sh: WARNING: torch / transformers did not install; the transformers integration's" \
+      "CPU tests will skip" >&2
   fi
   PY_ARGS=(-DFLASHKV_PYTHON=ON -DPython_EXECUTABLE="$VENV/bin/python")
 fi
