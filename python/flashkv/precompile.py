@@ -68,7 +68,11 @@ def main(argv=None):
               f"{ms / 1000:6.1f} s", flush=True)
 
     t0 = time.monotonic()
-    kernels = _C.precompile(**shape, jobs=a.jobs, progress=progress)
+    try:
+        kernels = _C.precompile(**shape, jobs=a.jobs, progress=progress)
+    except (RuntimeError, ValueError) as e:  # no NVRTC, a compile error: the message says it all
+        print(f"python -m flashkv.precompile: {e}", file=sys.stderr)
+        return 1
     wall_s = time.monotonic() - t0
     cold = sum(compiled for _, compiled, _ in kernels)
     print(f"{cold} compiled, {len(kernels) - cold} cached, {wall_s:.1f} s "

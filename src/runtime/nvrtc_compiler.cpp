@@ -80,8 +80,8 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
   }
   std::unique_ptr<nvrtcProgram, ProgramDeleter> prog(new nvrtcProgram(nullptr));
   check_nvrtc(api.nvrtcCreateProgram(prog.get(), req.source.c_str(), (req.key_name + ".cu").c_str(),
-                                 static_cast<int>(files.size()), header_sources.data(),
-                                 header_names.data()),
+                                     static_cast<int>(files.size()), header_sources.data(),
+                                     header_names.data()),
               "nvrtcCreateProgram", req.key_name);
   for (const auto& e : req.name_expressions) {
     check_nvrtc(api.nvrtcAddNameExpression(*prog, e.c_str()), "nvrtcAddNameExpression(" + e + ")",
@@ -91,7 +91,8 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
   opts.insert(opts.end(), req.options.begin(), req.options.end());
   std::vector<const char*> opt_ptrs;
   for (const auto& o : opts) opt_ptrs.push_back(o.c_str());
-  nvrtcResult r = api.nvrtcCompileProgram(*prog, static_cast<int>(opt_ptrs.size()), opt_ptrs.data());
+  nvrtcResult r =
+      api.nvrtcCompileProgram(*prog, static_cast<int>(opt_ptrs.size()), opt_ptrs.data());
   if (r != NVRTC_SUCCESS) {
     size_t log_size = 0;
     api.nvrtcGetProgramLogSize(*prog, &log_size);
@@ -116,8 +117,8 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
   check_nvrtc(api.nvrtcGetCUBIN(*prog, out.cubin.data()), "nvrtcGetCUBIN", req.key_name);
   for (const auto& e : req.name_expressions) {
     const char* lowered = nullptr;
-    check_nvrtc(api.nvrtcGetLoweredName(*prog, e.c_str(), &lowered), "nvrtcGetLoweredName(" + e + ")",
-                req.key_name);
+    check_nvrtc(api.nvrtcGetLoweredName(*prog, e.c_str(), &lowered),
+                "nvrtcGetLoweredName(" + e + ")", req.key_name);
     out.name_expressions.push_back(e);
     out.lowered_names.push_back(lowered);
   }

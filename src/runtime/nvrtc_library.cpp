@@ -3,11 +3,12 @@
 #include <cuda.h>  // CUDA_VERSION: the toolkit (and so the NVRTC major) this build's headers are of
 #include <dlfcn.h>
 #include <link.h>  // dlinfo's RTLD_DI_ORIGIN
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
-#include <sys/stat.h>
 #include <vector>
 
 #include "flashkv/error.h"
@@ -46,7 +47,10 @@ std::vector<std::string> candidates() {
     }
   }
   out.push_back("/usr/local/cuda/lib64/" + so);
-  return out;
+  std::vector<std::string> unique;  // CUDA_HOME is often /usr/local/cuda itself
+  for (const auto& c : out)
+    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
+  return unique;
 }
 
 // NVRTC loads its builtins (libnvrtc-builtins.so.MAJOR.MINOR) by name at its first compile, and
@@ -58,8 +62,8 @@ void preload_builtins(void* lib, const Nvrtc& fns) {
   if (dlinfo(lib, RTLD_DI_ORIGIN, dir) != 0) return;
   int major = 0, minor = 0;
   if (fns.nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return;
-  const std::string builtins = std::string(dir) + "/libnvrtc-builtins.so." +
-                               std::to_string(major) + "." + std::to_string(minor);
+  const std::string builtins = std::string(dir) + "/libnvrtc-builtins.so." + std::to_string(major) +
+                               "." + std::to_string(minor);
   if (is_file(builtins)) dlopen(builtins.c_str(), RTLD_NOW | RTLD_LOCAL);
 }
 
@@ -71,25 +75,28 @@ Nvrtc load() {
   for (const std::string& path : candidates()) {
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-      looked += "\n  " + path + (path.find('/') == std::string::npos ? " (the loader's search)" : "");
+      looked +=
+          "\n  " + path + (path.find('/') == std::string::npos ? " (the loader's search)" : "");
       continue;
     }
     Nvrtc fns;
-#define FLASHKV_LOAD_PTR(name)                                                            \
-  fns.name = reinterpret_cast<decltype(fns.name)>(dlsym(lib, FLASHKV_STR(name)));         \
+#define FLASHKV_LOAD_PTR(name)                                                               \
+  fns.name = reinterpret_cast<decltype(fns.name)>(dlsym(lib, FLASHKV_STR(name)));            \
   check(fns.name != nullptr, "NVRTC at ", path, " lacks ", FLASHKV_STR(name), " (expected ", \
         nvrtc_soname(), ")");
     FLASHKV_NVRTC_FUNCTIONS(FLASHKV_LOAD_PTR)
 #undef FLASHKV_LOAD_PTR
     char dir[PATH_MAX] = {};
-    fns.path = dlinfo(lib, RTLD_DI_ORIGIN, dir) == 0 ? std::string(dir) + "/" + nvrtc_soname() : path;
+    fns.path =
+        dlinfo(lib, RTLD_DI_ORIGIN, dir) == 0 ? std::string(dir) + "/" + nvrtc_soname() : path;
     preload_builtins(lib, fns);
     return fns;
   }
-  fail("NVRTC (", nvrtc_soname(), ") not found; looked for:", looked,
-       "\nInstall the CUDA ", CUDA_VERSION / 1000, " NVRTC wheel (pip install 'nvidia-cuda-nvrtc==",
-       CUDA_VERSION / 1000, ".*'; the flashkv wheel depends on it) or the CUDA toolkit, or put "
-       "the directory of ", nvrtc_soname(), " on LD_LIBRARY_PATH.");
+  fail("NVRTC (", nvrtc_soname(), ") not found; looked for:", looked, "\nInstall the CUDA ",
+       CUDA_VERSION / 1000, " NVRTC wheel (pip install 'nvidia-cuda-nvrtc==", CUDA_VERSION / 1000,
+       ".*'; the flashkv wheel depends on it) or the CUDA toolkit, or put "
+       "the directory of ",
+       nvrtc_soname(), " on LD_LIBRARY_PATH.");
 }
 
 }  // namespace
