@@ -75,8 +75,11 @@ Nvrtc load() {
   for (const std::string& path : candidates()) {
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-      looked +=
-          "\n  " + path + (path.find('/') == std::string::npos ? " (the loader's search)" : "");
+      looked += "\n  " + path;
+      if (path.find('/') == std::string::npos)
+        looked += " (the loader's search)";
+      else if (is_file(path))  // there, but unusable (another architecture, a missing library)
+        looked += std::string(" (exists, but: ") + dlerror() + ")";
       continue;
     }
     Nvrtc fns;
