@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheel on a GPU machine with the CUDA toolkit out of reach (issue 45's "wheel" test):
 #   scripts/gpu-test-wheel.sh WHEEL_DIR [PYTEST_ARGS...]
-# WHEEL_DIR holds the flashkv wheel for this machine's python3 (scripts/build-wheel.sh with
+# WHEEL_DIR (scripts/carry-wheels.sh prepares it, and says how to carry it) holds the flashkv
+# wheel for this machine's python3 (scripts/build-wheel.sh with
 # PYTHON=python3.12 on the desk machine) and nvidia-cuda-nvrtc's wheel, whole or in pieces
 # (NAME.whl.part-*, joined here and checked against NAME.whl.sha256: the device tool carries at
 # most 64 MiB a call, the wheel is 86 MiB). Without network: pip installs from WHEEL_DIR only.
@@ -32,8 +33,15 @@ for first in "$WHEELS"/*.whl.part-aa; do  # pieces of a wheel: join and check
 done
 ls -la "$WORK/wheels" | tee "$LOGS/wheel-install.log"
 rm -rf "$WORK/venv"
-"$PY" -m venv --system-site-packages "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install --no-index --find-links "$WORK/wheels" \
+# An image without ensurepip (Debian's python3 without python3-venv) gets a venv without pip,
+# filled by the system's pip (--python, pip >= 22.3).
+PIP=("$WORK/venv/bin/python" -m pip)
+if ! "$PY" -m venv --system-site-packages "$WORK/venv" >>"$LOGS/wheel-install.log" 2>&1; then
+  rm -rf "$WORK/venv"
+  "$PY" -m venv --without-pip --system-site-packages "$WORK/venv" || exit 1
+  PIP=("$PY" -m pip --python "$WORK/venv/bin/python")
+fi
+"${PIP[@]}" install --no-index --find-links "$WORK/wheels" \
   "$WORK/wheels"/flashkv-*.whl >>"$LOGS/wheel-install.log" 2>&1 \
   || { tail -n 30 "$LOGS/wheel-install.log"; echo "gpu-test-wheel: pip install FAILED"; exit 1; }
 # PATH without the toolkit's directories.
