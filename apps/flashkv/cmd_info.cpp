@@ -32,12 +32,13 @@ void add_info_command(CLI::App& app) {
   cmd->callback([json_path] {
     nlohmann::json j;
     j["nvrtc_version"] = nvrtc_version();
+    j["nvrtc_library"] = nvrtc_library();
     j["cache_dir"] = kernel_cache_dir();
     int files = 0;
     j["cache_bytes"] = dir_size(kernel_cache_dir(), &files);
     j["cache_entries"] = files;
     j["cuda_available"] = cuda_available();
-    std::printf("NVRTC           %s\n", nvrtc_version().c_str());
+    std::printf("NVRTC           %s (%s)\n", nvrtc_version().c_str(), nvrtc_library().c_str());
     std::printf("kernel cache    %s (%d entries, %.1f MiB)\n",
                 kernel_cache_dir().empty() ? "(memory only)" : kernel_cache_dir().c_str(), files,
                 j["cache_bytes"].get<uint64_t>() / 1048576.0);

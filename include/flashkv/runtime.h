@@ -35,6 +35,15 @@ struct DeviceInfo {
 DeviceInfo device_info(int device = 0);
 
 std::string nvrtc_version();
+// NVRTC is loaded at the first compile (dlopen): from the directories added here, then the
+// dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache), then $CUDA_HOME, $CUDA_PATH and
+// /usr/local/cuda. The Python package adds the nvidia-cuda-nvrtc wheel's directory. A directory
+// added after the first compile is not used.
+void add_nvrtc_search_dir(const std::string& dir);
+// The file name it looks for, e.g. "libnvrtc.so.13" (the CUDA major this build is for).
+std::string nvrtc_soname();
+// The NVRTC file loaded (loading it if needed); throws flashkv::Error naming where it looked.
+std::string nvrtc_library();
 std::string kernel_cache_dir();  // "" when the disk cache is disabled
 
 struct JitCounters {

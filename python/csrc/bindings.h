@@ -23,5 +23,8 @@ void bind_block_sparse(nb::module_& m);
 void bind_merge(nb::module_& m);
 // append_paged_kv_cache, get_batch_indices_positions and the RoPE ops.
 void bind_kv_rope(nb::module_& m);
+// precompile, precompile_kernel_ids, precompile_ops, precompile_defaults (filling the kernel
+// cache ahead of time; not an op family).
+void bind_precompile(nb::module_& m);
 
 }  // namespace flashkv::python

@@ -24,6 +24,12 @@ void bind_device(nb::module_& m) {
   m.def("cuda_available", &cuda_available);
   m.def("cuda_unavailable_reason", &cuda_unavailable_reason);
   m.def("cuda_device_count", &cuda_device_count);
+  // Where NVRTC comes from (flashkv/_nvrtc_wheel.py adds the nvidia-cuda-nvrtc wheel's directory).
+  m.def("nvrtc_soname", &nvrtc_soname);
+  m.def("add_nvrtc_search_dir", &add_nvrtc_search_dir, arg("dir"));
+  m.def("nvrtc_library", &nvrtc_library);
+  m.def("nvrtc_version", &nvrtc_version);
+  m.def("kernel_cache_dir", &kernel_cache_dir);
   m.def(
       "device_synchronize", [](int device) { without_gil([&] { device_synchronize(device); }); },
       arg("device"));
@@ -49,6 +55,7 @@ void bind_module(nb::module_& m) {
   bind_block_sparse(m);
   bind_merge(m);
   bind_kv_rope(m);
+  bind_precompile(m);
 }
 
 }  // namespace flashkv::python

@@ -57,6 +57,9 @@ quantize float16 / bfloat16 / float32 rows into an fp8 cache with the same keywo
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from . import _C  # noqa: E402
+from . import _nvrtc_wheel  # noqa: E402
+
+_nvrtc_wheel.register()  # NVRTC from the nvidia-cuda-nvrtc wheel where it is installed
 from .cascade import (  # noqa: E402
     MultiLevelCascadeAttentionWrapper,
     MultiLevelCascadeWrapper,
@@ -107,6 +110,13 @@ def cuda_available() -> bool:
     return _C.cuda_available()
 
 
+def nvrtc_library() -> str:
+    """The NVRTC file flashkv compiles its kernels with, loading it if needed: the
+    nvidia-cuda-nvrtc wheel's when installed, else the loader's or the CUDA toolkit's. Raises
+    RuntimeError naming every place it looked when there is none."""
+    return _C.nvrtc_library()
+
+
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
@@ -133,6 +143,7 @@ __all__ = [
     "merge_state",
     "merge_state_in_place",
     "merge_states",
+    "nvrtc_library",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
     "token_pages",

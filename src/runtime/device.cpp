@@ -9,6 +9,7 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/launch.h"
 #include "runtime/nvrtc_compiler.h"
+#include "runtime/nvrtc_library.h"
 
 namespace flashkv {
 using runtime::check_cu;
@@ -51,6 +52,9 @@ DeviceInfo device_info(int device) {
 }
 
 std::string nvrtc_version() { return runtime::nvrtc_version_string(); }
+void add_nvrtc_search_dir(const std::string& dir) { runtime::add_nvrtc_search_dir(dir); }
+std::string nvrtc_soname() { return runtime::nvrtc_soname(); }
+std::string nvrtc_library() { return runtime::nvrtc().path; }
 std::string kernel_cache_dir() { return runtime::KernelCache::instance().directory(); }
 
 JitCounters jit_counters() {

@@ -1,7 +1,5 @@
 #include "runtime/nvrtc_compiler.h"
 
-#include <nvrtc.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,18 +10,19 @@
 
 #include "flashkv/error.h"
 #include "runtime/embedded_kernels.h"
+#include "runtime/nvrtc_library.h"
 
 namespace flashkv::runtime {
 namespace {
 
 void check_nvrtc(nvrtcResult r, const std::string& what, const std::string& key) {
   if (r != NVRTC_SUCCESS)
-    fail("NVRTC ", what, " failed for kernel ", key, ": ", nvrtcGetErrorString(r));
+    fail("NVRTC ", what, " failed for kernel ", key, ": ", nvrtc().nvrtcGetErrorString(r));
 }
 
 struct ProgramDeleter {
   void operator()(nvrtcProgram* p) const {
-    nvrtcDestroyProgram(p);
+    if (*p) nvrtc().nvrtcDestroyProgram(p);
     delete p;
   }
 };
@@ -66,12 +65,13 @@ std::vector<std::string> base_nvrtc_options(const std::string& arch) {
 
 std::string nvrtc_version_string() {
   int major = 0, minor = 0;
-  nvrtcVersion(&major, &minor);
+  nvrtc().nvrtcVersion(&major, &minor);
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
 CompiledKernels nvrtc_compile(const CompileRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
+  const Nvrtc& api = nvrtc();  // before the program's deleter, which needs it, exists
   const auto& files = embedded_kernel_files();
   std::vector<const char*> header_sources, header_names;
   for (const auto& f : files) {
@@ -79,45 +79,46 @@ CompiledKernels nvrtc_compile(const CompileRequest& req) {
     header_names.push_back(f.path);
   }
   std::unique_ptr<nvrtcProgram, ProgramDeleter> prog(new nvrtcProgram(nullptr));
-  check_nvrtc(nvrtcCreateProgram(prog.get(), req.source.c_str(), (req.key_name + ".cu").c_str(),
-                                 static_cast<int>(files.size()), header_sources.data(),
-                                 header_names.data()),
+  check_nvrtc(api.nvrtcCreateProgram(prog.get(), req.source.c_str(), (req.key_name + ".cu").c_str(),
+                                     static_cast<int>(files.size()), header_sources.data(),
+                                     header_names.data()),
               "nvrtcCreateProgram", req.key_name);
   for (const auto& e : req.name_expressions) {
-    check_nvrtc(nvrtcAddNameExpression(*prog, e.c_str()), "nvrtcAddNameExpression(" + e + ")",
+    check_nvrtc(api.nvrtcAddNameExpression(*prog, e.c_str()), "nvrtcAddNameExpression(" + e + ")",
                 req.key_name);
   }
   std::vector<std::string> opts = base_nvrtc_options(req.arch);
   opts.insert(opts.end(), req.options.begin(), req.options.end());
   std::vector<const char*> opt_ptrs;
   for (const auto& o : opts) opt_ptrs.push_back(o.c_str());
-  nvrtcResult r = nvrtcCompileProgram(*prog, static_cast<int>(opt_ptrs.size()), opt_ptrs.data());
+  nvrtcResult r =
+      api.nvrtcCompileProgram(*prog, static_cast<int>(opt_ptrs.size()), opt_ptrs.data());
   if (r != NVRTC_SUCCESS) {
     size_t log_size = 0;
-    nvrtcGetProgramLogSize(*prog, &log_size);
+    api.nvrtcGetProgramLogSize(*prog, &log_size);
     std::string log(log_size, '\0');
-    if (log_size) nvrtcGetProgramLog(*prog, log.data());
+    if (log_size) api.nvrtcGetProgramLog(*prog, log.data());
     fail("NVRTC failed to compile kernel ", req.key_name, " for ", req.arch, ": ",
-         nvrtcGetErrorString(r), "\n", log);
+         api.nvrtcGetErrorString(r), "\n", log);
   }
   if (std::getenv("FLASHKV_NVRTC_LOG") !=
       nullptr) {  // compiler warnings (ptxas: wgmma serialization, spills)
     size_t log_size = 0;
-    nvrtcGetProgramLogSize(*prog, &log_size);
+    api.nvrtcGetProgramLogSize(*prog, &log_size);
     std::string log(log_size, '\0');
-    if (log_size) nvrtcGetProgramLog(*prog, log.data());
+    if (log_size) api.nvrtcGetProgramLog(*prog, log.data());
     if (log.find_first_not_of(std::string("\0 \n", 3)) != std::string::npos)
       std::fprintf(stderr, "flashkv: NVRTC log for %s:\n%s\n", req.key_name.c_str(), log.c_str());
   }
   CompiledKernels out;
   size_t cubin_size = 0;
-  check_nvrtc(nvrtcGetCUBINSize(*prog, &cubin_size), "nvrtcGetCUBINSize", req.key_name);
+  check_nvrtc(api.nvrtcGetCUBINSize(*prog, &cubin_size), "nvrtcGetCUBINSize", req.key_name);
   out.cubin.resize(cubin_size);
-  check_nvrtc(nvrtcGetCUBIN(*prog, out.cubin.data()), "nvrtcGetCUBIN", req.key_name);
+  check_nvrtc(api.nvrtcGetCUBIN(*prog, out.cubin.data()), "nvrtcGetCUBIN", req.key_name);
   for (const auto& e : req.name_expressions) {
     const char* lowered = nullptr;
-    check_nvrtc(nvrtcGetLoweredName(*prog, e.c_str(), &lowered), "nvrtcGetLoweredName(" + e + ")",
-                req.key_name);
+    check_nvrtc(api.nvrtcGetLoweredName(*prog, e.c_str(), &lowered),
+                "nvrtcGetLoweredName(" + e + ")", req.key_name);
     out.name_expressions.push_back(e);
     out.lowered_names.push_back(lowered);
   }
