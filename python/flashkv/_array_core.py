@@ -122,6 +122,36 @@ def empty(like, shape, dtype=None):
         f"{type(like).__name__} pass out= (and lse=)")
 
 
+def contiguous(x):
+    """x as a contiguous array of its own framework, dtype and device (a copy only when x is not
+    contiguous). The host paths' one conversion of a data array: never through NumPy, which has
+    no bfloat16 or float8 for a torch tensor (flashkv._C takes torch's through dl())."""
+    fw = framework(x)
+    if fw == "torch":
+        return x.contiguous()
+    if fw == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(x)
+    if fw == "numpy":
+        return np.ascontiguousarray(x)
+    raise TypeError(f"expected a NumPy, PyTorch or CuPy array, got {type(x).__name__}")
+
+
+def assign(dst, src):
+    """dst[...] = src for two arrays of one framework (a strided dst, e.g. a transposed view of
+    the caller's output, is written in place)."""
+    fw = framework(dst)
+    if fw != framework(src):
+        raise TypeError(f"cannot copy a {framework(src)} array into a {fw} one")
+    if fw == "torch":
+        dst.copy_(src)
+    elif fw == "numpy":
+        np.copyto(dst, src)
+    else:
+        dst[...] = src
+
+
 def swap01(x):
     """A view with the first two dimensions exchanged (HND [H, L, D] <-> NHD [L, H, D])."""
     return x.swapaxes(0, 1)

@@ -140,23 +140,23 @@ class VariableBlockSparseAttentionWrapper:
             A.call(self._slot.op.run, tok(q), tok(k), tok(v), tok(out), lse_tok, A.cuda_stream(q),
                    **scale.kwargs())
         else:
-            qt, kt, vt = (np.ascontiguousarray(tok(x)) for x in (q, k, v))
-            ot = np.empty(qt.shape, dtype=np.asarray(out).dtype)
+            # The reference takes contiguous token-major arrays: copies in the caller's framework
+            # and dtype (bf16 and fp8 torch tensors included; they reach _C through dl()).
+            qt, kt, vt = (A.contiguous(tok(x)) for x in (q, k, v))
+            ot = A.empty(qt, qt.shape, dtype=A.array_dtype(out))
             A.call(_C.reference_variable_block_sparse_attention, qt, kt, vt, plan["map"],
                    plan["rows"], plan["cols"], plan["num_kv_heads"], plan["MB"], plan["NB"], M,
                    plan["N"], ot, lse_tok, plan["causal"], plan["sm_scale"],
                    plan["logits_soft_cap"], plan["sinks"], *plan["pos"], **scale.kwargs())
-            np.copyto(np.asarray(tok(out)), ot)
+            A.assign(tok(out), ot)
         if lse_tok is None:
             return out
         A.scale_lse_to_base2(lse_tok)
         lse_view = tok(lse_tok)  # [H, M] for HND
         if lse is None:
             lse = lse_view
-        elif A.framework(lse) == "torch":
-            lse.copy_(lse_view)
         else:
-            np.copyto(np.asarray(lse), lse_view)
+            A.assign(lse, lse_view)
         return (out, lse) if return_lse else out
 
     begin_forward = plan
