@@ -7,6 +7,7 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _single_plans
 from . import _workspace
 from . import variants as V
 from ._workspace import OpSlot
@@ -48,7 +49,10 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     Returns out, or (out, lse) with ``return_lse``: lse is the **base-2** log-sum-exp of the
     scaled logits, as FlashInfer's (flashkv's C++ API uses natural logs). With kv_len 0 the
     output is zero and lse -inf. Host arrays run on the CPU reference; CUDA arrays on the GPU, on
-    the caller's current stream (a library-owned workspace: not for CUDA-graph capture).
+    the caller's current stream. Without a variant the GPU plan is made once per (shape,
+    dtypes, sm_scale, device) and reused (flashkv._single_plans), so after one eager call with
+    the same shapes a call may be captured in a CUDA graph or torch.compile(mode=
+    "reduce-overhead"); a variant plans on every call (not capturable).
     """
     C.check_run_extras((), q_scale)
     C.check_layout(kv_layout)
@@ -64,9 +68,11 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
         sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, variant=variant, variant_args=variant_args)
     V.check_lse_wanted(cvar, return_lse or lse is not None)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], None, out, lse, return_lse)
-    if cvar is None:
-        A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream),
-               **kvs.kwargs())
+    if cvar is None and on_gpu:  # a cached plan: capturable in a CUDA graph (_single_plans)
+        _single_plans.single_decode(q, k, v, out, lse, kv_layout, scale, A.cuda_stream(q, stream),
+                                    kvs)
+    elif cvar is None:
+        A.call(_C.single_decode, q, k, v, out, lse, kv_layout, scale, 0, **kvs.kwargs())
     elif not on_gpu and kvs.is_identity:
         A.call(_C.reference_single_decode_variant, q, k, v, out, lse, kv_layout, cvar)
     elif not on_gpu:  # the contiguous-KV variant reference takes no scales: one-token pages

@@ -46,6 +46,7 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _single_plans
 from . import _workspace
 from . import variants as V
 from ._workspace import OpSlot
@@ -108,8 +109,10 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     flashkv extensions (keyword-only): ``out``, ``lse`` (float32 ``[qo_len, num_qo_heads]``) to
     write into, and ``stream``. Returns out, or (out, lse) with ``return_lse``; lse is **base 2**
     (FlashInfer's convention; flashkv's C++ API uses natural logs). Host arrays run on the CPU
-    reference; CUDA arrays on the GPU on the caller's current stream (library-owned workspace:
-    not for CUDA-graph capture, use BatchPrefillWithRaggedKVCacheWrapper there).
+    reference; CUDA arrays on the GPU on the caller's current stream. Without a variant the GPU
+    plan is made once per (shapes, dtypes, causal, sm_scale, backend, device) and reused
+    (flashkv._single_plans): after one eager call with the same shapes a call may be captured in
+    a CUDA graph or torch.compile(mode="reduce-overhead"); a variant plans on every call.
     """
     C.check_run_extras((), scale_q, q_scale_name="scale_q")
     C.check_backend(backend, allowed=C.PREFILL_BACKENDS)
@@ -132,9 +135,12 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     V.check_lse_wanted(cvar, return_lse or lse is not None)
     o_dt = None if o_dtype is None else A.dtype_name(o_dtype)
     out, lse = C.outputs(q, q.shape[:-1], q.shape[-1], o_dt, out, lse, return_lse)
-    if cvar is None and (backend == "auto" or not on_gpu):
-        A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, causal, scale,
-               A.cuda_stream(q, stream), **kvs.kwargs())
+    if cvar is None and on_gpu:  # a cached plan: capturable in a CUDA graph (_single_plans)
+        _single_plans.single_prefill(q, k, v, out, lse, kv_layout, causal, scale, backend,
+                                     A.cuda_stream(q, stream), kvs)
+    elif cvar is None:
+        A.call(_C.single_prefill, q, k, v, out, lse, kv_layout, causal, scale, 0,
+               **kvs.kwargs())
     elif not on_gpu and kvs.is_identity:
         A.call(_C.reference_single_prefill_variant, q, k, v, out, lse, kv_layout, cvar)
     elif not on_gpu:  # the contiguous-KV variant reference takes no scales: one-token pages
@@ -143,7 +149,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                np.array([0, int(q.shape[0])], np.int32), kp, vp, kv_layout,
                np.array([0, kv_len], np.int32), np.arange(kv_len, dtype=np.int32),
                np.ones(1, np.int32), out, lse, cvar, **kvs.kwargs())
-    else:  # a variant, or a kernel chosen by name: through a planned BatchPrefillRagged
+    else:  # a variant: through a BatchPrefillRagged planned on every call
         _single_prefill_gpu(q, k, v, out, lse, kv_layout, causal, scale, cvar, backend,
                             A.cuda_stream(q, stream), kvs)
     return C.finish(out, lse, return_lse)
