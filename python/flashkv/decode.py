@@ -7,6 +7,7 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _multi_token
 from . import _single_plans
 from . import _workspace
 from . import variants as V
@@ -177,6 +178,8 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                              frozen=self._use_cuda_graph) if self._on_gpu else None)
         self._plan = None
         self._graph_keep = {}  # CUDA graph mode: the variant arrays of every plan (see plan())
+        self._multi = None  # q_len_per_req > 1: the paged prefill wrapper it runs on
+        self._q_len_per_req = None  # CUDA graph mode: fixed by the first plan
         self._handle = C.new_handle(self)  # names this wrapper to the torch custom ops
         A.torch_ops(float_workspace_buffer)  # registers them before a torch.compile trace
 
@@ -232,9 +235,19 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         indptr ``[batch + 1]``, indices ``[indptr[-1]]``, last_page_len ``[batch]``: int32, on the
         host or the device (host copies of indptr and last_page_len are taken here, as FlashInfer
         does). ``fixed_split_size`` is in pages, as FlashInfer's (batch-invariant output);
-        ``disable_split_kv`` as FlashInfer's. ``block_tables``, ``seq_lens`` and
-        ``q_len_per_req > 1`` raise NotImplementedError. Must not be called while a CUDA graph
-        is being captured.
+        ``disable_split_kv`` as FlashInfer's. ``block_tables`` and ``seq_lens`` raise
+        NotImplementedError. Must not be called while a CUDA graph is being captured.
+
+        Multi-token decode (speculative verification; FlashInfer 0.6's ``q_len_per_req``): with
+        ``q_len_per_req = n > 1`` each request has n new query tokens, q
+        ``[batch * n, num_qo_heads, head_dim]`` request-major, causal among themselves and
+        aligned to the end of the KV (token i of a request with kv_len keys sees keys
+        ``j <= kv_len - n + i``; every kv_len must be >= n, ValueError otherwise). It runs on the
+        paged prefill path (flashkv._multi_token: its few-query-rows tiles read the KV at ~95 % of
+        the read ceiling, the fastest flashkv kernel for a few queries per request); every
+        variant above applies, RoPE at each token's causal position. In CUDA graph mode n is
+        fixed by the first plan (ValueError for another n: use a wrapper per n); run_step
+        takes one token per request only.
 
         Attention variants (compiled into the kernel here; run() takes no variant arguments):
         FlashInfer's ``pos_encoding_mode`` (``"NONE"``; ``"ROPE_LLAMA"``: q rotated at position
@@ -271,9 +284,21 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         then raises from :func:`flashkv.check_device_errors`; otherwise it reads as zeros).
         """
         C.check_variant(block_tables=block_tables, seq_lens=seq_lens)
-        if q_len_per_req != 1:
-            C.not_implemented("q_len_per_req", q_len_per_req,
-                              "1 (use BatchPrefillWithPagedKVCacheWrapper for several tokens)")
+        q_len = _multi_token.check_q_len(q_len_per_req, self)
+        if q_len > 1:
+            _multi_token.plan(
+                self, q_len, indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
+                head_dim, page_size, pos_encoding_mode=pos_encoding_mode,
+                window_left=window_left, logits_soft_cap=logits_soft_cap,
+                q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type,
+                data_type=data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+                rope_theta=rope_theta, fixed_split_size=fixed_split_size,
+                disable_split_kv=disable_split_kv, sinks=sinks, alibi_slopes=alibi_slopes,
+                sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, low_freq_factor=low_freq_factor,
+                high_freq_factor=high_freq_factor, old_context_len=old_context_len,
+                variant=variant, variant_args=variant_args)
+            return
+        _multi_token.leave(self)
         q_dt, kv_dt, o_dt = C.plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type)
         indptr_h = A.host_i32(indptr, "indptr")
         last_h = A.host_i32(last_page_len, "last_page_len")
@@ -368,7 +393,8 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
     begin_forward = plan
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None):
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
+            q_len_per_req=None):
         """Decode attention for the planned batch.
 
         Parameters
@@ -387,6 +413,9 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
             Also return lse.
         q_scale, enable_pdl, window_left
             Accepted for FlashInfer compatibility (below).
+        sinks, q_len_per_req
+            FlashInfer 0.6 takes them at run() too: flashkv takes sinks at plan() only
+            (NotImplementedError here); q_len_per_req, if given, must be the plan's.
 
         q ``[batch, num_qo_heads, head_dim]``; paged_kv_cache a ``(k_cache, v_cache)`` tuple of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or
@@ -414,6 +443,12 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         ValueError naming the entry, before anything is written (see :meth:`plan`).
         """
         C.require_plan(self._plan, window_left)
+        if sinks is not None:
+            C.not_implemented("sinks", "<array>", "None at run(); pass sinks to plan()")
+        if self._plan.get("q_len_per_req", 1) > 1 or (q_len_per_req or 1) > 1:
+            return _multi_token.run(self, q, paged_kv_cache, args, q_len_per_req, q_scale=q_scale,
+                                    k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+                                    return_lse=return_lse, window_left=window_left)
         C.check_run_extras(args, q_scale)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
@@ -486,6 +521,10 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         plan = self._plan
         if plan is None:
             raise ValueError("run_step: called before a successful plan()")
+        if plan.get("q_len_per_req", 1) > 1:
+            C.not_implemented("q_len_per_req", plan["q_len_per_req"],
+                              "1 in the plan of run_step (the fused step appends one token per "
+                              "request); use append_paged_kv_cache, then run()")
         if plan["rope"]:
             raise ValueError("run_step: the plan's pos_encoding_mode rotates q and k inside "
                              "attention; the fused step rotates them too. Use run_step's rope= "
@@ -548,5 +587,8 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         return C.finish(out, lse, return_lse)
 
     def plan_info(self) -> dict:
-        """flashkv's statistics of the last GPU plan (CTAs, work items, splits, plan time)."""
+        """flashkv's statistics of the last GPU plan (CTAs, work items, splits, plan time; a
+        multi-token plan's are the paged prefill op's)."""
+        if self._plan is not None and self._plan.get("q_len_per_req", 1) > 1:
+            return self._multi.plan_info()
         return C.plan_info(self._slot)

@@ -120,7 +120,6 @@ def test_prefill_errors():
 
 
 @pytest.mark.parametrize("kwargs, name", [  # decode variants: test_variants.py
-    (dict(q_len_per_req=2), "q_len_per_req"),
     (dict(block_tables=np.zeros((2, 4), np.int32)), "block_tables"),
 ])
 def test_decode_plan_not_implemented(kwargs, name):
