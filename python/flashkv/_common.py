@@ -242,6 +242,11 @@ def plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type=None):
     q = A.dtype_name("float16" if q_data_type is None else q_data_type)
     kv = q if kv_data_type is None else A.dtype_name(kv_data_type)
     o = q if o_data_type is None else A.dtype_name(o_data_type)
+    if o != q and o not in A.FP8_DTYPES:  # fp8 outputs: the C++ check's ValueError
+        raise NotImplementedError(
+            f"o_data_type={o_data_type!r}: flashkv's kernels write the output in q's dtype "
+            f"({q}); another output dtype ({o}) needs a change of their epilogue, not done yet "
+            f"(issue 43). Pass None (q's dtype) and convert the output afterwards")
     return q, kv, o
 
 
@@ -455,3 +460,44 @@ def check_host_workspace(buf, need_bytes: int, what: str):
             f"float_workspace_buffer: {have} bytes is too small for this plan ({what}): flashkv "
             f"needs at least {need_bytes} bytes (host workspace; e.g. numpy.empty({need_bytes}, "
             f"numpy.uint8)); pass a larger buffer")
+
+
+# --- FlashInfer's deprecated forward() / forward_return_lse() --------------------------------
+# FlashInfer's forward(q, kv, causal=..., pos_encoding_mode=..., ...) sets the variant at run
+# time; flashkv compiles the variant into the plan. So forward() runs the plan as it is, and an
+# argument the caller passes must be the plan's (ValueError naming it otherwise: pass it to
+# plan()). An argument not passed means the plan's, not FlashInfer's default.
+
+UNSET = object()
+
+_FORWARD_DEFAULTS = dict(causal=False, pos_encoding_mode="NONE", window_left=-1,
+                         logits_soft_cap=0.0, sm_scale=0.0, rope_scale=None, rope_theta=None)
+
+
+def forward_args(**args) -> dict:
+    """What a plan records for forward()'s checks (plan["forward_args"])."""
+    out = {}
+    for name, value in args.items():
+        if name == "sm_scale":  # None or the C++ default 0: 1/sqrt(head_dim)
+            value = 0.0 if value is None or value == 0 else sm_scale_arg(value)
+        elif name == "window_left":
+            value = -1 if value is None else int(value)
+        elif name == "logits_soft_cap":
+            value = float(value or 0.0)
+        out[name] = value
+    return out
+
+
+def check_forward_args(plan, given: dict):
+    """forward()'s variant arguments against the plan's (each UNSET: not passed)."""
+    require_plan(plan)
+    planned = plan.get("forward_args", {})
+    for name, value in given.items():
+        if value is UNSET:
+            continue
+        value = forward_args(**{name: value})[name]
+        have = planned.get(name, _FORWARD_DEFAULTS.get(name))
+        if value != have:
+            raise ValueError(f"{name}={value!r}: forward() runs the plan, planned with "
+                             f"{name}={have!r}; flashkv compiles the variant into the plan, so "
+                             f"pass it to plan() (begin_forward())")

@@ -28,7 +28,8 @@ def check_q_len(q_len_per_req, wrapper) -> int:
         if wrapper._q_len_per_req is not None and wrapper._q_len_per_req != n:
             raise ValueError(
                 f"q_len_per_req: this CUDA-graph wrapper was planned with {wrapper._q_len_per_req}, "
-                f"got {n}; it is part of the captured shape: use a wrapper per q_len_per_req")
+                f"got {n}; it is part of the frozen CUDA-graph shape: use a wrapper per "
+                f"q_len_per_req")
         wrapper._q_len_per_req = n
     return n
 

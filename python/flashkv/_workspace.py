@@ -18,6 +18,7 @@ captured graph holds pointers into it.
 
 from . import _C
 from . import _arrays as A
+from . import _common as C
 
 # Configuration fields that are counts (rounded up for headroom); the others are exact maxima.
 _COUNTS = ("max_batch", "max_qo_tokens", "max_pages", "max_kv_tokens")
@@ -40,6 +41,7 @@ class OpSlot:
         self.reset(workspace)
 
     def reset(self, workspace):
+        check_alignment(workspace, "float_workspace_buffer")
         self.release()
         self.workspace = workspace
         self.nbytes = int(workspace.nbytes) if hasattr(workspace, "nbytes") else (
@@ -99,6 +101,46 @@ class OpSlot:
         return self.op
 
 
+WORKSPACE_ALIGNMENT = 16  # bytes: FlashInfer 0.6's rule, and the plan arrays' vector loads
+
+
+def data_ptr(buf) -> int:
+    """The address of an array's first element (torch, CuPy, NumPy; 0 when unknown)."""
+    fw = A.framework(buf)
+    if fw == "torch":
+        return int(buf.data_ptr())
+    if fw == "cupy":
+        return int(buf.data.ptr)
+    if fw == "numpy":
+        return int(buf.ctypes.data)
+    return 0
+
+
+def check_alignment(buf, name: str):
+    """ValueError naming `name` unless buf starts on a WORKSPACE_ALIGNMENT-byte boundary."""
+    ptr = data_ptr(buf)
+    if ptr % WORKSPACE_ALIGNMENT:
+        raise ValueError(f"{name} must be {WORKSPACE_ALIGNMENT}-byte aligned (it starts at "
+                         f"{ptr:#x}, {ptr % WORKSPACE_ALIGNMENT} bytes past a boundary); pass a "
+                         f"buffer from torch.empty or a slice at a multiple of "
+                         f"{WORKSPACE_ALIGNMENT} bytes")
+
+
+# FlashInfer 0.6's workspace_size() returns (float, int) sizes; flashkv needs no int workspace, and
+# reports this nominal size for the int buffer FlashInfer's callers allocate anyway.
+INT_WORKSPACE_BYTES = 16
+
+
+def bytes_for(wrapper, cls, need: dict) -> int:
+    """The float workspace bytes `wrapper` needs for a plan asking for `need` (OpSlot.acquire's
+    configuration) of the C++ op `cls`: its workspace_bytes (the plan arrays plus every split-KV
+    partial state, so an exact buffer never limits splitting) on the wrapper's device, or the
+    host path's rule (_common.host_workspace_need_bytes) for a host wrapper."""
+    if not wrapper._on_gpu:
+        return C.host_workspace_need_bytes(cls, need)
+    return int(cls.workspace_bytes(**need, device=wrapper._device))
+
+
 # own_slot's slots: (op class, device) -> OpSlot.
 _OWN_SLOTS = {}
 
@@ -123,9 +165,14 @@ def own_slot(cls, like, need: dict, what: str) -> OpSlot:
     return slot
 
 
-def reset_workspace_buffer(wrapper, float_workspace_buffer):
+def reset_workspace_buffer(wrapper, float_workspace_buffer, int_workspace_buffer=None):
     """The body the wrappers' reset_workspace_buffer share: the new buffer must be on the same side
-    (host or CUDA); the C++ object is re-created in it and the plan dropped (call plan() again)."""
+    (host or CUDA); the C++ object is re-created in it and the plan dropped (call plan() again).
+    Both buffers must be 16-byte aligned, as FlashInfer 0.6 requires (ValueError naming the
+    buffer); flashkv keeps everything in the float one and only checks the int one."""
+    check_alignment(float_workspace_buffer, "float_workspace_buffer")
+    if int_workspace_buffer is not None:
+        check_alignment(int_workspace_buffer, "int_workspace_buffer")
     if A.is_cuda(float_workspace_buffer) != wrapper._on_gpu:
         raise ValueError("float_workspace_buffer: the new buffer must be on the same side "
                          "(host or CUDA) as the old one")

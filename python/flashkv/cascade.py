@@ -259,7 +259,7 @@ class MultiLevelCascadeWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (same side, host or CUDA). Call plan() again."""
-        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim, page_size, causal=False,

@@ -190,7 +190,9 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (``int_workspace_buffer`` is accepted for FlashInfer
         compatibility and unused). Call plan() again before run()."""
-        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer)
+        if self._multi is not None:  # the multi-token plans' prefill wrapper shares the buffer
+            self._multi.reset_workspace_buffer(float_workspace_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
              page_size, *, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
@@ -316,7 +318,11 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                     page_size=int(page_size), sm_scale=C.sm_scale_arg(sm_scale), batch=batch,
                     indptr=indptr_h, last_page_len=last_h,
                     window_left=-1 if window_left is None else int(window_left),
-                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"), page_id_max=None)
+                    rope=pos_encoding_mode in ("ROPE_LLAMA", "ROPE_LLAMA31"), page_id_max=None,
+                    forward_args=C.forward_args(
+                        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                        logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                        rope_scale=rope_scale, rope_theta=rope_theta))
         shape = C.attention_shape(plan)
         if not self._on_gpu:
             plan["page_id_max"] = A.call(_C.check_host_decode_plan, indptr_h, last_h, indices_h,
@@ -349,24 +355,7 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
             raise ValueError(
                 f"indptr: batch {batch} exceeds the {self._fixed_batch_size} requests of the "
                 f"buffers given to the constructor (CUDA graph mode)")
-        # fixed_split_size cuts requests into chunks whatever the grid, so the workspace must hold
-        # every chunk's partial state: C++ counts them (BatchDecode.fixed_split_chunks), and the
-        # config holds them as max_kv_tokens with min_fixed_split_size 1, fields that only grow
-        # (OpSlot.acquire). Eagerly: this plan's chunks. CUDA graph mode sizes once, for the most
-        # the indices buffer can describe (one request over all its pages, full), so later plans
-        # with longer requests fit the captured workspace.
-        chunks = 0
-        if split > 0 and self._use_cuda_graph:
-            pages = int(self._paged_kv_indices_buf.shape[0])
-            chunks = _C.BatchDecode.fixed_split_chunks(
-                np.array([0, pages], np.int32), np.array([page_size], np.int32), int(page_size),
-                split)
-        elif split > 0:
-            chunks = _C.BatchDecode.fixed_split_chunks(indptr_h, last_h, int(page_size), split)
-        need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
-                    num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
-        if chunks > 0:
-            need.update(max_kv_tokens=chunks, min_fixed_split_size=1)
+        need = self._gpu_need(indptr_h, last_h, num_qo_heads, head_dim, page_size, split)
         op = self._slot.acquire(
             need, f"batch {batch}, num_qo_heads {num_qo_heads}, head_dim {head_dim}")
         stream = A.cuda_stream(self._float_workspace_buffer)
@@ -389,6 +378,29 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                variant=plan["variant"], kv_indices=indices_h, names=_DECODE_NAMES(),
                stream=stream)
         self._plan = plan
+
+    def _gpu_need(self, indptr_h, last_h, num_qo_heads, head_dim, page_size, split) -> dict:
+        """The configuration (OpSlot.acquire's need) a GPU plan of this page table asks for."""
+        batch = indptr_h.shape[0] - 1
+        # fixed_split_size cuts requests into chunks whatever the grid, so the workspace must hold
+        # every chunk's partial state: C++ counts them (BatchDecode.fixed_split_chunks), and the
+        # config holds them as max_kv_tokens with min_fixed_split_size 1, fields that only grow
+        # (OpSlot.acquire). Eagerly: this plan's chunks. CUDA graph mode sizes once, for the most
+        # the indices buffer can describe (one request over all its pages, full), so later plans
+        # with longer requests fit the captured workspace.
+        chunks = 0
+        if split > 0 and self._use_cuda_graph:
+            pages = int(self._paged_kv_indices_buf.shape[0])
+            chunks = _C.BatchDecode.fixed_split_chunks(
+                np.array([0, pages], np.int32), np.array([page_size], np.int32), int(page_size),
+                split)
+        elif split > 0:
+            chunks = _C.BatchDecode.fixed_split_chunks(indptr_h, last_h, int(page_size), split)
+        need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
+                    num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
+        if chunks > 0:
+            need.update(max_kv_tokens=chunks, min_fixed_split_size=1)
+        return need
 
     begin_forward = plan
 
@@ -456,6 +468,49 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         return A.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse, scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode=C.UNSET, q_scale=None, k_scale=None,
+                v_scale=None, window_left=C.UNSET, logits_soft_cap=C.UNSET, sm_scale=C.UNSET,
+                rope_scale=C.UNSET, rope_theta=C.UNSET, *, return_lse=False):
+        """FlashInfer's deprecated forward(): run() with the plan's variant (an argument given
+        must be the plan's: ValueError otherwise, naming it)."""
+        C.check_forward_args(self._plan, dict(
+            pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+            rope_theta=rope_theta))
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                        return_lse=return_lse)
+
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
+
+    def workspace_size(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
+                       head_dim, page_size, pos_encoding_mode="NONE", window_left=-1,
+                       logits_soft_cap=None, q_data_type="float16", kv_data_type=None,
+                       o_data_type=None, data_type=None, sm_scale=None, rope_scale=None,
+                       rope_theta=None, block_tables=None, seq_lens=None, fixed_split_size=None,
+                       disable_split_kv=False, q_len_per_req=1, **variant_extras):
+        """FlashInfer 0.6's workspace query: (float_workspace_size, int_workspace_size), the
+        bytes a buffer needs for plan() with these arguments (a buffer of exactly that size plans
+        without limiting split-KV; see flashkv._workspace). flashkv keeps everything in the float
+        workspace: the int size is a nominal 16 bytes (FlashInfer's callers allocate one). Allocates
+        nothing and leaves the plan as it is."""
+        del indices, num_kv_heads, pos_encoding_mode, window_left, logits_soft_cap, q_data_type
+        del kv_data_type, o_data_type, data_type, sm_scale, rope_scale, rope_theta, block_tables
+        del seq_lens, disable_split_kv, variant_extras
+        indptr_h = A.host_i32(indptr, "indptr")
+        last_h = A.host_i32(last_page_len, "last_page_len")
+        batch = indptr_h.shape[0] - 1
+        if int(q_len_per_req) > 1:
+            cls = _C.BatchPrefillPaged
+            need = dict(max_batch=max(self._fixed_batch_size, batch, 1),
+                        max_qo_tokens=max(batch * int(q_len_per_req), 1),
+                        num_qo_heads=int(num_qo_heads), head_dim=int(head_dim))
+        else:
+            cls = _C.BatchDecode
+            split = 0 if fixed_split_size is None or fixed_split_size <= 0 else (
+                int(fixed_split_size) * int(page_size))
+            need = self._gpu_need(indptr_h, last_h, num_qo_heads, head_dim, page_size, split)
+        return _workspace.bytes_for(self, cls, need), _workspace.INT_WORKSPACE_BYTES
 
     def _reference_run(self, q, k, v, out, lse, scale):
         plan = self._plan
@@ -592,3 +647,31 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         if self._plan is not None and self._plan.get("q_len_per_req", 1) > 1:
             return self._multi.plan_info()
         return C.plan_info(self._slot)
+
+
+def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                     page_size, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
+                     q_data_type=None, kv_data_type=None, data_type=None, sm_scale=None,
+                     rope_scale=None, rope_theta=None, non_blocking=True, fixed_split_size=None,
+                     disable_split_kv=False, q_len_per_req=1, global_override_indptr_cpu=None,
+                     **kwargs):
+    """FlashInfer's ``fast_decode_plan(wrapper, ...)``, used as ``wrapper.plan =
+    functools.partial(fast_decode_plan, wrapper)`` by multi-step draft backends: FlashInfer's
+    variant skips copies its plan() makes; flashkv's plan() makes no copies to skip, so this is
+    the class's plan() (called through the class: the instance's ``plan`` may be this partial),
+    with ``global_override_indptr_cpu`` (a host copy of indptr) as the indptr it reads. A
+    multi-token plan (q_len_per_req > 1) needs a prior plan() of the wrapper, as FlashInfer's."""
+    del non_blocking
+    if int(q_len_per_req) > 1 and self._plan is None:
+        raise ValueError("fast_decode_plan with q_len_per_req > 1 requires a prior plan() of "
+                         "the wrapper")
+    if global_override_indptr_cpu is not None:
+        indptr = global_override_indptr_cpu
+    q_data_type = "float16" if q_data_type is None and data_type is None else q_data_type
+    BatchDecodeWithPagedKVCacheWrapper.plan(
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
+        data_type=data_type, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+        fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req, **kwargs)

@@ -19,7 +19,8 @@ from . import _common as C
 from ._eager import _append_paged_kv_cache
 
 
-def get_batch_indices_positions(append_indptr, seq_lens, nnz, *, stream=None):
+def get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None, positions=None,
+                                *, stream=None):
     """The batch index and position of every appended token (FlashInfer's
     ``flashinfer.get_batch_indices_positions``).
 
@@ -30,13 +31,21 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz, *, stream=None):
     (batch_indices, positions), int32 ``[nnz]``, in append_indptr's framework and on its device.
     On the host, ``nnz`` must equal ``append_indptr[-1]`` (ValueError otherwise); on the GPU a
     malformed append_indptr or a seq_len shorter than its append is reported by
-    :func:`check_device_errors` (those rows are left unwritten).
+    :func:`check_device_errors` (those rows are left unwritten). ``batch_indices`` /
+    ``positions`` (FlashInfer 0.6): int32 ``[nnz]`` arrays to write into (beside
+    append_indptr), else allocated.
     """
     nnz = int(nnz)
     if nnz < 0:
         raise ValueError(f"nnz: expected >= 0, got {nnz}")
-    batch_indices = A.empty(append_indptr, (nnz,), dtype="i32")
-    positions = A.empty(append_indptr, (nnz,), dtype="i32")
+    if batch_indices is None:
+        batch_indices = A.empty(append_indptr, (nnz,), dtype="i32")
+    if positions is None:
+        positions = A.empty(append_indptr, (nnz,), dtype="i32")
+    for name, x in (("batch_indices", batch_indices), ("positions", positions)):
+        if tuple(x.shape) != (nnz,) or str(x.dtype).replace("torch.", "") != "int32":
+            raise ValueError(f"{name}: expected an int32 array of shape [nnz = {nnz}], got "
+                             f"{x.dtype} {tuple(x.shape)}")
     A.call(_C.get_batch_indices_positions, A.index_i32(append_indptr, "append_indptr"),
            A.index_i32(seq_lens, "seq_lens"), batch_indices, positions,
            A.cuda_stream(append_indptr, stream))

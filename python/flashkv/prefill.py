@@ -222,7 +222,7 @@ class _BatchPrefillBase:
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (``int_workspace_buffer`` is accepted for FlashInfer
         compatibility and unused). Call plan() again before run()."""
-        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer)
         self._tile_rows = 0
 
     def plan_info(self) -> dict:
@@ -254,6 +254,10 @@ class _BatchPrefillBase:
                       pos_encoding_mode, window_left, logits_soft_cap, rope_scale, rope_theta,
                       extras):
         """Sets plan["variant"] and plan["causal"] (a custom mask replaces causal)."""
+        plan["forward_args"] = C.forward_args(
+            causal=plan["causal"], pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, sm_scale=plan["sm_scale"], rope_scale=rope_scale,
+            rope_theta=rope_theta)
         keep = []
         plan["variant"], plan["causal"] = _variant(
             on_gpu=self._on_gpu, like=self._float_workspace_buffer,
@@ -271,13 +275,33 @@ class _BatchPrefillBase:
         C.require_plan(self._plan, window_left)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
 
+    def _need(self, batch, nnz_qo, num_qo_heads, head_dim) -> dict:
+        """The configuration (OpSlot.acquire's need) of a GPU plan."""
+        return dict(max_batch=max(self._fixed_batch_size, batch, 1),
+                    max_qo_tokens=max(nnz_qo, 1), num_qo_heads=int(num_qo_heads),
+                    head_dim=int(head_dim))
+
     def _acquire(self, plan):
         return self._slot.acquire(
-            dict(max_batch=max(self._fixed_batch_size, plan["batch"], 1),
-                 max_qo_tokens=max(plan["nnz_qo"], 1), num_qo_heads=plan["num_qo_heads"],
-                 head_dim=plan["head_dim"]),
+            self._need(plan["batch"], plan["nnz_qo"], plan["num_qo_heads"], plan["head_dim"]),
             f"batch {plan['batch']}, {plan['nnz_qo']} query tokens, num_qo_heads "
             f"{plan['num_qo_heads']}, head_dim {plan['head_dim']}")
+
+    def _workspace_size(self, qo_indptr, num_qo_heads, head_dim_qk):
+        qo = A.host_i32(qo_indptr, "qo_indptr")
+        batch = qo.shape[0] - 1
+        need = self._need(batch, int(qo[-1]) if batch > 0 else 0, num_qo_heads, head_dim_qk)
+        return _workspace.bytes_for(self, self._op_class, need), _workspace.INT_WORKSPACE_BYTES
+
+    def _forward(self, run, return_lse, causal, pos_encoding_mode, window_left,
+                 logits_soft_cap, sm_scale, rope_scale, rope_theta):
+        """FlashInfer's deprecated forward(): run() with the plan's variant (an argument given
+        must be the plan's: ValueError otherwise, naming it)."""
+        C.check_forward_args(self._plan, dict(
+            causal=causal, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+            rope_theta=rope_theta))
+        return run(return_lse=return_lse)
 
     def _check_host_workspace(self, plan):
         """The host path's workspace rule (_common.check_host_workspace), for the configuration
@@ -487,6 +511,31 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
+    def forward(self, q, paged_kv_cache, causal=C.UNSET, pos_encoding_mode=C.UNSET,
+                use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=C.UNSET,
+                logits_soft_cap=C.UNSET, sm_scale=C.UNSET, rope_scale=C.UNSET, rope_theta=C.UNSET,
+                *, return_lse=False):
+        """FlashInfer's deprecated forward(): run() with the plan's variant (a variant argument
+        given must be the plan's: ValueError otherwise, naming it)."""
+        del use_fp16_qk_reduction
+        return self._forward(
+            functools.partial(self.run, q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale),
+            return_lse, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+            rope_scale, rope_theta)
+
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
+
+    def workspace_size(self, qo_indptr, paged_kv_indptr, paged_kv_indices,
+                       paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size,
+                       *args, **kwargs):
+        """FlashInfer 0.6's workspace query (plan()'s arguments): (float_workspace_size,
+        int_workspace_size) in bytes; a float buffer of that size plans without limiting
+        split-KV. flashkv needs no int workspace (a nominal 16 bytes). Allocates nothing and
+        leaves the plan as it is."""
+        del paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_kv_heads, page_size
+        del args, kwargs
+        return self._workspace_size(qo_indptr, num_qo_heads, head_dim_qk)
+
     def _reference_run(self, q, k, v, out, lse, scale):
         plan = self._plan
         if plan["variant"] is None:
@@ -582,6 +631,25 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
                               scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def forward(self, q, k, v, causal=C.UNSET, pos_encoding_mode=C.UNSET,
+                use_fp16_qk_reduction=False, window_left=C.UNSET, logits_soft_cap=C.UNSET,
+                sm_scale=C.UNSET, rope_scale=C.UNSET, rope_theta=C.UNSET, *, return_lse=False):
+        """FlashInfer's deprecated forward(): run() with the plan's variant (a variant argument
+        given must be the plan's: ValueError otherwise, naming it)."""
+        del use_fp16_qk_reduction
+        return self._forward(functools.partial(self.run, q, k, v), return_lse, causal,
+                             pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                             rope_scale, rope_theta)
+
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
+
+    def workspace_size(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk,
+                       *args, **kwargs):
+        """FlashInfer 0.6's workspace query (plan()'s arguments): (float_workspace_size,
+        int_workspace_size) in bytes, as the paged wrapper's."""
+        del kv_indptr, num_kv_heads, args, kwargs
+        return self._workspace_size(qo_indptr, num_qo_heads, head_dim_qk)
 
     def _run(self, q, k, v, out, lse, return_lse, scale=C.NO_SCALE):
         """run() on the planned batch, eager (also the body of the torch custom op); `scale`: the

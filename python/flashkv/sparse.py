@@ -127,7 +127,7 @@ class BlockSparseAttentionWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (same side, host or CUDA). Call plan() again."""
-        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer)
 
     def plan(self, indptr, indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None,
              packed_mask=None, causal=False, pos_encoding_mode="NONE",

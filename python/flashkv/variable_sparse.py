@@ -60,7 +60,7 @@ class VariableBlockSparseAttentionWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         """Use another workspace buffer (same side, host or CUDA). Call plan() again."""
-        _workspace.reset_workspace_buffer(self, float_workspace_buffer)
+        _workspace.reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer)
 
     def plan(self, block_mask_map, block_row_sz, block_col_sz, num_qo_heads, num_kv_heads,
              head_dim, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
