@@ -31,6 +31,25 @@ class _Missing:
     def __repr__(self):
         return f"<flashkv.compat missing {self._feature}>"
 
+    # Used in annotations (`Missing | None`, `Missing[int]`) or as a base class at import time:
+    # still a stand-in; only using it raises.
+    def __or__(self, other):
+        return self
+
+    __ror__ = __or__
+
+    def __getitem__(self, item):
+        return self
+
+    def __mro_entries__(self, bases):
+        feature, why = self._feature, self._why
+
+        class MissingBase:
+            def __init__(self, *args, **kwargs):
+                raise NotImplementedError(_message(feature, why))
+
+        return (MissingBase,)
+
 
 class StubModule(types.ModuleType):
     """A FlashInfer submodule flashkv lacks (flashinfer.cute_dsl, flashinfer.xqa, ...): every

@@ -1,5 +1,7 @@
 """``flashinfer.cascade`` on flashkv."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 from ... import cascade as _c
 from ._missing import missing, module_getattr
 

@@ -1,10 +1,13 @@
 """``flashinfer.decode`` on flashkv (module docstring of flashkv.compat.flashinfer)."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 import functools
 
 from ... import _common as C
 from ... import decode as _d
-from ._adapt import PlanInfoMixin, fold_16bit_scales, scale_output
+from ._adapt import (PlanInfoMixin, check_head_dim, fold_16bit_scales, plan_with_head_dim_check,
+                     scale_output)
 from ._missing import module_getattr
 
 __getattr__ = module_getattr("flashinfer.decode")
@@ -40,6 +43,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PlanInfoMixin, _d.BatchDecodeWithPagedK
             sinks=sinks, q_len_per_req=q_len_per_req), v_factor)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+    plan = plan_with_head_dim_check(_d.BatchDecodeWithPagedKVCacheWrapper.plan, 5, "head_dim")
+    begin_forward = plan
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -58,6 +63,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
                                 window_left=-1, logits_soft_cap=None, sm_scale=None,
                                 rope_scale=None, rope_theta=None, return_lse=False, **kwargs):
     """flashkv.single_decode_with_kv_cache with FlashInfer's 16-bit-cache scales."""
+    check_head_dim(q.shape[-1])
     q, k_scale, v_scale, v_factor = fold_16bit_scales(q, k, k_scale, v_scale)
     return scale_output(_d.single_decode_with_kv_cache(
         q, k, v, kv_layout, pos_encoding_mode, use_tensor_cores, q_scale, k_scale, v_scale,

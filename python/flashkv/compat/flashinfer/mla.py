@@ -1,6 +1,8 @@
 """``flashinfer.mla``: flashkv's MLA wrapper where this flashkv has one (flashkv.mla), else
 stand-ins raising NotImplementedError."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 from ._missing import missing
 
 

@@ -1,5 +1,7 @@
 """``flashinfer.page`` on flashkv."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 from ... import page as _pg
 from ._missing import missing, module_getattr
 

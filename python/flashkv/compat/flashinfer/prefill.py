@@ -1,10 +1,13 @@
 """``flashinfer.prefill`` on flashkv (module docstring of flashkv.compat.flashinfer)."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 import functools
 
 from ... import _common as C
 from ... import prefill as _p
-from ._adapt import PlanInfoMixin, fold_16bit_scales, scale_output
+from ._adapt import (PlanInfoMixin, check_head_dim, fold_16bit_scales, plan_with_head_dim_check,
+                     scale_output)
 from ._missing import module_getattr
 
 __getattr__ = module_getattr("flashinfer.prefill")
@@ -29,6 +32,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PlanInfoMixin, _p.BatchPrefillWithPage
             v_factor)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+    plan = plan_with_head_dim_check(_p.BatchPrefillWithPagedKVCacheWrapper.plan, 6, "head_dim_qk")
+    begin_forward = plan
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(PlanInfoMixin, _p.BatchPrefillWithRaggedKVCacheWrapper):
@@ -48,6 +53,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanInfoMixin, _p.BatchPrefillWithRag
             return_lse=return_lse, enable_pdl=enable_pdl), v_factor)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+    plan = plan_with_head_dim_check(_p.BatchPrefillWithRaggedKVCacheWrapper.plan, 4, "head_dim_qk")
+    begin_forward = plan
 
 
 def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
@@ -57,6 +64,7 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                                  logits_soft_cap=None, rope_scale=None, rope_theta=None,
                                  backend="auto", return_lse=False, **kwargs):
     """flashkv.single_prefill_with_kv_cache with FlashInfer's 16-bit-KV scales."""
+    check_head_dim(q.shape[-1])
     q, scale_k, scale_v, v_factor = fold_16bit_scales(q, k, scale_k, scale_v)
     return scale_output(_p.single_prefill_with_kv_cache(
         q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,

@@ -1,5 +1,7 @@
 """``flashinfer.quantization``'s bit packing (custom masks) on the caller's arrays."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 import numpy as np
 
 from ... import _array_core as A

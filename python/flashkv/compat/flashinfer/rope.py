@@ -1,5 +1,7 @@
 """``flashinfer.rope`` on flashkv."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 from ... import rope as _r
 from ._missing import missing, module_getattr
 

@@ -1,5 +1,7 @@
 """``flashinfer.sparse`` on flashkv."""
 
+__path__ = []  # a package to importers: flashinfer.<this>.<sub> resolves to a stand-in
+
 from ... import sparse as _s
 from ... import variable_sparse as _vs
 from ._adapt import PlanInfoMixin
