@@ -66,7 +66,7 @@ def test_16bit_cache_scales_follow_flashinfer(fi):
     out2, _ = w.forward_return_lse(q, kv, v_scale=2.0)
     np.testing.assert_allclose(out2, w.run(q, kv) * np.float16(2.0), rtol=1e-3, atol=1e-3)
     single = fi.single_prefill_with_kv_cache(q, cache.gather(0)[0], cache.gather(0)[1],
-                                             causal=True, scale_v=2.0)
+                                             causal=True, v_scale=2.0)
     np.testing.assert_allclose(single, out2, rtol=2e-3, atol=2e-3)
 
 

@@ -62,12 +62,21 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
                                  kv_layout="NHD", pos_encoding_mode="NONE",
                                  use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
                                  logits_soft_cap=None, rope_scale=None, rope_theta=None,
-                                 backend="auto", return_lse=False, **kwargs):
-    """flashkv.single_prefill_with_kv_cache with FlashInfer's 16-bit-KV scales."""
+                                 backend="auto", return_lse=False, kv_cache_sf=None, k_scale=None,
+                                 v_scale=None, **kwargs):
+    """flashkv.single_prefill_with_kv_cache with FlashInfer 0.6's scale arguments: ``k_scale`` /
+    ``v_scale`` are the KV's calibration (dequantization) scales, flashkv's ``scale_k`` /
+    ``scale_v`` (on a 16-bit KV they scale logits and output, _adapt); ``scale_q`` / ``scale_k``
+    / ``scale_v`` are FlashInfer's per-head scales of FP8 queries, which it reads only for an
+    fp8 q (flashkv: NotImplementedError for fp8 q, ignored otherwise, as FlashInfer ignores
+    them)."""
     check_head_dim(q.shape[-1])
-    q, scale_k, scale_v, v_factor = fold_16bit_scales(q, k, scale_k, scale_v)
+    if kv_cache_sf is not None:
+        C.not_implemented("kv_cache_sf", "<arrays>", "None (NVFP4 KV caches)")
+    del scale_q, scale_k, scale_v  # FP8-query scales: q is 16-bit here (checked below)
+    q, k_scale, v_scale, v_factor = fold_16bit_scales(q, k, k_scale, v_scale)
     return scale_output(_p.single_prefill_with_kv_cache(
-        q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+        q, k, v, None, k_scale, v_scale, o_dtype, custom_mask, packed_custom_mask, causal,
         kv_layout, pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left,
         logits_soft_cap, rope_scale, rope_theta, backend, return_lse, **kwargs), v_factor)
 
