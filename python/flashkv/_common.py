@@ -43,6 +43,20 @@ def check_variant(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None
             not_implemented(name, type(value).__name__, "None")
 
 
+def check_multi_item_scoring(prefix_len_ptr=None, token_pos_in_items_ptr=None,
+                             max_item_len_ptr=None):
+    """FlashInfer's multi-item scoring (prefill plan()'s prefix_len_ptr, token_pos_in_items_ptr,
+    max_item_len_ptr): not implemented, NotImplementedError naming the argument given."""
+    for name, value in (("prefix_len_ptr", prefix_len_ptr),
+                        ("token_pos_in_items_ptr", token_pos_in_items_ptr),
+                        ("max_item_len_ptr", max_item_len_ptr)):
+        if value is not None:
+            raise NotImplementedError(
+                f"{name}: FlashInfer's multi-item scoring (prefix_len_ptr, "
+                f"token_pos_in_items_ptr, max_item_len_ptr) is not implemented by flashkv; "
+                f"pass None (issue 43)")
+
+
 def check_backend(backend: str, jit_args=None, jit_kwargs=None, allowed=_BACKENDS):
     if backend not in allowed:
         not_implemented("backend", backend, " or ".join(repr(b) for b in allowed))

@@ -51,13 +51,20 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None, *, stream=None):
         ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32; v is written.
     s, s_other : array
         ``float32 [seq_len, num_heads]``, base 2; s is written.
-    mask : None
-        Merging only some rows raises NotImplementedError.
+    mask : array, optional
+        bool ``[seq_len]``: merge only the rows where it is True (the others keep v and s):
+        the merge of every row into a temporary, then a masked copy (not the fused op).
     stream : int, optional
         A CUDA stream handle (flashkv extension; default: the framework's current stream).
     """
     if mask is not None:
-        raise NotImplementedError("mask: not supported by flashkv yet (expected None)")
+        if tuple(mask.shape) != (int(v.shape[0]),):
+            raise ValueError(f"mask: expected a bool array of shape [seq_len = {v.shape[0]}], "
+                             f"got {tuple(mask.shape)}")
+        merged_v, merged_s = merge_state(v, s, v_other, s_other, stream=stream)
+        v[mask] = merged_v[mask]
+        s[mask] = merged_s[mask]
+        return
     ops = A.torch_ops(v) if stream is None else None
     if ops is not None:
         return ops.merge_state_in_place(v, s, v_other, s_other)

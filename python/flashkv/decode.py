@@ -153,6 +153,7 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None):
         C.check_backend(backend, jit_args)
+        _workspace.check_alignment(float_workspace_buffer, "float_workspace_buffer")
         self._kv_layout = C.check_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
         self._float_workspace_buffer = float_workspace_buffer

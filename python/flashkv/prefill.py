@@ -188,6 +188,7 @@ class _BatchPrefillBase:
     def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args,
               jit_kwargs, buffers, custom_mask_buf, mask_indptr_buf):
         C.check_backend(backend, jit_args, jit_kwargs, allowed=C.PREFILL_BACKENDS)
+        _workspace.check_alignment(float_workspace_buffer, "float_workspace_buffer")
         self._backend = backend  # "auto", "fa2" (mma.sync) or "fa3" (Hopper wgmma)
         self._kv_layout = C.check_layout(kv_layout)
         self._use_cuda_graph = bool(use_cuda_graph)
@@ -428,9 +429,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
         [0, num_pages)``); device-resident ones only by the kernel with
         ``FLASHKV_CHECK_DEVICE_ERRORS=1`` (otherwise an out-of-range id reads as zeros).
         """
-        C.check_variant(prefix_len_ptr=prefix_len_ptr,
-                        token_pos_in_items_ptr=token_pos_in_items_ptr,
-                        max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
+        C.check_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, max_item_len_ptr)
+        C.check_variant(seq_lens=seq_lens,
                         seq_lens_q=seq_lens_q, block_tables=block_tables)
         plan = self._common_plan(qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                                  causal, sm_scale, q_data_type, kv_data_type, o_data_type,
@@ -579,9 +579,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillBase):
         (ragged KV has no pages). Variants as
         :meth:`BatchPrefillWithPagedKVCacheWrapper.plan`'s (flashkv.prefill's docstring), and
         its checks (the same on the host and the GPU path)."""
-        C.check_variant(prefix_len_ptr=prefix_len_ptr,
-                        token_pos_in_items_ptr=token_pos_in_items_ptr,
-                        max_item_len_ptr=max_item_len_ptr)
+        C.check_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, max_item_len_ptr)
         plan = self._common_plan(qo_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
                                  causal, sm_scale, q_data_type, kv_data_type, o_data_type,
                                  fixed_split_size, 1)

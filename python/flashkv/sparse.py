@@ -118,6 +118,7 @@ class BlockSparseAttentionWrapper:
     def __init__(self, float_workspace_buffer, backend="auto"):
         if backend != "auto":
             raise NotImplementedError(f"backend={backend!r}: flashkv picks its kernel ('auto')")
+        _workspace.check_alignment(float_workspace_buffer, "float_workspace_buffer")
         self._float_workspace_buffer = float_workspace_buffer
         self._on_gpu = A.is_cuda(float_workspace_buffer)
         self._device = A.device_index(float_workspace_buffer)

@@ -48,6 +48,7 @@ class VariableBlockSparseAttentionWrapper:
     def __init__(self, float_workspace_buffer, backend="auto", layout="HND"):
         if backend != "auto":
             raise NotImplementedError(f"backend={backend!r}: flashkv picks its kernel ('auto')")
+        _workspace.check_alignment(float_workspace_buffer, "float_workspace_buffer")
         if layout not in ("HND", "NHD"):
             raise ValueError(f"layout: expected 'HND' or 'NHD', got {layout!r}")
         self._layout = layout

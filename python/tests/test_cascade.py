@@ -51,6 +51,23 @@ def test_merge_state_in_place(fw, dtype):
     np.testing.assert_allclose(to_np(sa), ref_lse, rtol=1e-6, atol=1e-5)
 
 
+def test_merge_state_in_place_with_mask(fw):
+    """FlashInfer's mask: rows where it is True are merged, the others keep their state."""
+    rng = np.random.default_rng(22)
+    v, s = states(rng, 6, 2, 4, 64, np.float16)
+    mask = np.array([True, False, True, True, False, False])
+    va, sa = to_fw(v[:, 0].copy(), fw), to_fw(s[:, 0].copy(), fw)
+    flashkv.merge_state_in_place(va, sa, to_fw(v[:, 1], fw), to_fw(s[:, 1], fw),
+                                 mask=to_fw(mask, fw))
+    ref, ref_lse = merge_ref(v, s)
+    assert_close(to_np(va)[mask], ref[mask], np.float16)
+    np.testing.assert_allclose(to_np(sa)[mask], ref_lse[mask], rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(to_np(va)[~mask], v[~mask, 0])
+    np.testing.assert_array_equal(to_np(sa)[~mask], s[~mask, 0])
+    with pytest.raises(ValueError, match=r"mask: expected a bool array of shape \[seq_len = 6"):
+        flashkv.merge_state_in_place(va, sa, va, sa, mask=to_fw(mask[:5], fw))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("num_states", [1, 3, 8])
 def test_merge_states(fw, dtype, num_states):

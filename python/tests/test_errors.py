@@ -158,9 +158,6 @@ def test_other_not_implemented():
         flashkv.BatchPrefillWithRaggedKVCacheWrapper(WS, backend=backend)
     with pytest.raises(NotImplementedError, match="jit_args"):
         flashkv.BatchPrefillWithRaggedKVCacheWrapper(WS, jit_args=["variant"])
-    with pytest.raises(NotImplementedError, match="mask"):
-        s = np.zeros((1, 4), np.float32)
-        flashkv.merge_state_in_place(q[None], s, q[None], s, mask=np.ones(1, bool))
     rng = np.random.default_rng(35)
     cache, qb = make_decode(rng)
     w = flashkv.BatchDecodeWithPagedKVCacheWrapper(WS)

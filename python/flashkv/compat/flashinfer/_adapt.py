@@ -21,6 +21,7 @@ def fold_16bit_scales(q, cache_k, k_scale, v_scale):
     """(q, k_scale, v_scale, v_factor) for a run: on a 16-bit cache float scales other than 1
     move into q (k) and into a factor for the output (v)."""
     check_q_dtype(q.dtype, "q")
+    check_kv_dtype(cache_k.dtype, "paged_kv_cache")
     if A.array_dtype(cache_k) in A.FP8_DTYPES:
         return q, k_scale, v_scale, None
     v_factor = None
@@ -75,6 +76,13 @@ def check_q_dtype(dtype, name="q_data_type"):
                                   f"(float8 KV caches are: q float16 / bfloat16)")
 
 
+def check_kv_dtype(dtype, name="kv_data_type"):
+    """A uint8 KV cache is FlashInfer's NVFP4 (packed fp4 + scale factors): NotImplementedError."""
+    if dtype is not None and str(dtype).replace("torch.", "") == "uint8":
+        raise NotImplementedError(f"{name}={dtype}: NVFP4 KV caches are not implemented by "
+                                  f"flashkv (fp8 and 16-bit caches are)")
+
+
 def plan_with_head_dim_check(method, position, name):
     """plan() that checks its head_dim argument (positional index `position` after self, or the
     keyword `name`) with check_head_dim first."""
@@ -86,6 +94,7 @@ def plan_with_head_dim_check(method, position, name):
         check_head_dim(value, name)
         check_q_dtype(kwargs.get("q_data_type"))
         check_q_dtype(kwargs.get("o_data_type"), "o_data_type")
+        check_kv_dtype(kwargs.get("kv_data_type"))
         return method(self, *args, **kwargs)
 
     return plan

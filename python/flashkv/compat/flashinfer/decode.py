@@ -21,9 +21,12 @@ class BatchDecodeWithPagedKVCacheWrapper(PlanInfoMixin, _d.BatchDecodeWithPagedK
                  use_tensor_cores=False, paged_kv_indptr_buffer=None,
                  paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None):
+        # FlashInfer's "fa3" routes tensor-core decode to its Hopper prefill kernel: a speed hint
+        # (flashkv picks its decode kernel itself).
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, use_tensor_cores,
                          paged_kv_indptr_buffer, paged_kv_indices_buffer,
-                         paged_kv_last_page_len_buffer, backend, jit_args)
+                         paged_kv_last_page_len_buffer, "auto" if backend == "fa3" else backend,
+                         jit_args)
         self.use_tensor_cores = bool(use_tensor_cores)
         self._backend = backend
 
@@ -43,8 +46,18 @@ class BatchDecodeWithPagedKVCacheWrapper(PlanInfoMixin, _d.BatchDecodeWithPagedK
             sinks=sinks, q_len_per_req=q_len_per_req), v_factor)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
-    plan = plan_with_head_dim_check(_d.BatchDecodeWithPagedKVCacheWrapper.plan, 5, "head_dim")
+    def plan(self, *args, **kwargs):
+        """flashkv's plan(), with FlashInfer 0.6's rule that multi-token decode (q_len_per_req >
+        1) needs use_tensor_cores=True (flashkv runs it on its prefill path either way)."""
+        if int(kwargs.get("q_len_per_req", 1)) > 1 and not self.use_tensor_cores:
+            raise ValueError("q_len_per_req > 1 requires tensor-core decode (use_tensor_cores="
+                             "True), as in FlashInfer 0.6")
+        return _checked_plan(self, *args, **kwargs)
+
     begin_forward = plan
+
+
+_checked_plan = plan_with_head_dim_check(_d.BatchDecodeWithPagedKVCacheWrapper.plan, 5, "head_dim")
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
