@@ -256,6 +256,10 @@ def plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type=None):
     q = A.dtype_name("float16" if q_data_type is None else q_data_type)
     kv = q if kv_data_type is None else A.dtype_name(kv_data_type)
     o = q if o_data_type is None else A.dtype_name(o_data_type)
+    if q in A.FP8_DTYPES:
+        raise NotImplementedError(
+            f"q_data_type={q_data_type!r}: FP8 queries are not implemented by flashkv yet (fp8 KV "
+            f"caches are, with float16 / bfloat16 queries; issue 43)")
     if o != q and o not in A.FP8_DTYPES:  # fp8 outputs: the C++ check's ValueError
         raise NotImplementedError(
             f"o_data_type={o_data_type!r}: flashkv's kernels write the output in q's dtype "

@@ -73,7 +73,7 @@ def plan(wrapper, n, indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
             raise ValueError(
                 f"q_len_per_req={n} requires kv_len >= q_len_per_req for every request (the new "
                 f"tokens are in the cache); request {int(short[0])} has kv_len "
-                f"{int(kv_lens[short[0]])}")
+                f"{int(kv_lens[short[0]])}: its first tokens would attend to an empty KV range")
     if data_type is not None:  # FlashInfer's deprecated spelling for q and kv at once
         q_data_type = data_type if q_data_type is None else q_data_type
         kv_data_type = data_type if kv_data_type is None else kv_data_type

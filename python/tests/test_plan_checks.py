@@ -39,6 +39,9 @@ def test_output_dtype_other_than_q_is_not_implemented(fw):
     with pytest.raises(NotImplementedError, match="o_data_type='float32'"):
         w.plan(cache.indptr, cache.indices, cache.last_page_len, 4, 2, 64, 4,
                o_data_type="float32")
+    with pytest.raises(NotImplementedError, match="FP8 queries"):
+        w.plan(cache.indptr, cache.indices, cache.last_page_len, 4, 2, 64, 4,
+               q_data_type="float8_e4m3fn", kv_data_type="float8_e4m3fn")
     p = flashkv.BatchPrefillWithRaggedKVCacheWrapper(to_fw(WS, fw))
     with pytest.raises(NotImplementedError, match="o_data_type"):
         p.plan(np.array([0, 1], np.int32), np.array([0, 3], np.int32), 4, 2, 64,

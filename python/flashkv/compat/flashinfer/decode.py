@@ -52,6 +52,9 @@ class BatchDecodeWithPagedKVCacheWrapper(PlanInfoMixin, _d.BatchDecodeWithPagedK
         if int(kwargs.get("q_len_per_req", 1)) > 1 and not self.use_tensor_cores:
             raise ValueError("q_len_per_req > 1 requires tensor-core decode (use_tensor_cores="
                              "True), as in FlashInfer 0.6")
+        if int(kwargs.get("q_len_per_req", 1)) > 1 and self._backend == "fa3":
+            raise NotImplementedError("q_len_per_req > 1 is supported on the fa2 / auto "
+                                      "backends, not fa3 (as in FlashInfer 0.6)")
         return _checked_plan(self, *args, **kwargs)
 
     begin_forward = plan
