@@ -44,6 +44,8 @@ fi
 "${PIP[@]}" install --no-index --find-links "$WORK/wheels" \
   "$WORK/wheels"/flashkv-*.whl >>"$LOGS/wheel-install.log" 2>&1 \
   || { tail -n 30 "$LOGS/wheel-install.log"; echo "gpu-test-wheel: pip install FAILED"; exit 1; }
+# nvidia-cuda-nvrtc may also come from the machine's site-packages (PyTorch's CUDA wheels depend on
+# it): the venv sees them, so pip installs it from WHEEL_DIR only where it is missing.
 # PATH without the toolkit's directories.
 CLEAN_PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vi cuda | paste -sd: -)
 HIDE=()  # each toolkit directory once (/usr/local/cuda is usually a link to /usr/local/cuda-13.0)
@@ -68,7 +70,9 @@ venv = os.path.realpath(sys.argv[1])
 print("torch", torch.__version__, "cuda", torch.cuda.is_available())
 print("flashkv", os.path.realpath(flashkv.__file__), "\nNVRTC", flashkv.nvrtc_library())
 assert os.path.realpath(flashkv.__file__).startswith(venv), "flashkv is not the venv's"
-assert "site-packages" in os.path.realpath(flashkv.nvrtc_library()), "NVRTC is not a wheel's"
+nvrtc = os.path.realpath(flashkv.nvrtc_library())
+# pip's folder is site-packages, or dist-packages under Debian's system python
+assert any(d in nvrtc for d in ("/site-packages/", "/dist-packages/")), "NVRTC is not a wheel's"
 PY
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu-test-wheel: environment check FAILED"; exit 1; }
 "${RUNNER[@]}" "$WORK/venv/bin/python" -m pytest -v -p no:cacheprovider -rs \
