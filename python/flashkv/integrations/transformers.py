@@ -120,11 +120,41 @@ class AdapterStats:
     call_s: float = 0.0  # host time of all calls, plans included
     paths: dict = field(default_factory=dict)  # calls per path: decode / prefill / ragged / gather
     groups: set = field(default_factory=set)  # the engine's layer groups planned (paged form)
+    # Per path: [calls, plans, host s of all its calls, host s of its planning calls' plans].
+    by_path: dict = field(default_factory=dict)
 
-    def per_call_us(self) -> float:
-        """Host microseconds per reused-plan call (the per-layer overhead)."""
-        reuse = self.calls - self.plans
-        return 1e6 * (self.call_s - self.plan_s) / reuse if reuse > 0 else 0.0
+    def per_call_us(self, path=None) -> float:
+        """Host microseconds per reused-plan call (the per-layer overhead), of all calls or of
+        one path's."""
+        if path is None:
+            calls, plans, call_s, plan_s = self.calls, self.plans, self.call_s, self.plan_s
+        else:
+            calls, plans, call_s, plan_s = self.by_path.get(path, (0, 0, 0.0, 0.0))
+        reuse = calls - plans
+        return 1e6 * (call_s - plan_s) / reuse if reuse > 0 else 0.0
+
+    def plan_us(self, path=None) -> float:
+        """Host microseconds per plan (the planning layer's call up to its run), all or one
+        path's."""
+        plans, plan_s = ((self.plans, self.plan_s) if path is None
+                         else self.by_path.get(path, (0, 0, 0.0, 0.0))[1::2])
+        return 1e6 * plan_s / plans if plans else 0.0
+
+    def record(self, path, t_call, t_plan=None):
+        """One call of `path` that took t_call s, t_plan of them planning (None: reused)."""
+        self.calls += 1
+        self.call_s += t_call
+        self.paths[path] = self.paths.get(path, 0) + 1
+        rec = self.by_path.get(path)
+        if rec is None:
+            rec = self.by_path[path] = [0, 0, 0.0, 0.0]
+        rec[0] += 1
+        rec[2] += t_call
+        if t_plan is not None:
+            self.plans += 1
+            self.plan_s += t_plan
+            rec[1] += 1
+            rec[3] += t_plan
 
     def reset(self):
         self.__init__()
@@ -300,19 +330,17 @@ class FlashkvTransformersAttention:
                      sinks is not None)
         objects = (cu_seq_lens_q, cu_seq_lens_k, rindex, windex, read_index, write_index)
         planned = gs.tracker.is_same_step(layer, objects, signature)
+        t_plan = None
         if not planned:
             self._plan_paged(gs, query, k_cache, cache, cu_seq_lens_q, cu_seq_lens_k, rindex,
                              windex, window if sliding else 0, num_qo_heads, num_kv_heads,
                              head_dim, scale, window_left, cap, sinks)
             gs.tracker.new_step(layer, objects, signature)
-            self.stats.plans += 1
             self.stats.groups.add(group)
-            self.stats.plan_s += time.perf_counter() - t0
+            t_plan = time.perf_counter() - t0
         out = self._run_paged(gs, query, key, value, k_cache, v_cache, cache, windex, sinks,
                               module, read_index, write_index)
-        self.stats.calls += 1
-        self.stats.paths[gs.path] = self.stats.paths.get(gs.path, 0) + 1
-        self.stats.call_s += time.perf_counter() - t0
+        self.stats.record(gs.path, time.perf_counter() - t0, t_plan)
         return out, None
 
     def _plan_paged(self, gs, query, k_cache, cache, cu_q, cu_k, rindex, windex, window,
@@ -476,20 +504,18 @@ class FlashkvTransformersAttention:
         signature = (b, h, hkv, sq, skv, d, query.dtype, key.dtype, scale) + vkey
         objects = (mask,) if mask is not None else ()
         layer = int(getattr(module, "layer_idx", 0))
+        t_plan = None
         if not gs.tracker.is_same_step(layer, objects, signature):
             self._plan_plain(gs, query, key, mask, b, h, hkv, sq, skv, d, scale, window_left,
                              cap, sinks)
             gs.tracker.new_step(layer, objects, signature)
-            self.stats.plans += 1
-            self.stats.plan_s += time.perf_counter() - t0
+            t_plan = time.perf_counter() - t0
         if gs.sinks is not None:
             gs.sinks.copy_(sinks.reshape(-1))
         q = query.transpose(1, 2).reshape(b * sq, h, d)  # a view where the projection allows
         pages = (key, value)  # HND pages [B, H_kv, S, D]: page b is batch row b
         out = gs.wrappers[gs.path].run(q, pages)
-        self.stats.calls += 1
-        self.stats.paths[gs.path] = self.stats.paths.get(gs.path, 0) + 1
-        self.stats.call_s += time.perf_counter() - t0
+        self.stats.record(gs.path, time.perf_counter() - t0, t_plan)
         return out.view(b, sq, h, d), None
 
     def _plan_plain(self, gs, query, key, mask, b, h, hkv, sq, skv, d, scale, window_left, cap,
