@@ -13,7 +13,9 @@ Two depths of stubbing (--mode):
            before the launch. Host tensors stand in for CUDA ones, so the current-stream lookup
            and the CUDA allocator are not in it (each ~1 µs).
 
-Caches (--cache): the model dtype or e4m3 (register(kv_cache_dtype="e4m3")). Context (--prompt):
+Host time is this thread's CPU time (--clock thread, the default: other processes on a shared
+machine do not count; --clock wall: perf_counter, as the serving benchmark reads it). Caches
+(--cache): the model dtype or e4m3 (register(kv_cache_dtype="e4m3")). Context (--prompt):
 each request's prompt tokens; the per-layer numbers should not move with it (issue 38), the
 plan's do (its page table grows with the context). Default: mode python, both caches, prompts
 of 40 and 1000 tokens, one line each (one mode per process: run it again with --mode adapter).
@@ -25,6 +27,7 @@ Needs torch, transformers and psutil; no GPU (NOTES "transformers integration").
 import argparse
 import json
 import time
+import types
 
 import torch
 
@@ -82,6 +85,9 @@ class _CNoAppend:
 
 
 _HOOKS = {}
+# The adapter's stats clock: this thread's CPU time by default, so that other processes on a
+# shared machine do not count (--clock wall: time.perf_counter, as in a serving run).
+_CLOCK = [types.SimpleNamespace(perf_counter=time.thread_time)]
 
 
 def _install(mode):
@@ -120,6 +126,7 @@ def _stub(impl, mode):
 
 def measure(mode, cache, prompt, requests, new_tokens, layers=32, dtype=torch.bfloat16):
     _install(mode)
+    fkv_tf.time = _CLOCK[0]
     name = f"fkvo{len(fkv_tf._REGISTERED)}"
     impl = fkv_tf.register(name, kv_cache_dtype=None if cache == "model" else cache)
     _stub(impl, mode)
@@ -156,8 +163,11 @@ def main():
     p.add_argument("--prompt", type=int, nargs="*")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=30)
+    p.add_argument("--clock", choices=("thread", "wall"), default="thread")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.clock == "wall":
+        _CLOCK[0] = time
     rows = []
     modes = args.mode or ["python"]
     if len(modes) > 1:
