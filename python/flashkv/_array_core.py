@@ -222,6 +222,10 @@ def host_i32(x, name: str) -> np.ndarray:
 def index_i32(x, name: str):
     """An index array as flashkv._C takes it, where it lives: contiguous int32 on the device for
     a CUDA array (device_i32), a host int32 NumPy array otherwise (host_i32)."""
+    fast = _TORCH_FAST[0] if _TORCH_FAST else None
+    if (fast is not None and type(x) is fast.tensor and x.is_cuda and x.dtype is fast.int32
+            and x.is_contiguous()):
+        return x  # what device_i32 returns for it, without the two no-op conversions
     return device_i32(x) if is_cuda(x) else host_i32(x, name)
 
 
@@ -334,6 +338,7 @@ class _TorchFast(NamedTuple):
     fp8: dict
     uint8: object
     current_device: object
+    int32: object
 
 
 _TORCH_FAST = []  # [_TorchFast] once a torch tensor has been seen (flashkv never imports torch)
@@ -348,7 +353,7 @@ def _init_torch_fast():
            (("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2")) if hasattr(torch, name)}
     current = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
     _TORCH_FAST.append(_TorchFast(torch.Tensor, torch.strided, torch._C._to_dlpack, fp8,
-                                  torch.uint8, current))
+                                  torch.uint8, current, torch.int32))
 
 
 def _dl_torch(x):

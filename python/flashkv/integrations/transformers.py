@@ -445,8 +445,10 @@ class FlashkvTransformersAttention:
         torch = _torch()
         table = gs.table
         n = table.num_q_tokens
-        q = query[0].transpose(0, 1)  # [T, H, D], a view of the engine's [T, H, D] projection
-        k_all, v_all = key[0].transpose(0, 1), value[0].transpose(0, 1)
+        # [T, H, D] views of the engine's [1, H, T, D] transposes of its projections (select:
+        # what [0] does, without the indexing parser)
+        q = query.select(0, 0).transpose(0, 1)
+        k_all, v_all = key.select(0, 0).transpose(0, 1), value.select(0, 0).transpose(0, 1)
         if gs.sinks is not None:
             gs.sinks.copy_(sinks.reshape(-1))  # this layer's sinks, read when the kernel runs
         if not q.is_contiguous():
@@ -498,7 +500,9 @@ class FlashkvTransformersAttention:
         torch = _torch()
         for dst, src, scale in ((k_cache, k_new, self.k_scale), (v_cache, v_new, self.v_scale)):
             if dst.dtype != src.dtype:
-                src = (src.float() / scale).to(dst.dtype)
+                # float(x) / scale rounded to the fp8 type; at scale 1 the cast alone (torch
+                # converts 16-bit floats to fp8 through float32: the same bits, one kernel)
+                src = (src.float() / scale).to(dst.dtype) if scale != 1.0 else src.to(dst.dtype)
                 dst, src = dst.view(torch.uint8), src.view(torch.uint8)
             dst.index_copy_(0, windex, src)
 
