@@ -16,9 +16,10 @@ Two depths of stubbing (--mode):
 --replay N (default 100) then replays the first whole step of each path N times and reports the
 medians (per reused-plan call, and the planning call): the same code with warm caches, far less
 noisy than the generation's means, in which the model's CPU matmuls between the layer calls
-evict the caches (on a GPU host they are launches). Host time is this thread's CPU time (--clock thread, the default: other processes on a shared
-machine do not count; --clock wall: perf_counter, as the serving benchmark reads it). Caches
-(--cache): the model dtype or e4m3 (register(kv_cache_dtype="e4m3")). Context (--prompt):
+evict the caches (on a GPU host they are launches). Host time is this thread's CPU time
+(--clock thread, the default: other processes on a shared machine do not count; --clock wall:
+perf_counter, as the serving benchmark reads it). Caches (--cache): the model dtype (bfloat16)
+or e4m3 (register(kv_cache_dtype="e4m3")). Context (--prompt):
 each request's prompt tokens; the per-layer numbers should not move with it (issue 38), the
 plan's do (its page table grows with the context). Default: mode python, both caches, prompts
 of 40 and 1000 tokens, one line each (one mode per process: run it again with --mode adapter).
