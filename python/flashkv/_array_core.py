@@ -11,6 +11,8 @@ which re-exports them beside the route to the torch custom ops (so _arrays can l
 without an import cycle; python/tests/test_import_graph.py checks).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import _C
@@ -85,14 +87,20 @@ def array_dtype(x) -> str:
     return dtype_name(x.dtype)
 
 
+_RAW_STREAM = []  # [torch._C._cuda_getCurrentRawStream or None], at the first torch CUDA array
+_TORCH_DTYPES = {}  # flashkv name -> torch dtype, filled at the first torch allocation
+
+
 def framework_dtype(like, name: str):
     """The dtype object of `like`'s framework for flashkv dtype `name` ("i32" too)."""
     fw = framework(like)
     if fw == "torch":
-        import torch
+        if not _TORCH_DTYPES:
+            import torch
 
-        return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
-                "i32": torch.int32}[name]
+            _TORCH_DTYPES.update(f16=torch.float16, bf16=torch.bfloat16, f32=torch.float32,
+                                 i32=torch.int32)
+        return _TORCH_DTYPES[name]
     if name != "i32" and name == array_dtype(like):
         return like.dtype
     if name in _NUMPY_DTYPES:
@@ -107,9 +115,8 @@ def empty(like, shape, dtype=None):
     dt = like.dtype if dtype is None else framework_dtype(like, dtype)
     fw = framework(like)
     if fw == "torch":
-        import torch
-
-        return torch.empty(shape, dtype=dt, device=like.device)
+        # torch.empty(shape, dtype=dt, device=like.device), without building a device object
+        return like.new_empty(shape, dtype=dt)
     if fw == "numpy":
         return np.empty(shape, dtype=dt)
     if fw == "cupy":
@@ -175,6 +182,15 @@ def cuda_stream(x, stream=None) -> int:
         return 0
     fw = framework(x)
     if fw == "torch":
+        if not _RAW_STREAM:
+            import torch
+
+            # torch.cuda.current_stream(device).cuda_stream builds a Stream object per call;
+            # the raw handle of the same stream is one call (inductor's get_raw_stream).
+            _RAW_STREAM.append(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+        raw = _RAW_STREAM[0]
+        if raw is not None:
+            return raw(x.get_device())
         import torch
 
         return torch.cuda.current_stream(x.device).cuda_stream
@@ -206,6 +222,10 @@ def host_i32(x, name: str) -> np.ndarray:
 def index_i32(x, name: str):
     """An index array as flashkv._C takes it, where it lives: contiguous int32 on the device for
     a CUDA array (device_i32), a host int32 NumPy array otherwise (host_i32)."""
+    fast = _TORCH_FAST[0] if _TORCH_FAST else None
+    if (fast is not None and type(x) is fast.tensor and x.is_cuda and x.dtype is fast.int32
+            and x.is_contiguous()):
+        return x  # what device_i32 returns for it, without the two no-op conversions
     return device_i32(x) if is_cuda(x) else host_i32(x, name)
 
 
@@ -272,20 +292,79 @@ def dl(x):
 
     fp8 arrays (torch float8_e4m3fn / float8_e5m2 tensors, NumPy arrays of ml_dtypes' float8
     types) go as a uint8 view retyped by flashkv._C.fp8_view (DLPack codes 10 / 12): PyTorch
-    releases before DLPack 1.1 refuse to export float8, and NumPy cannot; no copy either way."""
+    releases before DLPack 1.1 refuse to export float8, and NumPy cannot; no copy either way.
+
+    Per layer an engine passes ~25 arguments through here, so the common cases are cheap: Python
+    scalars by type, a plain torch.Tensor straight to torch's legacy exporter (what its
+    __dlpack__(stream=-1) calls after its checks, which are made here too: a tensor that would
+    fail them takes __dlpack__ and raises its error); a NumPy dtype's name only for user-defined
+    dtypes (ml_dtypes')."""
+    t = type(x)
+    if t in _PLAIN_TYPES:
+        return x
+    fast = _TORCH_FAST[0] if _TORCH_FAST else None
+    if fast is not None and t is fast.tensor:
+        if (x.layout is fast.strided and not x.is_conj()
+                and (not x.is_cuda or x.get_device() == fast.current_device())):
+            fp8 = fast.fp8.get(x.dtype)
+            if fp8 is not None:
+                return _C.fp8_view(fast.to_dlpack(x.view(fast.uint8)), fp8)
+            return fast.to_dlpack(x)
+        return _dl_torch(x)
+    if t is np.ndarray:
+        if x.dtype.num >= 256:  # a user-defined dtype (NPY_USERDEF): ml_dtypes' are
+            fp8 = _FP8_ARRAY_DTYPES.get(x.dtype.name)
+            if fp8 is not None:
+                return _C.fp8_view(x.view(np.uint8), fp8)
+        return x
     fw = framework(x)
     if fw == "torch" and hasattr(x, "__dlpack__"):
-        fp8 = _FP8_ARRAY_DTYPES.get(str(x.dtype))
-        if fp8 is not None:
-            import torch
-
-            return _C.fp8_view(x.detach().view(torch.uint8).__dlpack__(stream=-1), fp8)
-        return x.detach().__dlpack__(stream=-1)
+        _init_torch_fast()
+        return _dl_torch(x)
     if fw == "numpy" and isinstance(x, np.ndarray):
         fp8 = _FP8_ARRAY_DTYPES.get(x.dtype.name)
         if fp8 is not None:
             return _C.fp8_view(x.view(np.uint8), fp8)
     return x
+
+
+_PLAIN_TYPES = frozenset((int, float, bool, str, type(None)))
+
+
+class _TorchFast(NamedTuple):
+    tensor: type
+    strided: object
+    to_dlpack: object
+    fp8: dict
+    uint8: object
+    current_device: object
+    int32: object
+
+
+_TORCH_FAST = []  # [_TorchFast] once a torch tensor has been seen (flashkv never imports torch)
+
+
+def _init_torch_fast():
+    if _TORCH_FAST:
+        return
+    import torch
+
+    fp8 = {getattr(torch, name): code for name, code in
+           (("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2")) if hasattr(torch, name)}
+    current = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    _TORCH_FAST.append(_TorchFast(torch.Tensor, torch.strided, torch._C._to_dlpack, fp8,
+                                  torch.uint8, current, torch.int32))
+
+
+def _dl_torch(x):
+    """dl() of any torch tensor through its __dlpack__ (subclasses, and tensors whose export
+    torch refuses: its BufferError)."""
+    fp8 = _FP8_ARRAY_DTYPES.get(str(x.dtype))
+    if fp8 is not None:
+        import torch
+
+        return _C.fp8_view(x.detach().view(torch.uint8).__dlpack__(stream=-1), fp8)
+    return x.detach().__dlpack__(stream=-1)
 
 
 def call(fn, *args, **kwargs):

@@ -144,6 +144,19 @@ def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale"
     ValueError naming the argument otherwise."""
     if k_scale is None and v_scale is None:
         return NO_SCALE
+    # Float (or None) scales: the checked KVScale is a function of the scales' types and values
+    # and the cache's dtype, so it is kept (an engine passes the same scales on every layer).
+    # Arrays are checked every call (their device and shape belong to the array).
+    memo = None
+    if type(k_scale) in _SCALAR_SCALES and type(v_scale) in _SCALAR_SCALES:
+        memo = (type(k_scale), k_scale, type(v_scale), v_scale, getattr(cache, "dtype", None),
+                names)
+        try:
+            hit = _SCALE_MEMO.get(memo)
+        except TypeError:  # an unhashable dtype object: no memo
+            hit, memo = None, None
+        if hit is not None:
+            return hit
     try:
         dtype = A.array_dtype(cache)
     except ValueError:  # a cache dtype flashkv does not take: the op says so
@@ -151,7 +164,14 @@ def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale"
     fp8 = dtype in A.FP8_DTYPES
     kf, kt = _scale(names[0], k_scale, "k", fp8, dtype, cache, num_kv_heads)
     vf, vt = _scale(names[1], v_scale, "v", fp8, dtype, cache, num_kv_heads)
-    return KVScale(kf, vf, kt, vt)
+    scale = KVScale(kf, vf, kt, vt)
+    if memo is not None and len(_SCALE_MEMO) < 256:
+        _SCALE_MEMO[memo] = scale
+    return scale
+
+
+_SCALAR_SCALES = (float, int, type(None))  # exact types (not bool, not NumPy scalars)
+_SCALE_MEMO = {}  # (types, values, cache dtype, names) -> KVScale of a passed check
 
 
 def _where(x) -> str:

@@ -220,7 +220,12 @@ def bench_impl(model, impl, workloads, rates, args, adapters, emit):
                     row.update(adapter_plans=st.plans, adapter_calls=st.calls,
                                adapter_plan_us_per_step=1e6 * st.plan_s / max(st.plans, 1),
                                adapter_call_us_per_layer=st.per_call_us(),
-                               adapter_paths=dict(st.paths))
+                               adapter_paths=dict(st.paths),
+                               # per path: host µs per reused-plan call and per plan
+                               adapter_us_by_path={
+                                   p: dict(call=round(st.per_call_us(p), 1),
+                                           plan=round(st.plan_us(p), 1))
+                                   for p in sorted(st.paths)})
                 emit(row)
         if args.profile:
             w = workloads[0]

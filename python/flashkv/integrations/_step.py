@@ -35,6 +35,7 @@ class StepTracker:
     def __init__(self):
         self._objects = ()  # the metadata objects of the planned step, kept alive
         self._versions = ()
+        self._versioned = ()  # those of them that count versions (tensors), in order
         self._signature = ()
         self._served = set()
         self.steps = 0  # plans made (tests and the overhead report read it)
@@ -43,21 +44,28 @@ class StepTracker:
         """True when ``objects`` (the step's metadata: index tensors, lists) are the planned
         step's, ``signature`` (shapes, options: compared by value) is the planned one and
         ``layer`` has not been served since; records ``layer`` as served."""
-        objects = tuple(objects)
-        same = (signature == self._signature
-                and len(objects) == len(self._objects)
-                and all(a is b for a, b in zip(objects, self._objects))
-                and tuple(_version(o) for o in objects) == self._versions
-                and layer not in self._served)
-        if same:
-            self._served.add(layer)
-        return same
+        planned = self._objects
+        if (layer in self._served or signature != self._signature
+                or len(objects) != len(planned)):
+            return False
+        for a, b in zip(objects, planned):
+            if a is not b:
+                return False
+        # The same objects as at plan time, so the same ones count versions; each must still
+        # be at the version the plan read (an in-place refill moves it).
+        for o, v in zip(self._versioned, self._versions):
+            if _version(o) != v:
+                return False
+        self._served.add(layer)
+        return True
 
     def new_step(self, layer, objects, signature=()):
         """Record that a plan was made for ``objects`` and ``signature`` at ``layer``."""
         self._signature = signature
         self._objects = tuple(objects)
-        self._versions = tuple(_version(o) for o in self._objects)
+        versions = [(o, _version(o)) for o in self._objects]
+        self._versioned = tuple(o for o, v in versions if v is not None)
+        self._versions = tuple(v for _, v in versions if v is not None)
         self._served = {layer}
         self.steps += 1
 

@@ -120,11 +120,41 @@ class AdapterStats:
     call_s: float = 0.0  # host time of all calls, plans included
     paths: dict = field(default_factory=dict)  # calls per path: decode / prefill / ragged / gather
     groups: set = field(default_factory=set)  # the engine's layer groups planned (paged form)
+    # Per path: [calls, plans, host s of all its calls, host s of its planning calls' plans].
+    by_path: dict = field(default_factory=dict)
 
-    def per_call_us(self) -> float:
-        """Host microseconds per reused-plan call (the per-layer overhead)."""
-        reuse = self.calls - self.plans
-        return 1e6 * (self.call_s - self.plan_s) / reuse if reuse > 0 else 0.0
+    def per_call_us(self, path=None) -> float:
+        """Host microseconds per reused-plan call (the per-layer overhead), of all calls or of
+        one path's."""
+        if path is None:
+            calls, plans, call_s, plan_s = self.calls, self.plans, self.call_s, self.plan_s
+        else:
+            calls, plans, call_s, plan_s = self.by_path.get(path, (0, 0, 0.0, 0.0))
+        reuse = calls - plans
+        return 1e6 * (call_s - plan_s) / reuse if reuse > 0 else 0.0
+
+    def plan_us(self, path=None) -> float:
+        """Host microseconds per plan (the planning layer's call up to its run), all or one
+        path's."""
+        plans, plan_s = ((self.plans, self.plan_s) if path is None
+                         else self.by_path.get(path, (0, 0, 0.0, 0.0))[1::2])
+        return 1e6 * plan_s / plans if plans else 0.0
+
+    def record(self, path, t_call, t_plan=None):
+        """One call of `path` that took t_call s, t_plan of them planning (None: reused)."""
+        self.calls += 1
+        self.call_s += t_call
+        self.paths[path] = self.paths.get(path, 0) + 1
+        rec = self.by_path.get(path)
+        if rec is None:
+            rec = self.by_path[path] = [0, 0, 0.0, 0.0]
+        rec[0] += 1
+        rec[2] += t_call
+        if t_plan is not None:
+            self.plans += 1
+            self.plan_s += t_plan
+            rec[1] += 1
+            rec[3] += t_plan
 
     def reset(self):
         self.__init__()
@@ -168,6 +198,9 @@ class FlashkvTransformersAttention:
         # Per engine cache: {layer group: _GroupStep}. Weak: a stopped manager's cache (GBs) and
         # the plans over it go when the engine drops it.
         self._per_cache = weakref.WeakKeyDictionary()
+        # The last cache seen and its groups (one weak dictionary lookup per step, not per
+        # layer); cleared when that cache goes, so it keeps nothing alive.
+        self._last = ()
         self._plain = {}  # variant key -> _GroupStep for the plain (non-paged) form
 
     # ------------------------------------------------------------------ shared checks
@@ -238,6 +271,18 @@ class FlashkvTransformersAttention:
             groups = self._per_cache[cache] = {}
         return groups
 
+    def _groups_fast(self, cache):
+        last = self._last
+        if last and last[0]() is cache:
+            return last[1]
+        groups = self._groups_of(cache)
+        self._last = (weakref.ref(cache, self._drop_last), groups)
+        return groups
+
+    def _drop_last(self, ref):
+        if self._last and self._last[0] is ref:
+            self._last = ()
+
     def layer_groups(self, cache):
         """The layer groups planned so far over ``cache`` (tests, diagnostics)."""
         return sorted(self._per_cache.get(cache, {}))
@@ -287,41 +332,42 @@ class FlashkvTransformersAttention:
         if sliding and window_left != window - 1:
             raise ValueError(f"sliding_window: the layer says {window_left + 1}, the cache "
                              f"{window} (layer {layer})")
-        groups = self._groups_of(cache)
+        groups = self._groups_fast(cache)
         gs = groups.get(group)
         if gs is None:
             gs = groups[group] = _GroupStep()
         k_cache, v_cache = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]
-        if k_cache.data_ptr() not in gs.checked_layouts:  # once per layer's cache tensors
+        k_ptr = k_cache.data_ptr()
+        if k_ptr not in gs.checked_layouts:  # once per layer's cache tensors
             _check_paged_layout(k_cache, v_cache, int(cache.block_size), num_kv_heads, head_dim)
-            gs.checked_layouts.add(k_cache.data_ptr())
+            gs.checked_layouts.add(k_ptr)
         rindex, windex = read_index[group], write_index[group]
         signature = (num_qo_heads, num_kv_heads, head_dim, query.dtype, scale, window_left, cap,
                      sinks is not None)
         objects = (cu_seq_lens_q, cu_seq_lens_k, rindex, windex, read_index, write_index)
         planned = gs.tracker.is_same_step(layer, objects, signature)
+        t_plan = None
         if not planned:
             self._plan_paged(gs, query, k_cache, cache, cu_seq_lens_q, cu_seq_lens_k, rindex,
                              windex, window if sliding else 0, num_qo_heads, num_kv_heads,
                              head_dim, scale, window_left, cap, sinks)
             gs.tracker.new_step(layer, objects, signature)
-            self.stats.plans += 1
             self.stats.groups.add(group)
-            self.stats.plan_s += time.perf_counter() - t0
-        out = self._run_paged(gs, query, key, value, k_cache, v_cache, cache, windex, sinks,
-                              module, read_index, write_index)
-        self.stats.calls += 1
-        self.stats.paths[gs.path] = self.stats.paths.get(gs.path, 0) + 1
-        self.stats.call_s += time.perf_counter() - t0
+            t_plan = time.perf_counter() - t0
+        out = self._run_paged(gs, query, key, value, k_cache, v_cache, k_ptr, cache, windex,
+                              sinks, module, read_index, write_index)
+        self.stats.record(gs.path, time.perf_counter() - t0, t_plan)
         return out, None
 
     def _plan_paged(self, gs, query, k_cache, cache, cu_q, cu_k, rindex, windex, window,
                     num_qo_heads, num_kv_heads, head_dim, scale, window_left, cap, sinks):
         torch = _torch()
         device = query.device
-        # One D2H copy of the step's lengths (the engine keeps them on the device only).
-        cu_q_h = cu_q.to("cpu", torch.int64).numpy()
-        cu_k_h = cu_k.to("cpu", torch.int64).numpy()
+        # One D2H copy of the step's lengths (the engine keeps them on the device only): both
+        # arrays in one transfer (each copy waits for the device).
+        n_q = int(cu_q.numel())
+        both = torch.cat((cu_q.reshape(-1), cu_k.reshape(-1))).to("cpu", torch.int64).numpy()
+        cu_q_h, cu_k_h = both[:n_q], both[n_q:]
         n_reads = int(rindex.numel())
         sinks_buf = self._sinks_buffer(gs, sinks, device)
         extra = self.backend.variant_kwargs(sinks_buf)
@@ -358,16 +404,29 @@ class FlashkvTransformersAttention:
                                 windex[: table.num_q_tokens])
             kv_indices = idx.to(torch.int32)
         else:
-            starts = torch.from_numpy(table.page_starts).to(device, non_blocking=True)
-            kv_indices = (rindex.index_select(0, starts) // page_size).to(torch.int32)
-            if self.backend.name == "flashkv" or device.type == "cuda":
-                bi = np.repeat(np.arange(table.batch, dtype=np.int32), table.qo_lens)
+            # The page starts and, where the step appends with flashkv's append (not decode
+            # steps on flashkv: run_step appends), the append's arrays: one H2D copy of them
+            # all (int32), viewed per array on the device.
+            parts = [table.page_starts.astype(np.int32)]
+            appends = page_size > 1 and not (table.decode_only and self.backend.name == "flashkv")
+            if appends:
+                qo_lens = table.qo_lens
+                bi = np.repeat(np.arange(table.batch, dtype=np.int32), qo_lens)
                 pos = (np.arange(table.num_q_tokens)
-                       - np.repeat(table.qo_indptr[:-1], table.qo_lens)
-                       + np.repeat(table.kv_lens - table.qo_lens, table.qo_lens))
-                gs.dev.update(batch_idx=i32(bi).to(device), positions=i32(pos).to(device),
-                              kv_indptr=i32(table.kv_indptr).to(device),
-                              last=i32(table.last_page_len).to(device))
+                       - np.repeat(table.qo_indptr[:-1], qo_lens)
+                       + np.repeat(table.kv_lens - qo_lens, qo_lens))
+                parts += [bi, pos, table.kv_indptr, table.last_page_len]
+            host = np.concatenate(parts).astype(np.int32, copy=False)
+            dev = torch.from_numpy(host).to(device, non_blocking=True)
+            gs.dev["host"] = host  # alive until the next plan (the copy reads it)
+            views, at = [], 0
+            for a in parts:
+                views.append(dev[at:at + a.shape[0]])
+                at += a.shape[0]
+            kv_indices = (rindex.index_select(0, views[0]) // page_size).to(torch.int32)
+            if appends:
+                gs.dev.update(batch_idx=views[1], positions=views[2], kv_indptr=views[3],
+                              last=views[4])
         gs.dev["kv_indices"] = kv_indices
         if table.decode_only:
             gs.path = "decode"
@@ -381,53 +440,54 @@ class FlashkvTransformersAttention:
                    i32(table.last_page_len), num_qo_heads, num_kv_heads, head_dim, page_size,
                    causal=True, **common)
 
-    def _run_paged(self, gs, query, key, value, k_cache, v_cache, cache, windex, sinks, module,
-                   read_index, write_index):
+    def _run_paged(self, gs, query, key, value, k_cache, v_cache, k_ptr, cache, windex, sinks,
+                   module, read_index, write_index):
         torch = _torch()
         table = gs.table
         n = table.num_q_tokens
-        q = query[0].transpose(0, 1)  # [T, H, D], a view of the engine's [T, H, D] projection
-        k_new, v_new = key[0].transpose(0, 1), value[0].transpose(0, 1)
+        # [T, H, D] views of the engine's [1, H, T, D] transposes of its projections (select:
+        # what [0] does, without the indexing parser)
+        q = query.select(0, 0).transpose(0, 1)
+        k_all, v_all = key.select(0, 0).transpose(0, 1), value.select(0, 0).transpose(0, 1)
         if gs.sinks is not None:
             gs.sinks.copy_(sinks.reshape(-1))  # this layer's sinks, read when the kernel runs
         if not q.is_contiguous():
             q = q.contiguous()
         padded = n != q.shape[0]  # static shapes pad the query rows; else no slicing (views cost)
         q_all = q
+        k_new, v_new = k_all, v_all
         if padded:
-            q, k_new, v_new = q[:n], k_new[:n], v_new[:n]
+            q, k_new, v_new = q[:n], k_all[:n], v_all[:n]
         path = gs.path
         if path == "gather":
             kg, vg = cache.update(key, value, module.layer_idx, read_index, write_index)
             out = gs.wrappers["ragged"].run(q, kg, vg)
         elif path == "ragged":
             # The engine's write takes every row (its write index has trash slots for padding).
-            self._write_kv_engine(k_cache, v_cache, windex, key[0].transpose(0, 1),
-                                  value[0].transpose(0, 1))
+            self._write_kv_engine(k_cache, v_cache, windex, k_all, v_all)
             out = gs.wrappers["ragged"].run(q, k_new.contiguous(), v_new.contiguous())
         else:
             ps = table.page_size
-            pages = gs.pages.get(k_cache.data_ptr())
+            pages = gs.pages.get(k_ptr)
             if pages is None or pages[0].shape[1] != ps:  # the layer's cache as pages: views, once
                 hkv, d = k_cache.shape[-2], k_cache.shape[-1]
                 pages = (k_cache.view(-1, ps, hkv, d), v_cache.view(-1, ps, hkv, d))
-                gs.pages[k_cache.data_ptr()] = pages
+                gs.pages[k_ptr] = pages
             kind = "decode" if path == "decode" else "paged"
             w = gs.wrappers[kind]
+            scales = self._scales
             if ps > 1 and kind == "decode" and self.backend.name == "flashkv":
                 # flashkv's fused decode step: the append of every request's new token and the
                 # attention over the updated pages in one launch.
-                out = w.run_step(q, k_new, v_new, pages, **self._scales)
+                out = w.run_step(q, k_new, v_new, pages, **scales)
             else:
                 if ps == 1:
-                    self._write_kv_engine(k_cache, v_cache, windex, key[0].transpose(0, 1),
-                                          value[0].transpose(0, 1))
+                    self._write_kv_engine(k_cache, v_cache, windex, k_all, v_all)
                 else:
                     dv = gs.dev
                     self.backend.append(k_new, v_new, dv["batch_idx"], dv["positions"], pages,
-                                        dv["kv_indices"], dv["kv_indptr"], dv["last"],
-                                        **self._scales)
-                out = w.run(q, pages, **self._scales)
+                                        dv["kv_indices"], dv["kv_indptr"], dv["last"], **scales)
+                out = w.run(q, pages, **scales)
         if padded:  # padded query rows: zeros, ignored by the engine
             full = torch.zeros_like(q_all)
             full[:n] = out
@@ -440,7 +500,9 @@ class FlashkvTransformersAttention:
         torch = _torch()
         for dst, src, scale in ((k_cache, k_new, self.k_scale), (v_cache, v_new, self.v_scale)):
             if dst.dtype != src.dtype:
-                src = (src.float() / scale).to(dst.dtype)
+                # float(x) / scale rounded to the fp8 type; at scale 1 the cast alone (torch
+                # converts 16-bit floats to fp8 through float32: the same bits, one kernel)
+                src = (src.float() / scale).to(dst.dtype) if scale != 1.0 else src.to(dst.dtype)
                 dst, src = dst.view(torch.uint8), src.view(torch.uint8)
             dst.index_copy_(0, windex, src)
 
@@ -476,20 +538,18 @@ class FlashkvTransformersAttention:
         signature = (b, h, hkv, sq, skv, d, query.dtype, key.dtype, scale) + vkey
         objects = (mask,) if mask is not None else ()
         layer = int(getattr(module, "layer_idx", 0))
+        t_plan = None
         if not gs.tracker.is_same_step(layer, objects, signature):
             self._plan_plain(gs, query, key, mask, b, h, hkv, sq, skv, d, scale, window_left,
                              cap, sinks)
             gs.tracker.new_step(layer, objects, signature)
-            self.stats.plans += 1
-            self.stats.plan_s += time.perf_counter() - t0
+            t_plan = time.perf_counter() - t0
         if gs.sinks is not None:
             gs.sinks.copy_(sinks.reshape(-1))
         q = query.transpose(1, 2).reshape(b * sq, h, d)  # a view where the projection allows
         pages = (key, value)  # HND pages [B, H_kv, S, D]: page b is batch row b
         out = gs.wrappers[gs.path].run(q, pages)
-        self.stats.calls += 1
-        self.stats.paths[gs.path] = self.stats.paths.get(gs.path, 0) + 1
-        self.stats.call_s += time.perf_counter() - t0
+        self.stats.record(gs.path, time.perf_counter() - t0, t_plan)
         return out.view(b, sq, h, d), None
 
     def _plan_plain(self, gs, query, key, mask, b, h, hkv, sq, skv, d, scale, window_left, cap,
