@@ -1,0 +1,234 @@
+// flashkv fuzz: randomized differential testing. Configuration seed, seed + 1, ... (fuzz_config.h)
+// each run on the GPU against the CPU reference (fuzz_gpu.cpp) or, with --cpu-only or without a
+// GPU, through the CPU-only checks (fuzz_cpu.cpp). One line per configuration with its seed; a
+// failure is shrunk and written as a regression file with the command that redraws it. The last
+// line of the output (and of --log) reads exactly "N configurations, F failed".
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli_checks.h"
+#include "commands.h"
+#include "flashkv/device_errors.h"
+#include "flashkv/error.h"
+#include "flashkv/runtime.h"
+#include "fuzz_config.h"
+#include "fuzz_ops.h"
+#include "fuzz_reproducer.h"
+#include "json_out.h"
+
+namespace flashkv::cli {
+namespace {
+
+struct FuzzArgs {
+  uint64_t seed = 1;
+  int64_t count = 1000;
+  double time_limit_s = 0;  // 0: none
+  std::vector<std::string> ops;
+  bool cpu_only = false;
+  std::string log_path, json_path;
+  std::string regressions_dir = "fuzz_regressions";
+  int64_t max_failures = 50;
+  bool quiet = false;
+};
+
+// stdout and the log file, line by line (flushed: a killed run keeps what it printed).
+class Log {
+ public:
+  explicit Log(const std::string& path) {
+    if (!path.empty()) {
+      file_ = std::fopen(path.c_str(), "w");
+      check(file_ != nullptr, "--log: cannot open ", path, " for writing");
+    }
+  }
+  ~Log() {
+    if (file_) std::fclose(file_);
+  }
+  Log(const Log&) = delete;
+  Log& operator=(const Log&) = delete;
+  void line(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
+    char buf[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    std::printf("%s\n", buf);
+    std::fflush(stdout);
+    if (file_) {
+      std::fprintf(file_, "%s\n", buf);
+      std::fflush(file_);
+    }
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+void run_fuzz(const FuzzArgs& a) {
+  std::vector<FuzzOp> ops;
+  for (const auto& name : a.ops) ops.push_back(parse_fuzz_op(name));
+  const std::string ops_arg = join(a.ops, " ");
+  const bool gpu = !a.cpu_only && cuda_available();
+  Log log(a.log_path);
+  if (gpu) {
+    const DeviceInfo d = device_info();
+    log.line("flashkv fuzz: seeds %llu..%llu on %s (%s), each against the CPU reference",
+             static_cast<unsigned long long>(a.seed),
+             static_cast<unsigned long long>(a.seed + a.count - 1), d.name.c_str(), d.arch.c_str());
+    check_device_errors();  // allocates the device-error record before any graph capture
+  } else {
+    if (a.cpu_only)
+      log.line("flashkv fuzz --cpu-only: CPU-ONLY, no GPU kernel is checked.");
+    else
+      log.line("No CUDA GPU (%s): CPU-ONLY, NO GPU KERNEL IS CHECKED.",
+               cuda_unavailable_reason().c_str());
+    log.line(
+        "Runs the CPU-only subset: plan checks, scheduler invariants, and the CPU reference\n"
+        "against a second path of itself; run `flashkv fuzz` on a GPU machine to check kernels.");
+  }
+  const DrawLimits limits{.cpu_only = !gpu};
+  const FuzzRunner runner = gpu ? FuzzRunner(run_on_gpu) : FuzzRunner(run_on_cpu);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  int64_t done = 0, failed = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> per_op;  // op: (count, failed)
+  nlohmann::json failures = nlohmann::json::array();
+  std::string stopped;
+  for (int64_t i = 0; i < a.count; ++i) {
+    if (a.time_limit_s > 0 && elapsed() >= a.time_limit_s) {
+      stopped =
+          "time limit of " + std::to_string(static_cast<int64_t>(a.time_limit_s)) + " s reached";
+      break;
+    }
+    if (failed >= a.max_failures) {
+      stopped = std::to_string(failed) + " failures (--max-failures)";
+      break;
+    }
+    const FuzzConfig c = draw_config(a.seed + static_cast<uint64_t>(i), limits, ops);
+    const double start = elapsed();
+    const FuzzOutcome o = run_guarded(runner, c);
+    const double ms = (elapsed() - start) * 1e3;
+    ++done;
+    auto& op = per_op[fuzz_op_name(c.op)];
+    ++op.first;
+    if (o.pass) {
+      if (!a.quiet)
+        log.line("ok   seed %llu  %.0f ms  worst %.2f  %s", static_cast<unsigned long long>(c.seed),
+                 ms, o.worst, c.str().c_str());
+      continue;
+    }
+    ++failed;
+    ++op.second;
+    const std::string cmd = reproduce_command(c, !gpu, ops_arg);
+    log.line("FAIL seed %llu  %.0f ms  %s", static_cast<unsigned long long>(c.seed), ms,
+             c.str().c_str());
+    log.line("     %s", o.detail.c_str());
+    log.line("     reproduce: %s", cmd.c_str());
+    const FuzzConfig small = shrink_failure(runner, c);
+    const FuzzOutcome so = run_guarded(runner, small);
+    const std::string detail = so.pass ? o.detail : so.detail;
+    std::string file;
+    try {
+      std::filesystem::create_directories(a.regressions_dir);
+      file = a.regressions_dir + "/seed-" + std::to_string(c.seed) + "-" + fuzz_op_name(c.op) +
+             ".json";
+      std::ofstream out(file);
+      out << regression_json(so.pass ? c : small, c, !gpu, detail, cmd).dump(2) << "\n";
+      check(static_cast<bool>(out), "cannot write ", file);
+      log.line("     shrunk to: %s", (so.pass ? c : small).str().c_str());
+      log.line("     regression test written: %s (copy it into tests/fuzz_regressions/)",
+               file.c_str());
+    } catch (const std::exception& e) {
+      log.line("     could not write the regression file: %s", e.what());
+    }
+    failures.push_back({{"seed", c.seed},
+                        {"config", to_json(c)},
+                        {"shrunk", to_json(so.pass ? c : small)},
+                        {"detail", o.detail},
+                        {"reproduce", cmd},
+                        {"regression_file", file}});
+  }
+  const double total_s = elapsed();
+  for (const auto& [name, counts] : per_op)
+    log.line("  %-22s %6lld configurations, %lld failed", name.c_str(),
+             static_cast<long long>(counts.first), static_cast<long long>(counts.second));
+  const JitCounters jit = jit_counters();
+  log.line(
+      "seeds %llu..%llu, %.1f s (%.1f ms per configuration); %lld kernels compiled (%.1f s), "
+      "%lld from the disk cache%s%s",
+      static_cast<unsigned long long>(a.seed),
+      static_cast<unsigned long long>(a.seed + (done > 0 ? done - 1 : 0)), total_s,
+      done > 0 ? total_s * 1e3 / done : 0.0, static_cast<long long>(jit.compiles),
+      jit.compile_ms / 1e3, static_cast<long long>(jit.disk_hits),
+      stopped.empty() ? "" : "; stopped: ", stopped.c_str());
+  if (!a.json_path.empty()) {
+    nlohmann::json ops_json = nlohmann::json::object();
+    for (const auto& [name, counts] : per_op)
+      ops_json[name] = {{"count", counts.first}, {"failed", counts.second}};
+    std::ofstream out(a.json_path);
+    out << nlohmann::json{{"gpu", gpu},
+                          {"device", gpu ? device_info().name : std::string("cpu")},
+                          {"commit", source_commit()},
+                          {"date", utc_now_iso()},
+                          {"seed_first", a.seed},
+                          {"seed_last", a.seed + (done > 0 ? done - 1 : 0)},
+                          {"configurations", done},
+                          {"failed", failed},
+                          {"elapsed_s", total_s},
+                          {"stopped", stopped},
+                          {"jit_compiles", jit.compiles},
+                          {"jit_compile_s", jit.compile_ms / 1e3},
+                          {"per_op", ops_json},
+                          {"failures", failures}}
+               .dump(2)
+        << "\n";
+    check(static_cast<bool>(out), "--json: cannot write ", a.json_path);
+  }
+  // The summary line, exactly, last (the format for committed logs).
+  log.line("%lld configurations, %lld failed", static_cast<long long>(done),
+           static_cast<long long>(failed));
+  if (failed > 0) throw Error(std::to_string(failed) + " fuzz configurations failed");
+}
+
+}  // namespace
+
+void add_fuzz_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "fuzz",
+      "randomized differential testing: random configurations of every op against the CPU "
+      "reference (CPU-only checks without a GPU)");
+  auto* a = new FuzzArgs;
+  cmd->add_option("--seed", a->seed, "the first configuration's seed (then seed + 1, ...)")
+      ->capture_default_str();
+  cmd->add_option("--count", a->count, "configurations to run")
+      ->check(int_in_range(1))
+      ->capture_default_str();
+  cmd->add_option("--time-limit-s", a->time_limit_s,
+                  "stop drawing new configurations after this many seconds (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ops", a->ops, "only these ops (default: all)")->check(one_of(fuzz_op_names()));
+  cmd->add_flag("--cpu-only", a->cpu_only,
+                "the CPU-only checks even where a GPU is present (what runs without one)");
+  cmd->add_option("--log", a->log_path, "also write the output to this file")
+      ->check(writable_file());
+  cmd->add_option("--json", a->json_path, "write the run's summary and failures as JSON")
+      ->check(writable_file());
+  cmd->add_option("--regressions-dir", a->regressions_dir,
+                  "where failures are written as regression files")
+      ->capture_default_str();
+  cmd->add_option("--max-failures", a->max_failures, "stop after this many failures")
+      ->check(int_in_range(1))
+      ->capture_default_str();
+  cmd->add_flag("-q,--quiet", a->quiet, "print only failures and the summary");
+  cmd->callback([a] { run_fuzz(*a); });
+}
+
+}  // namespace flashkv::cli
