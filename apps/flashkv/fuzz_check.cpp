@@ -54,6 +54,51 @@ void FuzzOutcome::check_close(const std::string& name, const HostTensor& got, co
   }
 }
 
+double lse_tolerance(DType q_dtype, bool rope) {
+  return rope ? std::max(kLseTolerance, 2 * reference::tolerance_floor(q_dtype)) : kLseTolerance;
+}
+
+void FuzzOutcome::check_lse(const std::string& name, const HostTensor& got, const HostTensor& ref,
+                            double tol) {
+  if (got.numel() != ref.numel()) return fail(name + ": size differs from the reference");
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.get(i), r = ref.get(i);
+    const double d = std::isinf(r) ? (g == r ? 0.0 : 1e9) : std::abs(g - r);  // NaN: d is NaN
+    const double ratio = d / (tol * std::max(1.0, std::abs(r)));
+    worst = std::max(worst, std::isnan(ratio) ? 1e9 : ratio);
+    if (!(ratio <= 1.0) && bad++ == 0) first = i;
+  }
+  if (bad > 0) {
+    std::ostringstream os;
+    os << name << ": " << bad << " elements off by more than " << tol << " x max(1, |lse|), the "
+       << "first [" << first << "] = " << got.get(first) << ", expected " << ref.get(first);
+    fail(os.str());
+  }
+}
+
+void FuzzOutcome::check_ulps(const std::string& name, const HostTensor& got,
+                             const HostTensor& ref) {
+  if (got.nbytes() != ref.nbytes() || got.dtype() != ref.dtype())
+    return fail(name + ": size or dtype differs from the reference");
+  const size_t elem = dtype_size(got.dtype());
+  // Sign-magnitude bit patterns as ordered integers: neighbouring values differ by 1.
+  auto ordered = [&](const void* base, int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, static_cast<const unsigned char*>(base) + i * elem, elem);
+    const uint32_t sign = 1u << (8 * elem - 1);
+    return (bits & sign) ? -static_cast<int64_t>(bits & ~sign) : static_cast<int64_t>(bits);
+  };
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (std::abs(ordered(got.data(), i) - ordered(ref.data(), i)) > 1) {
+      std::ostringstream os;
+      os << name << ": element " << i << " is " << got.get(i) << ", more than one unit in the "
+         << "last place from " << ref.get(i);
+      return fail(os.str());
+    }
+  }
+}
+
 void FuzzOutcome::check_bitwise(const std::string& name, const HostTensor& got,
                                 const HostTensor& ref) {
   if (got.nbytes() != ref.nbytes()) return fail(name + ": size differs from the reference");

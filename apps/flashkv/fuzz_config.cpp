@@ -288,6 +288,11 @@ nlohmann::json to_json(const FuzzConfig& c) {
           {"split", split_mode_name(c.split)},
           {"fixed_split_size", c.fixed_split_size},
           {"cuda_graph", c.cuda_graph},
+          {"backend", c.backend},
+          {"balance_tail", c.balance_tail},
+          {"check_page_ids", c.check_page_ids},
+          {"tile_rows", c.tile_rows},
+          {"item_order", c.item_order},
           {"with_lse", c.with_lse},
           {"k_scale", c.k_scale},
           {"v_scale", c.v_scale},
@@ -341,6 +346,11 @@ FuzzConfig config_from_json(const nlohmann::json& j) {
     c.split = parse_split(j.at("split").get<std::string>());
     c.fixed_split_size = j.at("fixed_split_size").get<int>();
     c.cuda_graph = j.at("cuda_graph").get<bool>();
+    c.backend = j.at("backend").get<int>();
+    c.balance_tail = j.at("balance_tail").get<bool>();
+    c.check_page_ids = j.at("check_page_ids").get<bool>();
+    c.tile_rows = j.at("tile_rows").get<int>();
+    c.item_order = j.at("item_order").get<int>();
     c.with_lse = j.at("with_lse").get<bool>();
     c.k_scale = j.at("k_scale").get<float>();
     c.v_scale = j.at("v_scale").get<float>();
@@ -488,6 +498,23 @@ FuzzConfig draw_config(uint64_t seed, const DrawLimits& limits, const std::vecto
     }
   }
   if (takes_graph(c.op) && d.chance(0.25)) c.cuda_graph = true;
+  if (is_decode_like(c.op)) {
+    const bool tc_fits =
+        (c.head_dim == 64 && c.group <= 32) || (c.head_dim == 128 && c.group <= 16);
+    const uint64_t b = d.below(10);
+    c.backend = b < 6 ? 0 : b < 8 ? 1 : tc_fits ? 2 : 1;
+    c.balance_tail = c.split == SplitMode::kAuto && d.chance(0.2);
+    c.check_page_ids = d.chance(0.2);
+  }
+  if (is_prefill(c.op)) {
+    c.backend = d.chance(0.2) ? 1 : 0;
+    if (d.chance(0.3)) {
+      do {
+        c.tile_rows = d.pick({16, 32, 64, 128});
+      } while (c.tile_rows < c.group);
+    }
+    c.item_order = static_cast<int>(d.below(3));
+  }
   shrink_to_budget(c, cpu ? kCpuBudget : kGpuBudget);
   if (c.op == FuzzOp::kBlockSparse) {  // M, N must stay multiples of R, C
     c.qo_lens[0] = std::max<int64_t>(c.block_r, c.qo_lens[0] / c.block_r * c.block_r);
@@ -554,6 +581,19 @@ std::string config_problem(const FuzzConfig& c) {
     return "fixed_split_size: >= 1 exactly when split is fixed";
   if (c.split != SplitMode::kAuto && !takes_split(c.op)) return "split: the op takes no option";
   if (c.cuda_graph && !takes_graph(c.op)) return "cuda_graph: the op is not captured";
+  if (c.backend < 0 || c.backend > (is_decode_like(c.op) ? 2 : is_prefill(c.op) ? 1 : 0))
+    return "backend: expected 0..2 (decode), 0..1 (prefill), 0 (other ops)";
+  if (c.backend == 2 &&
+      !((c.head_dim == 64 && c.group <= 32) || (c.head_dim == 128 && c.group <= 16)))
+    return "backend: the tensor-core decode kernel does not fit this head_dim and group";
+  if ((c.balance_tail || c.check_page_ids) && !is_decode_like(c.op))
+    return "balance_tail / check_page_ids: decode options";
+  if (c.balance_tail && c.split != SplitMode::kAuto) return "balance_tail: dynamic splitting only";
+  if (c.tile_rows != 0 &&
+      (!is_prefill(c.op) || !in(c.tile_rows, {16, 32, 64, 128}) || c.tile_rows < c.group))
+    return "tile_rows: prefill only, 16, 32, 64 or 128, >= group";
+  if (c.item_order < 0 || c.item_order > 2 || (c.item_order != 0 && !is_prefill(c.op)))
+    return "item_order: prefill only, 0..2";
   if (c.op == FuzzOp::kCascade) {
     if (c.share_group < 1 || c.batch() % c.share_group != 0)
       return "share_group: expected >= 1, dividing the batch";

@@ -87,6 +87,15 @@ struct FuzzConfig {
   SplitMode split = SplitMode::kAuto;
   int fixed_split_size = 0;  // SplitMode::kFixed
   bool cuda_graph = false;   // capture run() in a CUDA graph, replay it once
+  // Kernel and scheduler options. Decode: backend 0 auto, 1 CUDA cores, 2 tensor cores (where
+  // their accumulators fit), balance_tail, check_page_ids (the kernel's device page-id check).
+  // Prefill: backend 0 auto, 1 mma.sync; tile_rows 0 (the heuristic) or 16..128 (>= group);
+  // item_order 0 auto, 1 request-major, 2 head-major.
+  int backend = 0;
+  bool balance_tail = false;
+  bool check_page_ids = false;
+  int tile_rows = 0;
+  int item_order = 0;
   bool with_lse = true;
   float k_scale = 1.0f, v_scale = 1.0f;  // fp8 KV: the dequantization scales
   // Cascade: requests in groups of `share_group` that share `shared_pages` prefix pages.

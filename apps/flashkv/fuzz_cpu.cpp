@@ -92,6 +92,7 @@ void check_decode_schedule(const FuzzConfig& c, const std::vector<int64_t>& lens
   so.num_kv_heads = c.num_kv_heads;
   so.disable_split_kv = c.split == SplitMode::kDisabled;
   so.fixed_split_size = c.split == SplitMode::kFixed ? c.fixed_split_size : 0;
+  so.balance_tail = c.balance_tail;  // BatchDecode's: off unless the plan asks
   const int B = std::max<int>(1, static_cast<int>(lens.size()));
   if (so.fixed_split_size > 0) {
     int64_t chunks = 0;

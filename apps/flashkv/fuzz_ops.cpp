@@ -124,6 +124,7 @@ CascadeInputs make_cascade_inputs(const FuzzConfig& c) {
   storage.insert(storage.end(), c.kv_lens.begin(), c.kv_lens.end());
   ci.storage = std::make_unique<RandomPagedCache>(storage, c.page_size, c.num_kv_heads, c.head_dim,
                                                   c.kv_dtype, derive_seed(c.seed, 1), c.layout);
+  if (is_fp8_dtype(c.kv_dtype)) ci.storage->host.scale = {.k = c.k_scale, .v = c.v_scale};
   const RandomPagedCache& st = *ci.storage;
   ci.indptr = {0};
   ci.qo_indptr = {0};
@@ -144,7 +145,6 @@ CascadeInputs make_cascade_inputs(const FuzzConfig& c) {
   ci.host.indptr = i32_view(ci.indptr);
   ci.host.indices = i32_view(ci.ids);
   ci.host.last_page_len = i32_view(ci.last);
-  if (is_fp8_dtype(c.kv_dtype)) ci.host.scale = {.k = c.k_scale, .v = c.v_scale};
   return ci;
 }
 

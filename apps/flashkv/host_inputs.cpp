@@ -29,9 +29,11 @@ RandomPagedCache::RandomPagedCache(const std::vector<int64_t>& lens, int page, i
   SplitMix64 rng(seed);
   for (int64_t i = 0; i < pages; ++i) idx[i] = static_cast<int32_t>(i);
   for (int64_t i = pages - 1; i > 0; --i) std::swap(idx[i], idx[rng.next() % (i + 1)]);
+  // At least one page, which no request uses when all are empty: a cache has storage.
+  const int64_t alloc = std::max<int64_t>(pages, 1);
   const std::vector<int64_t> shape = layout == KVLayout::NHD
-                                         ? std::vector<int64_t>{pages, page, Hkv, D}
-                                         : std::vector<int64_t>{pages, Hkv, page, D};
+                                         ? std::vector<int64_t>{alloc, page, Hkv, D}
+                                         : std::vector<int64_t>{alloc, Hkv, page, D};
   k = HostTensor(kv_dtype, shape);
   v = HostTensor(kv_dtype, shape);
   k.fill_random(seed + 1);

@@ -29,7 +29,7 @@ struct RandomPagedCache {
   RandomPagedCache(const RandomPagedCache&) = delete;  // `host` points into this object
   RandomPagedCache& operator=(const RandomPagedCache&) = delete;
 
-  int64_t num_pages() const { return indptr.back(); }
+  int64_t num_pages() const { return k.shape()[0]; }  // the storage's (>= the table's)
   // Element offset of (token t of request b, KV head h, dim 0) in k / v.
   int64_t offset(int64_t b, int64_t t, int64_t h) const;
   PagedKVCache to_device(std::vector<DeviceBuffer>& keep, bool page_table = false) const;

@@ -72,6 +72,11 @@ TEST(FuzzConfigs, DrawsCoverEveryOpAndOption) {
     if (c.causal) mark(op + " causal");
     if (c.split != SplitMode::kAuto) mark(op + " split " + split_mode_name(c.split));
     if (c.cuda_graph) mark(op + " graph");
+    if (c.backend) mark(op + " backend " + std::to_string(c.backend));
+    if (c.balance_tail) mark(op + " balance_tail");
+    if (c.check_page_ids) mark(op + " check_page_ids");
+    if (c.tile_rows) mark(op + " tile " + std::to_string(c.tile_rows));
+    if (c.item_order) mark(op + " order " + std::to_string(c.item_order));
     if (!c.with_lse) mark("no lse");
     const FuzzVariant& v = c.variant;
     if (v.window_left >= 0) mark(op + " window");
