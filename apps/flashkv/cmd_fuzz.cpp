@@ -132,8 +132,11 @@ void run_fuzz(const FuzzArgs& a) {
              c.str().c_str());
     log.line("     %s", o.detail.c_str());
     log.line("     reproduce: %s", cmd.c_str());
-    const FuzzConfig small = shrink_failure(runner, c);
-    const FuzzOutcome so = run_guarded(runner, small);
+    // Shrinking reruns the op up to 20 times: only for the first failures, and not when the
+    // time limit is near (a systematic failure must not eat the run).
+    const bool shrink = failed <= 10 && (a.time_limit_s <= 0 || elapsed() < 0.8 * a.time_limit_s);
+    const FuzzConfig small = shrink ? shrink_failure(runner, c, 20) : c;
+    const FuzzOutcome so = shrink ? run_guarded(runner, small) : o;
     const std::string detail = so.pass ? o.detail : so.detail;
     std::string file;
     try {

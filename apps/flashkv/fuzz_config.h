@@ -128,6 +128,16 @@ struct DrawLimits {
   bool cpu_only = false;
 };
 
+// Families. Each (dtype, KV dtype, head_dim, GQA group, page size, variant) is its own set of
+// NVRTC kernels (docs/design.md "Kernel keys"), compiled on first use at about a second each:
+// drawn per seed, a 10 000-configuration run would need ~3 600 compiles, an hour of NVRTC. So the
+// configurations of 2^kFuzzFamilyBits consecutive seeds (a family) share those choices (dtype,
+// KV dtype, head_dim, group, KV heads, page size) and vary everything else (op, lengths, layout,
+// variant, split, graph, ...): a 10 000-seed run covers ~40 families, ~1 700 compiles. Other seed
+// ranges draw other families.
+inline constexpr int kFuzzFamilyBits = 8;
+uint64_t fuzz_family(uint64_t seed);
+
 // Configuration `seed`: the same seed always gives the same configuration (SplitMix64 only, no
 // std:: distributions, so on every platform). `ops` (non-empty) restricts the op.
 FuzzConfig draw_config(uint64_t seed, const DrawLimits& limits,
