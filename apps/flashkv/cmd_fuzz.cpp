@@ -3,12 +3,16 @@
 // GPU, through the CPU-only checks (fuzz_cpu.cpp). One line per configuration with its seed; a
 // failure is shrunk and written as a regression file with the command that redraws it. The last
 // line of the output (and of --log) reads exactly "N configurations, F failed".
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,12 +39,14 @@ struct FuzzArgs {
   std::string regressions_dir = "fuzz_regressions";
   int64_t max_failures = 50;
   bool quiet = false;
+  int jobs = 1;      // processes (run_sharded)
+  bool echo = true;  // print to stdout (a shard only writes its log)
 };
 
 // stdout and the log file, line by line (flushed: a killed run keeps what it printed).
 class Log {
  public:
-  explicit Log(const std::string& path) {
+  explicit Log(const std::string& path, bool echo = true) : echo_(echo) {
     if (!path.empty()) {
       file_ = std::fopen(path.c_str(), "w");
       check(file_ != nullptr, "--log: cannot open ", path, " for writing");
@@ -57,8 +63,10 @@ class Log {
     va_start(ap, fmt);
     std::vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    std::printf("%s\n", buf);
-    std::fflush(stdout);
+    if (echo_) {
+      std::printf("%s\n", buf);
+      std::fflush(stdout);
+    }
     if (file_) {
       std::fprintf(file_, "%s\n", buf);
       std::fflush(file_);
@@ -67,6 +75,7 @@ class Log {
 
  private:
   std::FILE* file_ = nullptr;
+  bool echo_ = true;
 };
 
 void run_fuzz(const FuzzArgs& a) {
@@ -74,7 +83,7 @@ void run_fuzz(const FuzzArgs& a) {
   for (const auto& name : a.ops) ops.push_back(parse_fuzz_op(name));
   const std::string ops_arg = join(a.ops, " ");
   const bool gpu = !a.cpu_only && cuda_available();
-  Log log(a.log_path);
+  Log log(a.log_path, a.echo);
   if (gpu) {
     const DeviceInfo d = device_info();
     log.line("flashkv fuzz: seeds %llu..%llu on %s (%s), each against the CPU reference",
@@ -201,6 +210,107 @@ void run_fuzz(const FuzzArgs& a) {
   if (failed > 0) throw Error(std::to_string(failed) + " fuzz configurations failed");
 }
 
+// --jobs N: N processes (fork, before anything touches CUDA), each a consecutive part of the seed
+// range with its own log (LOG.shard-K, kept: a run killed from outside still leaves them) and
+// JSON; then their logs in seed order, the sums, and the one summary line. NVRTC compiles are
+// the bulk of a GPU run and each process compiles its own families' kernels, so N processes on
+// N cores (one GPU, shared) finish N times sooner.
+void run_sharded(const FuzzArgs& a) {
+  const std::string base =
+      !a.log_path.empty()
+          ? a.log_path
+          : (std::filesystem::temp_directory_path() / ("flashkv-fuzz-" + std::to_string(getpid())))
+                .string();
+  const int64_t per = (a.count + a.jobs - 1) / a.jobs;
+  std::vector<FuzzArgs> parts;
+  std::vector<pid_t> pids;
+  for (int k = 0; k < a.jobs && k * per < a.count; ++k) {
+    FuzzArgs p = a;
+    p.jobs = 1;
+    p.echo = false;
+    p.seed = a.seed + static_cast<uint64_t>(k * per);
+    p.count = std::min(per, a.count - k * per);
+    p.log_path = base + ".shard-" + std::to_string(k);
+    p.json_path = p.log_path + ".json";
+    std::remove(p.json_path.c_str());
+    parts.push_back(p);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    check(pid >= 0, "--jobs: fork failed");
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        run_fuzz(p);
+      } catch (const Error&) {
+        rc = 1;
+      } catch (...) {
+        rc = 2;
+      }
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+
+  Log log(a.log_path);
+  int64_t done = 0, failed = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> per_op;
+  nlohmann::json failures = nlohmann::json::array(), shards = nlohmann::json::array();
+  for (const FuzzArgs& p : parts) {
+    std::ifstream in(p.log_path);
+    int64_t lines_ok = 0, lines_failed = 0;
+    for (std::string line; std::getline(in, line);) {
+      log.line("%s", line.c_str());
+      lines_ok += line.rfind("ok   seed ", 0) == 0;
+      lines_failed += line.rfind("FAIL seed ", 0) == 0;
+    }
+    std::ifstream js(p.json_path);
+    if (js) {
+      const nlohmann::json j = nlohmann::json::parse(js);
+      done += j.at("configurations").get<int64_t>();
+      failed += j.at("failed").get<int64_t>();
+      for (const auto& [name, v] : j.at("per_op").items()) {
+        per_op[name].first += v.at("count").get<int64_t>();
+        per_op[name].second += v.at("failed").get<int64_t>();
+      }
+      for (const auto& f : j.at("failures")) failures.push_back(f);
+      shards.push_back(j);
+    } else {  // the shard died before its summary: count what its log shows
+      log.line("shard of seeds %llu..: no summary (the process died); counted from its log",
+               static_cast<unsigned long long>(p.seed));
+      done += lines_ok + lines_failed;
+      failed += lines_failed + 1;  // the death itself is a failure
+    }
+  }
+  log.line("all %zu processes:", parts.size());
+  for (const auto& [name, counts] : per_op)
+    log.line("  %-22s %6lld configurations, %lld failed", name.c_str(),
+             static_cast<long long>(counts.first), static_cast<long long>(counts.second));
+  if (!a.json_path.empty()) {
+    nlohmann::json ops_json = nlohmann::json::object();
+    for (const auto& [name, counts] : per_op)
+      ops_json[name] = {{"count", counts.first}, {"failed", counts.second}};
+    std::ofstream out(a.json_path);
+    out << nlohmann::json{{"commit", source_commit()},
+                          {"date", utc_now_iso()},
+                          {"seed_first", a.seed},
+                          {"seed_last", a.seed + static_cast<uint64_t>(a.count) - 1},
+                          {"jobs", parts.size()},
+                          {"configurations", done},
+                          {"failed", failed},
+                          {"per_op", ops_json},
+                          {"failures", failures},
+                          {"shards", shards}}
+               .dump(2)
+        << "\n";
+    check(static_cast<bool>(out), "--json: cannot write ", a.json_path);
+  }
+  log.line("%lld configurations, %lld failed", static_cast<long long>(done),
+           static_cast<long long>(failed));
+  if (failed > 0) throw Error(std::to_string(failed) + " fuzz configurations failed");
+}
+
 }  // namespace
 
 void add_fuzz_command(CLI::App& app) {
@@ -231,7 +341,11 @@ void add_fuzz_command(CLI::App& app) {
       ->check(int_in_range(1))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", a->quiet, "print only failures and the summary");
-  cmd->callback([a] { run_fuzz(*a); });
+  cmd->add_option("-j,--jobs", a->jobs,
+                  "processes, each a consecutive part of the seeds (NVRTC compiles in parallel)")
+      ->check(int_in_range(1, 256))
+      ->capture_default_str();
+  cmd->callback([a] { a->jobs > 1 ? run_sharded(*a) : run_fuzz(*a); });
 }
 
 }  // namespace flashkv::cli
