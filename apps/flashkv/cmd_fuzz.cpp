@@ -306,6 +306,12 @@ void run_sharded(const FuzzArgs& a) {
         << "\n";
     check(static_cast<bool>(out), "--json: cannot write ", a.json_path);
   }
+  if (a.log_path.empty()) {  // the shard files were temporary
+    for (const FuzzArgs& p : parts) {
+      std::remove(p.log_path.c_str());
+      std::remove(p.json_path.c_str());
+    }
+  }
   log.line("%lld configurations, %lld failed", static_cast<long long>(done),
            static_cast<long long>(failed));
   if (failed > 0) throw Error(std::to_string(failed) + " fuzz configurations failed");

@@ -295,6 +295,8 @@ nlohmann::json to_json(const FuzzConfig& c) {
           {"check_page_ids", c.check_page_ids},
           {"tile_rows", c.tile_rows},
           {"item_order", c.item_order},
+          {"pdl", c.pdl},
+          {"workspace_pct", c.workspace_pct},
           {"with_lse", c.with_lse},
           {"k_scale", c.k_scale},
           {"v_scale", c.v_scale},
@@ -353,6 +355,8 @@ FuzzConfig config_from_json(const nlohmann::json& j) {
     c.check_page_ids = j.at("check_page_ids").get<bool>();
     c.tile_rows = j.at("tile_rows").get<int>();
     c.item_order = j.at("item_order").get<int>();
+    c.pdl = j.at("pdl").get<bool>();
+    c.workspace_pct = j.at("workspace_pct").get<int>();
     c.with_lse = j.at("with_lse").get<bool>();
     c.k_scale = j.at("k_scale").get<float>();
     c.v_scale = j.at("v_scale").get<float>();
@@ -512,6 +516,10 @@ FuzzConfig draw_config(uint64_t seed, const DrawLimits& limits, const std::vecto
     c.balance_tail = c.split == SplitMode::kAuto && d.chance(0.2);
     c.check_page_ids = d.chance(0.2);
   }
+  if (is_decode_like(c.op) || is_prefill(c.op)) {
+    c.pdl = !d.chance(0.2);
+    if (c.split != SplitMode::kFixed && d.chance(0.2)) c.workspace_pct = d.pick({0, 1, 10, 50});
+  }
   if (is_prefill(c.op)) {
     c.backend = d.chance(0.2) ? 1 : 0;
     if (d.chance(0.3)) {
@@ -600,6 +608,11 @@ std::string config_problem(const FuzzConfig& c) {
     return "tile_rows: prefill only, 16, 32, 64 or 128, >= group";
   if (c.item_order < 0 || c.item_order > 2 || (c.item_order != 0 && !is_prefill(c.op)))
     return "item_order: prefill only, 0..2";
+  if (!c.pdl && !is_decode_like(c.op) && !is_prefill(c.op)) return "pdl: decode and prefill only";
+  if (c.workspace_pct != 100 &&
+      (c.workspace_pct < 0 || c.workspace_pct > 100 || c.split == SplitMode::kFixed ||
+       (!is_decode_like(c.op) && !is_prefill(c.op))))
+    return "workspace_pct: 0..100, decode and prefill, not with a fixed split";
   if (c.op == FuzzOp::kCascade) {
     if (c.share_group < 1 || c.batch() % c.share_group != 0)
       return "share_group: expected >= 1, dividing the batch";

@@ -96,6 +96,11 @@ struct FuzzConfig {
   bool check_page_ids = false;
   int tile_rows = 0;
   int item_order = 0;
+  // Decode and prefill: programmatic dependent launch (the default) or ordinary stream order;
+  // the workspace: 100 workspace_bytes (splitting never limited), else min_workspace_bytes plus
+  // this percentage of the rest (plans fit their splits into it; not with a fixed split).
+  bool pdl = true;
+  int workspace_pct = 100;
   bool with_lse = true;
   float k_scale = 1.0f, v_scale = 1.0f;  // fp8 KV: the dequantization scales
   // Cascade: requests in groups of `share_group` that share `shared_pages` prefix pages.

@@ -113,6 +113,12 @@ struct DecodeRun {
   int64_t num_pages;
 };
 
+// The workspace of c: the full size, or the least plus c.workspace_pct % of the rest.
+size_t workspace_size(const FuzzConfig& c, size_t least, size_t full) {
+  if (c.workspace_pct >= 100 || full <= least) return full;
+  return least + (full - least) * static_cast<size_t>(c.workspace_pct) / 100 / 16 * 16;
+}
+
 BatchDecodeConfig decode_config(const FuzzConfig& c, int64_t kv_tokens) {
   BatchDecodeConfig cfg{.max_batch = std::max(1, c.batch()),
                         .num_qo_heads = c.num_qo_heads(),
@@ -137,6 +143,7 @@ DecodePlanOptions decode_options(const FuzzConfig& c, const AttentionVariant* dv
                                : DecodeBackend::kAuto;
   o.balance_tail = c.balance_tail;
   o.check_page_ids = c.check_page_ids;
+  o.enable_pdl = c.pdl;
   if (dv != nullptr && c.variant.any()) o.variant = Variant::builtin(*dv);
   return o;
 }
@@ -155,8 +162,10 @@ FuzzOutcome gpu_decode(const FuzzConfig& c) {
   const DeviceOut dout = poisoned(out, keep), dlse = poisoned(lse, keep);
   const RandomPagedCache& p = *in.cache;
   const DecodeRun r{p.indptr, p.last, p.idx, c.page_size, p.num_pages()};
-  DeviceBuffer ws(BatchDecode::workspace_bytes(decode_config(c, total(c.kv_lens))));
-  BatchDecode dec(decode_config(c, total(c.kv_lens)), ws.data(), ws.size());
+  const BatchDecodeConfig cfg = decode_config(c, total(c.kv_lens));
+  DeviceBuffer ws(
+      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
+  BatchDecode dec(cfg, ws.data(), ws.size());
   ScopedStream s;
   dec.plan({.kv_indptr = p.indptr.data(),
             .kv_last_page_len = p.last.data(),
@@ -199,7 +208,8 @@ FuzzOutcome gpu_sparse_decode(const FuzzConfig& c) {
   const DeviceOut dout = poisoned(out, keep), dlse = poisoned(lse, keep);
   const DecodeRun r{sel.indptr, sel.last, sel.ids, 1, sel.host.num_pages()};
   const BatchDecodeConfig cfg = decode_config(c, total(c.qo_lens));
-  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  DeviceBuffer ws(
+      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
   BatchDecode dec(cfg, ws.data(), ws.size());
   ScopedStream s;
   dec.plan({.kv_indptr = sel.indptr.data(),
@@ -238,7 +248,8 @@ FuzzOutcome gpu_decode_step(const FuzzConfig& c) {
   const RandomPagedCache& p = *in.cache;
   const DecodeRun r{p.indptr, p.last, p.idx, c.page_size, p.num_pages()};
   const BatchDecodeConfig cfg = decode_config(c, total(c.kv_lens));
-  DeviceBuffer ws(BatchDecode::workspace_bytes(cfg));
+  DeviceBuffer ws(
+      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
   BatchDecode dec(cfg, ws.data(), ws.size());
   ScopedStream s;
   dec.plan({.kv_indptr = p.indptr.data(),
@@ -282,6 +293,7 @@ PrefillPlanOptions prefill_options(const FuzzConfig& c, const AttentionVariant& 
   o.fixed_split_size = c.split == SplitMode::kFixed ? c.fixed_split_size : 0;
   o.enable_cuda_graph = c.cuda_graph;
   o.backend = c.backend == 1 ? PrefillBackend::kMmaSync : PrefillBackend::kAuto;
+  o.enable_pdl = c.pdl;
   o.tile_rows = c.tile_rows;
   o.item_order = c.item_order == 1   ? PrefillItemOrder::kRequestMajor
                  : c.item_order == 2 ? PrefillItemOrder::kHeadMajor
@@ -312,7 +324,8 @@ FuzzOutcome gpu_prefill(const FuzzConfig& c) {
   ScopedStream s;
   if (c.op == FuzzOp::kPrefillPaged) {
     const PagedKVCache dc = p.to_device(keep);
-    DeviceBuffer ws(BatchPrefillPaged::workspace_bytes(cfg));
+    DeviceBuffer ws(workspace_size(c, BatchPrefillPaged::min_workspace_bytes(cfg),
+                                   BatchPrefillPaged::workspace_bytes(cfg)));
     BatchPrefillPaged pf(cfg, ws.data(), ws.size());
     po.kv_indices_host = p.idx.data();
     po.num_pages = p.num_pages();
@@ -328,7 +341,8 @@ FuzzOutcome gpu_prefill(const FuzzConfig& c) {
     std::vector<int32_t> kv_indptr;
     in.ragged_kv(kr, vr, kv_indptr);
     const TensorView dk = to_gpu(kr, keep), dvv = to_gpu(vr, keep);
-    DeviceBuffer ws(BatchPrefillRagged::workspace_bytes(cfg));
+    DeviceBuffer ws(workspace_size(c, BatchPrefillRagged::min_workspace_bytes(cfg),
+                                   BatchPrefillRagged::workspace_bytes(cfg)));
     BatchPrefillRagged pf(cfg, ws.data(), ws.size());
     pf.plan({.qo_indptr = in.qo_indptr.data(),
              .kv_indptr = kv_indptr.data(),

@@ -77,6 +77,8 @@ TEST(FuzzConfigs, DrawsCoverEveryOpAndOption) {
     if (c.check_page_ids) mark(op + " check_page_ids");
     if (c.tile_rows) mark(op + " tile " + std::to_string(c.tile_rows));
     if (c.item_order) mark(op + " order " + std::to_string(c.item_order));
+    if (!c.pdl) mark(op + " no pdl");
+    if (c.workspace_pct != 100) mark(op + " workspace " + std::to_string(c.workspace_pct));
     if (!c.with_lse) mark("no lse");
     const FuzzVariant& v = c.variant;
     if (v.window_left >= 0) mark(op + " window");
