@@ -121,8 +121,11 @@ void check_prefill_schedule(const FuzzConfig& c, FuzzOutcome& o) {
   so.causal = c.causal;
   so.disable_split_kv = c.split == SplitMode::kDisabled;
   so.fixed_split_size = c.split == SplitMode::kFixed ? c.fixed_split_size : 0;
-  const int tiles = scheduler::max_prefill_tiles(
-      std::max(1, c.batch()), std::max<int64_t>(1, total(c.qo_lens)), c.num_kv_heads, c.group, 0);
+  so.tile_rows = c.tile_rows;
+  so.head_major = c.item_order == 2;
+  const int tiles =
+      scheduler::max_prefill_tiles(std::max(1, c.batch()), std::max<int64_t>(1, total(c.qo_lens)),
+                                   c.num_kv_heads, c.group, c.tile_rows);
   if (so.fixed_split_size > 0) {
     int64_t chunks = 0;
     for (int64_t l : c.kv_lens) chunks += l / so.fixed_split_size + 1;

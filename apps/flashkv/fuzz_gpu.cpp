@@ -174,6 +174,7 @@ FuzzOutcome gpu_decode(const FuzzConfig& c) {
            shape_of(c), decode_options(c, &dv, r), s);
   run_maybe_captured(c.cuda_graph, s,
                      [&] { dec.run(dq, dc, dout.view, c.with_lse ? dlse.view : TensorView(), s); });
+  check_device_errors(0, s);  // valid page ids: the kernel's check (check_page_ids) is silent
   download(dout, keep, out);
   download(dlse, keep, lse);
   FuzzOutcome o;
