@@ -15,6 +15,7 @@
 #include "flashkv/prefill.h"
 #include "flashkv/reference.h"
 #include "flashkv/runtime.h"
+#include "host_inputs.h"
 #include "json_out.h"
 
 namespace flashkv::cli {
@@ -24,64 +25,6 @@ struct Check {
   std::string name;
   double err;
   double tol;
-};
-
-TensorView to_gpu(const HostTensor& h, std::vector<DeviceBuffer>& keep) {
-  keep.emplace_back(std::max<size_t>(h.nbytes(), 16));
-  keep.back().copy_from_host(h.data(), h.nbytes());
-  std::vector<int64_t> strides(h.shape().size());
-  int64_t s = 1;
-  for (int i = static_cast<int>(strides.size()) - 1; i >= 0; --i) {
-    strides[i] = s;
-    s *= h.shape()[i];
-  }
-  return TensorView(keep.back().data(), h.dtype(), static_cast<int>(strides.size()),
-                    h.shape().data(), strides.data(), Device::cuda(0));
-}
-
-// A random paged cache over `lens` with shuffled pages: host tensors, the host page table, and
-// its upload (the GPU copy's index views only carry shapes except `indices`).
-struct RandomPagedCache {
-  std::vector<int32_t> indptr{0}, last, idx;
-  HostTensor k, v;
-  PagedKVCache host;
-
-  RandomPagedCache(const std::vector<int64_t>& lens, int page, int Hkv, int D, DType dt,
-                   uint64_t seed) {
-    for (int64_t l : lens) {
-      const int64_t p = (l + page - 1) / page;
-      indptr.push_back(static_cast<int32_t>(indptr.back() + p));
-      last.push_back(static_cast<int32_t>(p ? l - (p - 1) * page : 0));
-    }
-    const int64_t pages = indptr.back(), B = static_cast<int64_t>(lens.size());
-    idx.resize(pages);
-    SplitMix64 rng(seed);
-    for (int64_t i = 0; i < pages; ++i) idx[i] = static_cast<int32_t>(i);
-    for (int64_t i = pages - 1; i > 0; --i) std::swap(idx[i], idx[rng.next() % (i + 1)]);
-    k = HostTensor(dt, {pages, page, Hkv, D});
-    v = HostTensor(dt, {pages, page, Hkv, D});
-    k.fill_random(seed + 1);
-    v.fill_random(seed + 2);
-    host.k = k.view();
-    host.v = v.view();
-    host.indptr = TensorView(indptr.data(), DType::i32, {B + 1});
-    host.indices = TensorView(idx.data(), DType::i32, {pages});
-    host.last_page_len = TensorView(last.data(), DType::i32, {B});
-  }
-
-  PagedKVCache to_device(std::vector<DeviceBuffer>& keep) const {
-    const int64_t pages = indptr.back(), B = static_cast<int64_t>(last.size());
-    PagedKVCache dc = host;
-    dc.k = to_gpu(k, keep);
-    dc.v = to_gpu(v, keep);
-    HostTensor hidx(DType::i32, {pages});
-    std::copy(idx.begin(), idx.end(), static_cast<int32_t*>(hidx.data()));
-    dc.indices = to_gpu(hidx, keep);
-    HostTensor hip(DType::i32, {B + 1}), hl(DType::i32, {B});
-    dc.indptr = to_gpu(hip, keep);
-    dc.last_page_len = to_gpu(hl, keep);
-    return dc;
-  }
 };
 
 // Decode over a random paged cache: GPU vs reference (or reference vs ⊕ of halves on CPU).

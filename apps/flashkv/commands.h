@@ -9,5 +9,6 @@ void add_info_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_precompile_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_fuzz_command(CLI::App& app);
 
 }  // namespace flashkv::cli

@@ -1,4 +1,4 @@
-// flashkv: info, verify, precompile, bench.
+// flashkv: info, verify, precompile, bench, fuzz.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   flashkv::cli::add_verify_command(app);
   flashkv::cli::add_precompile_command(app);
   flashkv::cli::add_bench_command(app);
+  flashkv::cli::add_fuzz_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
       for (const auto& x : extra) names += (names.empty() ? "" : " ") + x;
       std::fprintf(stderr,
                    "flashkv: unknown option or command: %s (expected a command: info, verify, "
-                   "precompile or bench; flashkv --help lists them)\n",
+                   "precompile, bench or fuzz; flashkv --help lists them)\n",
                    names.c_str());
       return static_cast<int>(CLI::ExitCodes::ExtrasError);
     }
