@@ -56,9 +56,8 @@ inline QuantizedCache make_quantized_cache(const std::vector<int64_t>& kv_lens, 
   QuantizedCache q;
   q.src = make_paged_cache(kv_lens, page_size, num_kv_heads, head_dim, layout, DType::f32, seed);
   const std::vector<int64_t> shape = q.src.k.shape();
-  for (auto [x, vals, scales, zeros, deq] :
-       {std::tuple{&q.src.k, &q.kq, &q.ks, &q.kz, &q.kd},
-        std::tuple{&q.src.v, &q.vq, &q.vs, &q.vz, &q.vd}}) {
+  for (auto [x, vals, scales, zeros, deq] : {std::tuple{&q.src.k, &q.kq, &q.ks, &q.kz, &q.kd},
+                                             std::tuple{&q.src.v, &q.vq, &q.vs, &q.vz, &q.vd}}) {
     *vals = HostTensor(value_dtype, value_shape(shape, f));
     *scales = HostTensor(scale_dtype, group_shape(shape, f));
     if (f.has_zero_point()) *zeros = HostTensor(scale_dtype, group_shape(shape, f));

@@ -222,10 +222,10 @@ TEST(KvQuantRoundTrip, ErrorWithinEachFormatsBound) {
     KVQuantFormat f;
     DType value, scale;
   };
-  for (const Case& c : {Case{kFp8Tok, DType::e4m3, DType::f32}, Case{kFp8Tok, DType::e5m2,
-                                                                     DType::bf16},
-                        Case{kInt4G32, DType::u8, DType::f32}, Case{kInt4G64, DType::u8, DType::bf16},
-                        Case{kInt4G128, DType::u8, DType::f16}, Case{kNvfp4, DType::u8, DType::e4m3}}) {
+  for (const Case& c :
+       {Case{kFp8Tok, DType::e4m3, DType::f32}, Case{kFp8Tok, DType::e5m2, DType::bf16},
+        Case{kInt4G32, DType::u8, DType::f32}, Case{kInt4G64, DType::u8, DType::bf16},
+        Case{kInt4G128, DType::u8, DType::f16}, Case{kNvfp4, DType::u8, DType::e4m3}}) {
     const int gs = c.f.effective_group_size(d);
     const float g = c.f.quant == KVQuant::kNvfp4 ? nvfp4_tensor_scale(x.view()) : 1.0f;
     HostTensor vals(c.value, {rows, c.f.packed() ? d / 2 : d});
@@ -250,8 +250,8 @@ TEST(KvQuantRoundTrip, ErrorWithinEachFormatsBound) {
           double bound = 0;
           switch (c.f.quant) {
             case KVQuant::kFp8PerTokenHead:  // half an ulp of the code, relative (+ subnormals)
-              bound = std::fabs(xs[e]) * (c.value == DType::e4m3 ? 0.0625 : 0.125) * 1.02 +
-                      amax * 1e-3;
+              bound =
+                  std::fabs(xs[e]) * (c.value == DType::e4m3 ? 0.0625 : 0.125) * 1.02 + amax * 1e-3;
               break;
             case KVQuant::kInt4:  // half a step, plus the rounding of the stored scale / offset
               bound = (hi - lo) / 15.0 * 0.5 + (hi - lo) * (c.scale == DType::f32 ? 1e-6 : 0.02);
@@ -276,7 +276,8 @@ TEST(KvQuantRoundTrip, FourDimensionalPoolQuantizesRowByRow) {
   x4.fill_random(5);
   HostTensor x2(DType::bf16, {24, 64});
   for (int64_t i = 0; i < x4.numel(); ++i) x2.set(i, x4.get(i));
-  HostTensor v4(DType::u8, {3, 4, 2, 32}), s4(DType::bf16, {3, 4, 2, 1}), z4(DType::bf16, {3, 4, 2, 1});
+  HostTensor v4(DType::u8, {3, 4, 2, 32}), s4(DType::bf16, {3, 4, 2, 1}),
+      z4(DType::bf16, {3, 4, 2, 1});
   HostTensor v2(DType::u8, {24, 32}), s2(DType::bf16, {24, 1}), z2(DType::bf16, {24, 1});
   quantize_kv(x4.view(), kInt4G64, 1.0f, v4.view(), s4.view(), z4.view());
   quantize_kv(x2.view(), kInt4G64, 1.0f, v2.view(), s2.view(), z2.view());

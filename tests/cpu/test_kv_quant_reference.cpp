@@ -149,9 +149,9 @@ TEST(KvQuantReference, AppendRefusesNonFiniteRowsAndWritesNothing) {
   EXPECT_EQ(q.ks.to_doubles(), s_before);
   // Stored bytes cannot be copied in: rows must be f16 / bf16 / f32.
   HostTensor raw(DType::u8, {1, 2, 32});
-  EXPECT_ERROR_HAS(reference::append_paged_kv_cache(raw.view(), raw.view(), batch.view(),
-                                                    pos.view(), q.cache),
-                   "append_key: expected dtype f16 or bf16 or f32, got u8");
+  EXPECT_ERROR_HAS(
+      reference::append_paged_kv_cache(raw.view(), raw.view(), batch.view(), pos.view(), q.cache),
+      "append_key: expected dtype f16 or bf16 or f32, got u8");
 }
 
 // --- checks ------------------------------------------------------------------------------------
@@ -168,7 +168,8 @@ struct Bad {
     out.fill(42.0);
   }
   std::string decode_error(const PagedKVCache& kv) {
-    const std::string msg = error_of([&] { reference::batch_decode(qd.view(), kv, out.view(), {}); });
+    const std::string msg =
+        error_of([&] { reference::batch_decode(qd.view(), kv, out.view(), {}); });
     EXPECT_EQ(out.to_doubles(), std::vector<double>(out.numel(), 42.0)) << "output written";
     return msg;
   }
@@ -247,10 +248,10 @@ TEST(KvQuantChecks, ContiguousOpsRefuseGroupScales) {
   HostTensor q(DType::f16, {4, 64}), k(DType::e4m3, {10, 2, 64}), out(DType::f32, {4, 64});
   AttentionOptions opts;
   opts.kv_scale.format = {KVQuant::kFp8PerTokenHead, 0};
-  EXPECT_ERROR_HAS(reference::single_decode(q.view(), k.view(), k.view(), out.view(), {},
-                                            KVLayout::NHD, opts),
-                   "opts.kv_scale.format: e4m3-per-token (group scales) is read from a "
-                   "PagedKVCache only");
+  EXPECT_ERROR_HAS(
+      reference::single_decode(q.view(), k.view(), k.view(), out.view(), {}, KVLayout::NHD, opts),
+      "opts.kv_scale.format: e4m3-per-token (group scales) is read from a "
+      "PagedKVCache only");
 }
 
 TEST(KvQuantChecks, GpuPlansRefuseEveryFormatNamingIssue42) {
@@ -270,16 +271,16 @@ TEST(KvQuantChecks, GpuPlansRefuseEveryFormatNamingIssue42) {
     EXPECT_NE(msg.find("kv_format: " + fmt + " has no GPU kernel yet (issue 42)"),
               std::string::npos)
         << msg;
-    EXPECT_THROW(check_prefill_plan(indptr.data(), indptr.data(), last.data(), 1, 32, 8, 128, 16,
-                                    true, DType::bf16, c.value, DType::bf16, PlanTarget::kGpu, {},
-                                    c.f),
-                 NotImplementedError);
+    EXPECT_THROW(
+        check_prefill_plan(indptr.data(), indptr.data(), last.data(), 1, 32, 8, 128, 16, true,
+                           DType::bf16, c.value, DType::bf16, PlanTarget::kGpu, {}, c.f),
+        NotImplementedError);
     // The host path (CPU reference) takes them.
     EXPECT_NO_THROW(check_decode_plan(indptr.data(), last.data(), 1, 32, 8, 128, 16, DType::f16,
                                       c.value, DType::f16, PlanTarget::kHost, {}, c.f));
-    EXPECT_NO_THROW(check_prefill_plan(indptr.data(), indptr.data(), last.data(), 1, 32, 8, 128,
-                                       16, true, DType::f32, c.value, DType::f32,
-                                       PlanTarget::kHost, {}, c.f));
+    EXPECT_NO_THROW(check_prefill_plan(indptr.data(), indptr.data(), last.data(), 1, 32, 8, 128, 16,
+                                       true, DType::f32, c.value, DType::f32, PlanTarget::kHost, {},
+                                       c.f));
     CascadeBatch cb{.kv_indptr = indptr.data(), .kv_last_page_len = last.data(), .batch_size = 1};
     CascadeShape cs{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128, .kv_dtype = c.value};
     cs.kv_format = c.f;
@@ -293,10 +294,10 @@ TEST(KvQuantChecks, GpuPlansRefuseEveryFormatNamingIssue42) {
   EXPECT_NE(msg.find("int4-g128's group of 128 elements does not divide head_dim 64"),
             std::string::npos)
       << msg;
-  EXPECT_ERROR_HAS(check_prefill_plan(indptr.data(), indptr.data(), nullptr, 1, 32, 8, 128, 0,
-                                      false, DType::f16, DType::u8, DType::f16, PlanTarget::kHost,
-                                      {}, {KVQuant::kNvfp4, 16}),
-                   "kv_format: nvfp4 is read from a paged cache only");
+  EXPECT_ERROR_HAS(
+      check_prefill_plan(indptr.data(), indptr.data(), nullptr, 1, 32, 8, 128, 0, false, DType::f16,
+                         DType::u8, DType::f16, PlanTarget::kHost, {}, {KVQuant::kNvfp4, 16}),
+      "kv_format: nvfp4 is read from a paged cache only");
   // u8 without a format is still the plain dtype error.
   EXPECT_ERROR_HAS(check_decode_plan(indptr.data(), last.data(), 1, 32, 8, 128, 16, DType::f16,
                                      DType::u8, DType::f16, PlanTarget::kHost),
