@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _C
 from . import _array_core as A  # not _arrays, which loads _torch_ops (it imports this)
-from . import kv_quant as KQ
+from . import _kv_formats as KQ
 
 _BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
 # Prefill: "fa2" the mma.sync kernel, "fa3" the Hopper wgmma kernel (sm_90a, 128-row query

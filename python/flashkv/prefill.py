@@ -46,9 +46,9 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _kv_formats as KQ
 from . import _single_plans
 from . import _workspace
-from . import kv_quant as KQ
 from . import variants as V
 from ._workspace import OpSlot
 
