@@ -242,3 +242,20 @@ def test_gpu_plans_refuse_every_format(fmt):
     with pytest.raises(NotImplementedError, match="issue 42"):
         p.plan(ind, ind, torch.tensor([0], dtype=torch.int32),
                torch.tensor([3], dtype=torch.int32), HQ, HK, D, PS, kv_data_type=fmt)
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="the script needs ml_dtypes")
+def test_accuracy_script_runs_small(tmp_path):
+    """scripts/kv_quant_accuracy.py (the committed accuracy table's generator) at a tiny size."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "kv_quant_accuracy.py"), "--batch",
+                        "1", "--kv-len", "64", "--q-heads", "4", "--kv-heads", "2",
+                        "--outlier-tokens", "0", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, check=True)
+    assert "| int4-g64 |" in r.stdout and "| nvfp4 |" in r.stdout
+    assert "e4m3 per-token-head" in r.stdout
+    assert len(list(tmp_path.glob("kv-quant-accuracy-*.json"))) == 1
