@@ -20,7 +20,8 @@ void bind_kv_quant(nb::module_& m) {
       "kv_format_info",
       [](const std::string& name, int head_dim) {
         const KVFormatSpec s = parse_kv_format(name);
-        check(!s.format.is_none(), "kv_format: '", name, "' is a plain dtype, not a quantized format");
+        check(!s.format.is_none(), "kv_format: '", name,
+              "' is a plain dtype, not a quantized format");
         check_kv_format(s.format, s.value_dtype, head_dim, "kv_format");
         return nb::make_tuple(std::string(dtype_name(s.value_dtype)),
                               s.format.effective_group_size(head_dim), s.format.groups(head_dim),
