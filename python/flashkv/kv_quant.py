@@ -51,11 +51,18 @@ def _empty(like, shape, dtype):
 
             return torch.empty(shape, dtype={"e4m3": torch.float8_e4m3fn,
                                              "e5m2": torch.float8_e5m2}[dtype])
-        import ml_dtypes
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError(f"{dtype} arrays on NumPy need ml_dtypes (pip install ml_dtypes), "
+                             f"or pass a torch tensor") from None
         import numpy as np
 
         return np.empty(shape, dtype={"e4m3": ml_dtypes.float8_e4m3fn,
                                       "e5m2": ml_dtypes.float8_e5m2}[dtype])
+    if dtype == "bf16" and fw != "torch":
+        raise ValueError("scale_dtype: bfloat16 scales need a torch tensor (NumPy has no "
+                         "bfloat16); use f32 or f16")
     return A.empty(like, shape, dtype)
 
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "flashkv/attention.h"
@@ -67,13 +68,11 @@ KVFormatSpec parse_kv_format(const std::string& name) {
   for (const Named& n : kNamed) {
     if (name == n.name) return {n.dtype, n.format};
   }
+  check(name != "u8" && name != "uint8", "kv_data_type '", name, "': a u8 cache is a packed ",
+        "format; expected int4-g32, int4-g64, int4-g128 or nvfp4");
   try {
-    const DType t = parse_dtype(name);
-    check(t != DType::u8, "kv_data_type 'u8': a u8 cache is a packed format; expected int4-g32, ",
-          "int4-g64, int4-g128 or nvfp4");
-    return {t, {}};
-  } catch (const Error& e) {
-    if (name == "u8" || name == "uint8") throw;
+    return {parse_dtype(name), {}};
+  } catch (const Error&) {
     fail("unknown KV format '", name,
          "': expected a dtype (f16, bf16, f32, e4m3, e5m2, ...) or a quantized format: ",
          "e4m3-per-token, e5m2-per-token, int4-g32, int4-g64, int4-g128, nvfp4");
@@ -165,9 +164,10 @@ void check_kv_format(const KVQuantFormat& f, DType value_dtype, int head_dim, co
 namespace {
 
 // One group-scale or zero-point pool of `kv` (kv_quant.h): present iff the format has it, the
-// cache's shape with head_dim -> groups, a dtype the format takes, on the cache's device.
+// cache's shape with head_dim -> groups, a dtype the format takes (and `same_dtype_as`'s, when
+// given: the other pools match the key scales), on the cache's device.
 void check_pool(const PagedKVCache& kv, const TensorView& t, bool wanted, const char* name,
-                const char* which, DType expect_like) {
+                const char* which, std::optional<DType> same_dtype_as) {
   const KVQuantFormat& f = kv.scale.format;
   const std::string fmt = kv_format_name(f, kv.k.dtype());
   if (!wanted) {
@@ -180,8 +180,8 @@ void check_pool(const PagedKVCache& kv, const TensorView& t, bool wanted, const 
         f.groups(kv.head_dim()), "]), got none");
   check(kv_format_takes_scale_dtype(f, t.dtype()), name, ".", which, ": ", fmt, " takes ",
         expected_scale_dtypes(f), " scales, got ", dtype_name(t.dtype()));
-  check(expect_like == t.dtype() || expect_like == DType::i32, name, ".", which,
-        ": expected dtype ", dtype_name(expect_like), " (that of the scales), got ",
+  check(!same_dtype_as || *same_dtype_as == t.dtype(), name, ".", which, ": expected dtype ",
+        dtype_name(same_dtype_as.value_or(t.dtype())), " (that of the scales), got ",
         dtype_name(t.dtype()));
   const int64_t want[4] = {kv.k.size(0), kv.k.size(1), kv.k.size(2), f.groups(kv.head_dim())};
   const bool ok = t.ndim() == 4 && t.size(0) == want[0] && t.size(1) == want[1] &&
@@ -233,7 +233,7 @@ void check_kv_group_scales(const PagedKVCache& kv, const char* name) {
                          "op refuses it); the CPU reference reads it");
   }
   check_kv_format(f, kv.k.dtype(), kv.head_dim(), (std::string(name) + ".format").c_str());
-  check_pool(kv, s.k_group_scale, true, name, "k_group_scale", DType::i32);
+  check_pool(kv, s.k_group_scale, true, name, "k_group_scale", std::nullopt);
   check_pool(kv, s.v_group_scale, true, name, "v_group_scale", s.k_group_scale.dtype());
   check_pool(kv, s.k_zero, f.has_zero_point(), name, "k_zero", s.k_group_scale.dtype());
   check_pool(kv, s.v_zero, f.has_zero_point(), name, "v_zero", s.k_group_scale.dtype());
