@@ -61,7 +61,12 @@ struct CascadeShape {
   // An fp8 cache (e4m3 / e5m2: every level reads it, with paged_kv.scale); any other value: the
   // cache is in `dtype`.
   DType kv_dtype = DType::f32;
-  DType cache_dtype() const { return is_fp8_dtype(kv_dtype) ? kv_dtype : dtype; }
+  // A quantized format (kv_quant.h; kv_dtype its element dtype, u8 for INT4 / NVFP4): no GPU
+  // kernel reads one yet, so MultiLevelCascade::plan refuses it (NotImplementedError).
+  KVQuantFormat kv_format = {};
+  DType cache_dtype() const {
+    return is_fp8_dtype(kv_dtype) || kv_dtype == DType::u8 ? kv_dtype : dtype;
+  }
 };
 
 struct CascadePlanOptions {

@@ -13,16 +13,18 @@
 
 namespace flashkv {
 
-enum class DType : uint8_t { f32, f16, bf16, e4m3, e5m2, i32 };
+// u8: raw bytes, the packed 4-bit pairs of an INT4 or NVFP4 KV cache (kv_quant.h): never an
+// attention input of its own, always read through a quantized format's descriptor.
+enum class DType : uint8_t { f32, f16, bf16, e4m3, e5m2, i32, u8 };
 
 // Bytes per element.
 size_t dtype_size(DType t);
-// Short lower-case name: "f32", "f16", "bf16", "e4m3", "e5m2", "i32".
+// Short lower-case name: "f32", "f16", "bf16", "e4m3", "e5m2", "i32", "u8".
 const char* dtype_name(DType t);
 // Inverse of dtype_name; also accepts "float16", "half", "bfloat16", "float32", "int32",
-// "fp8_e4m3", "fp8_e5m2". Throws flashkv::Error naming the accepted spellings otherwise.
+// "fp8_e4m3", "fp8_e5m2", "uint8". Throws flashkv::Error naming the accepted spellings otherwise.
 DType parse_dtype(std::string_view name);
-// True for the floating-point element types.
+// True for the floating-point element types (not i32, not u8).
 bool is_floating(DType t);
 // True for e4m3 and e5m2.
 inline bool is_fp8_dtype(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
@@ -42,7 +44,13 @@ float e4m3_to_float(uint8_t bits);
 uint8_t float_to_e5m2(float x, bool saturate = true);
 float e5m2_to_float(uint8_t bits);
 
-// Reads element `i` of a buffer of type `t` as a double (f32/f16/bf16/fp8/i32).
+// fp4 e2m1 (NVFP4's element: 1 sign, 2 exponent, 1 mantissa bit; values 0, 0.5, 1, 1.5, 2, 3,
+// 4, 6; no inf or NaN) <-> float, as the low 4 bits of a byte. Round to nearest even, saturating
+// to ±6; NaN has no encoding and is the caller's to refuse (kv_quantize.h does).
+uint8_t float_to_e2m1(float x);
+float e2m1_to_float(uint8_t nibble);
+
+// Reads element `i` of a buffer of type `t` as a double (f32/f16/bf16/fp8/i32; u8: the byte).
 double load_as_double(const void* data, DType t, int64_t i);
 // Writes `x` (rounded to nearest even) as element `i` of a buffer of type `t`.
 void store_from_double(void* data, DType t, int64_t i, double x);

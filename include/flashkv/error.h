@@ -16,6 +16,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A valid request flashkv has no implementation of yet (a quantized KV format no GPU kernel
+// reads: kv_quant.h). Python raises NotImplementedError for it; it is still a flashkv::Error.
+class NotImplementedError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <class... Parts>
 std::string concat(const Parts&... parts) {
@@ -29,6 +36,12 @@ std::string concat(const Parts&... parts) {
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
   throw Error(detail::concat(parts...));
+}
+
+// Throws flashkv::NotImplementedError whose message is the concatenation of `parts`.
+template <class... Parts>
+[[noreturn]] void fail_not_implemented(const Parts&... parts) {
+  throw NotImplementedError(detail::concat(parts...));
 }
 
 // Throws flashkv::Error with the concatenated message when `ok` is false. The message is only

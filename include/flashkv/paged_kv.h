@@ -46,7 +46,9 @@ struct PagedKVCache {
   TensorView indices;        // i32 [indptr[batch]] page ids in [0, num_pages)
   TensorView last_page_len;  // i32 [batch], 1 <= last_page_len <= page_size for non-empty requests
   // Dequantization scales of an fp8 cache (attention.h): read by every op that reads the cache,
-  // and divided by when append_paged_kv_cache or the fused decode step quantizes into it.
+  // and divided by when append_paged_kv_cache or the fused decode step quantizes into it. A
+  // quantized format (scale.format, kv_quant.h) adds its group-scale pools here: k and v then hold
+  // the format's values (u8 pairs for INT4 / NVFP4: the last dimension is head_dim / 2).
   KVScale scale;
 
   // Splits one interleaved tensor kv[num_pages, 2, ...] into the k and v views.
@@ -56,7 +58,7 @@ struct PagedKVCache {
   int64_t num_pages() const { return k.size(0); }
   int page_size() const;
   int num_kv_heads() const;
-  int head_dim() const;
+  int head_dim() const;  // elements, not bytes: twice k.size(3) for the packed formats
   int batch_size() const { return static_cast<int>(indptr.size(0)) - 1; }
   // Element strides of k/v: between pages, between tokens of a page, between heads.
   int64_t page_stride() const { return k.stride(0); }
@@ -78,6 +80,14 @@ inline int64_t paged_kv_len(const int32_t* indptr, const int32_t* last_page_len,
   const int64_t pages = indptr[i + 1] - indptr[i];
   return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[i];
 }
+
+// The group-scale pools of a quantized cache (kv_quant.h) against the cache `kv` (its layout,
+// pages, page size, heads, head_dim, element dtype): each pool defined where the format has it
+// (and only there), the shape of kv.k with head_dim replaced by the group count, a scale dtype the
+// format takes, the cache's device; on the host also every entry (scales finite and >= 0, zero
+// points finite). On a CUDA cache: NotImplementedError (no kernel reads these formats yet).
+// Called by validate_shapes().
+void check_kv_group_scales(const PagedKVCache& kv, const char* name = "paged_kv.scale");
 
 // Checks num_qo_heads / num_kv_heads for GQA/MQA: both positive and H_qo divisible by H_kv.
 void check_heads(int num_qo_heads, int num_kv_heads);

@@ -38,7 +38,8 @@ inline constexpr int kMaxPrefillGroup = 128;
 void check_decode_plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
                        int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
                        DType q_dtype, DType kv_dtype, DType o_dtype,
-                       PlanTarget target = PlanTarget::kGpu, const PageTableNames& names = {});
+                       PlanTarget target = PlanTarget::kGpu, const PageTableNames& names = {},
+                       const KVQuantFormat& kv_format = {});
 
 // BatchPrefillPaged::plan's arguments (paged: kv_indptr in pages, kv_last_page_len and page_size as
 // decode's) or BatchPrefillRagged::plan's (paged false: kv_indptr in tokens; kv_last_page_len and
@@ -48,7 +49,15 @@ void check_prefill_plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
                         const int32_t* kv_last_page_len, int batch_size, int num_qo_heads,
                         int num_kv_heads, int head_dim, int page_size, bool paged, DType q_dtype,
                         DType kv_dtype, DType o_dtype, PlanTarget target = PlanTarget::kGpu,
-                        const PageTableNames& names = {});
+                        const PageTableNames& names = {}, const KVQuantFormat& kv_format = {});
+
+// A quantized cache's format (kv_quant.h; AttentionShape::kv_format) against the plan's kv_dtype
+// and head_dim (check_kv_format's named errors), then the target: no GPU kernel reads these
+// formats yet, so kGpu throws NotImplementedError naming the format and issue 42; kHost (the CPU
+// reference) takes them. kNone: nothing to check. The decode / prefill / cascade plan checks call
+// it; `name` is the argument ("kv_format").
+void check_kv_quant_plan(const KVQuantFormat& kv_format, DType kv_dtype, int head_dim,
+                         PlanTarget target, const char* name = "kv_format");
 
 // The largest page id of a host page table and the entry that holds it (entry -1: no pages).
 struct PageIdMax {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashkv/error.h"
+#include "flashkv/kv_quant.h"
 
 namespace flashkv::python {
 namespace {
@@ -26,14 +27,16 @@ DType dtype_of(dl::dtype t, const char* name) {
     if (code == dl::dtype_code::Float && t.bits == 32) return DType::f32;
     if (code == dl::dtype_code::Bfloat && t.bits == 16) return DType::bf16;
     if (code == dl::dtype_code::Int && t.bits == 32) return DType::i32;
+    // Raw bytes: the packed 4-bit pairs of an INT4 / NVFP4 cache (kv_quant.h).
+    if (code == dl::dtype_code::UInt && t.bits == 8) return DType::u8;
     // DLPack 1.1's float8 codes (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12), by number: older
     // nanobind releases do not name them.
     if (t.code == 10 && t.bits == 8) return DType::e4m3;
     if (t.code == 12 && t.bits == 8) return DType::e5m2;
   }
   throw nb::type_error((std::string(name) + ": unsupported dtype " + dtype_str(t) +
-                        "; expected float16, bfloat16, float32, float8_e4m3fn, float8_e5m2 or "
-                        "int32")
+                        "; expected float16, bfloat16, float32, float8_e4m3fn, float8_e5m2, "
+                        "int32 or uint8")
                            .c_str());
 }
 
@@ -105,6 +108,25 @@ KVScale kv_scale_of(float k, float v, const std::optional<InArray>& k_tensor,
   return s;
 }
 
+KVScale with_group_scales(KVScale s, const std::string& kv_format,
+                          const std::optional<InArray>& k_group_scale,
+                          const std::optional<InArray>& v_group_scale,
+                          const std::optional<InArray>& k_zero,
+                          const std::optional<InArray>& v_zero) {
+  if (kv_format.empty()) {
+    check(!k_group_scale && !v_group_scale && !k_zero && !v_zero, "k_group_scale / v_group_scale ",
+          "/ k_zero / v_zero: group scales need a quantized kv_format (e4m3-per-token, int4-g64, ",
+          "nvfp4, ...), got none");
+    return s;
+  }
+  s.format = parse_kv_format(kv_format).format;
+  s.k_group_scale = view_of(k_group_scale, "k_group_scale");
+  s.v_group_scale = view_of(v_group_scale, "v_group_scale");
+  s.k_zero = view_of(k_zero, "k_zero");
+  s.v_zero = view_of(v_zero, "v_zero");
+  return s;
+}
+
 nb::ndarray<> fp8_view(const InArray& a, const std::string& dtype) {
   const DType t = parse_dtype(dtype);
   check(is_fp8_dtype(t), "fp8_view: expected dtype e4m3 or e5m2, got ", dtype);
@@ -144,6 +166,8 @@ void register_error_translator() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
     } catch (const Error& e) {
       PyErr_SetString(is_runtime_failure(e.what()) ? PyExc_RuntimeError : PyExc_ValueError,
                       e.what());

@@ -38,6 +38,14 @@ TensorView view_of(const std::optional<InArray>& a, const char* name);
 KVScale kv_scale_of(float k, float v, const std::optional<InArray>& k_tensor,
                     const std::optional<InArray>& v_tensor);
 
+// `s` with a quantized format's group scales (kv_quant.h): kv_format "" means none (and no
+// arrays); otherwise a format name ("int4-g64", ...) and its pools, checked by the op.
+KVScale with_group_scales(KVScale s, const std::string& kv_format,
+                          const std::optional<InArray>& k_group_scale,
+                          const std::optional<InArray>& v_group_scale,
+                          const std::optional<InArray>& k_zero,
+                          const std::optional<InArray>& v_zero);
+
 // A paged cache of k/v arrays, its page table and its scales. KV: InArray for the attention ops
 // (read), OutArray for the append (written).
 template <class KV>
@@ -68,7 +76,8 @@ const int32_t* host_i32(const InArray& a, const char* name, int64_t min_len);
 // The CUDA stream a Python caller passed as an integer (0: the legacy default stream).
 inline Stream stream_of(uintptr_t s) { return reinterpret_cast<Stream>(s); }
 
-// flashkv::Error -> ValueError (an argument problem) or RuntimeError (CUDA, NVRTC, no driver).
+// flashkv::Error -> ValueError (an argument problem) or RuntimeError (CUDA, NVRTC, no driver);
+// flashkv::NotImplementedError -> NotImplementedError (a format no GPU kernel reads yet).
 void register_error_translator();
 
 }  // namespace flashkv::python

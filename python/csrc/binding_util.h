@@ -68,6 +68,12 @@ inline Llama31RopeOptions llama31_rope(int rotary_dim, bool interleave, double r
   nb::arg("k_scale") = 1.0f, nb::arg("v_scale") = 1.0f, \
   nb::arg("k_scale_tensor").none() = nb::none(), nb::arg("v_scale_tensor").none() = nb::none()
 
+// A quantized format's keyword arguments (array_view.h: with_group_scales), after the scales'.
+#define FLASHKV_KV_GROUP_ARGS                                                          \
+  nb::arg("kv_format") = "", nb::arg("k_group_scale").none() = nb::none(),             \
+  nb::arg("v_group_scale").none() = nb::none(), nb::arg("k_zero").none() = nb::none(), \
+  nb::arg("v_zero").none() = nb::none()
+
 // The caller's workspace: contiguous device memory of any dtype (FlashInfer's is uint8) on the
 // op's device, kept alive by the op.
 struct Workspace {

@@ -23,6 +23,9 @@ void bind_block_sparse(nb::module_& m);
 void bind_merge(nb::module_& m);
 // append_paged_kv_cache, get_batch_indices_positions and the RoPE ops.
 void bind_kv_rope(nb::module_& m);
+// quantize_kv, dequantize_kv, nvfp4_tensor_scale, kv_format_info: the quantized KV formats'
+// host quantizers (kv_quant_binding.cpp).
+void bind_kv_quant(nb::module_& m);
 // precompile, precompile_kernel_ids, precompile_ops, precompile_defaults (filling the kernel
 // cache ahead of time; not an op family).
 void bind_precompile(nb::module_& m);

@@ -246,7 +246,7 @@ nb::object check_host_decode_plan(const InArray& kv_indptr, const InArray& kv_la
   const PageTableNames n = names.view();
   check_decode_plan(b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads, sh.num_kv_heads,
                     sh.head_dim, b.page_size, sh.q_dtype, sh.kv_dtype, sh.o_dtype,
-                    PlanTarget::kHost, n);
+                    PlanTarget::kHost, n, sh.kv_format);
   if (!kv_indices) return nb::none();
   const int64_t nnz = pages_of(b);
   const PageIdMax mx =
@@ -286,16 +286,20 @@ void bind_decode(nb::module_& m) {
       [](const InArray& q, const InArray& k, const InArray& v, const std::string& layout,
          const InArray& indptr, const InArray& indices, const InArray& last_page_len,
          const OutArray& out, const LseArg& lse, float sm_scale, float k_scale, float v_scale,
-         const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor) {
+         const OptionalIn& k_scale_tensor, const OptionalIn& v_scale_tensor,
+         const std::string& kv_format, const OptionalIn& k_group_scale,
+         const OptionalIn& v_group_scale, const OptionalIn& k_zero, const OptionalIn& v_zero) {
         const TensorView qv = view_of(q, "q"), ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv =
-            paged_cache(k, v, layout, indptr, indices, last_page_len,
-                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+        const PagedKVCache kv = paged_cache(
+            k, v, layout, indptr, indices, last_page_len,
+            with_group_scales(kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor),
+                              kv_format, k_group_scale, v_group_scale, k_zero, v_zero));
         without_gil(
             [&] { reference::batch_decode(qv, kv, ov, lv, attention_options(sm_scale, false)); });
       },
       arg("q"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
-      arg("last_page_len"), arg("out"), arg("lse").none(), arg("sm_scale"), FLASHKV_KV_SCALE_ARGS);
+      arg("last_page_len"), arg("out"), arg("lse").none(), arg("sm_scale"), FLASHKV_KV_SCALE_ARGS,
+      FLASHKV_KV_GROUP_ARGS);
 }
 
 }  // namespace flashkv::python

@@ -55,6 +55,7 @@ void bind_module(nb::module_& m) {
   bind_block_sparse(m);
   bind_merge(m);
   bind_kv_rope(m);
+  bind_kv_quant(m);
   bind_precompile(m);
 }
 

@@ -7,6 +7,7 @@
 #include "binding_util.h"
 #include "flashkv/attention.h"
 #include "flashkv/error.h"
+#include "flashkv/kv_quant.h"
 #include "flashkv/plan_checks.h"
 
 namespace flashkv::python {
@@ -40,6 +41,16 @@ void bind_plan_types(nb::module_& m) {
   dtype_field<&AttentionShape::q_dtype>(shape, "q_dtype");
   dtype_field<&AttentionShape::kv_dtype>(shape, "kv_dtype");
   dtype_field<&AttentionShape::o_dtype>(shape, "o_dtype");
+  // A quantized cache's format by name ("" for none; kv_quant.h: "int4-g64", "nvfp4", ...);
+  // kv_dtype holds its element dtype.
+  shape.rw_as(
+      "kv_format",
+      [](const AttentionShape& s) {
+        return s.kv_format.is_none() ? std::string() : kv_format_name(s.kv_format, s.kv_dtype);
+      },
+      [](AttentionShape& s, const std::string& v) {
+        s.kv_format = v.empty() ? KVQuantFormat{} : parse_kv_format(v).format;
+      });
   shape.finish();
 
   nb::class_<PyPageTableNames>(m, "PageTableNames",

@@ -246,7 +246,7 @@ nb::object check_host_prefill_plan(const InArray& qo_indptr, const InArray& kv_i
   const PageTableNames n = names.view();
   check_prefill_plan(b.qo_indptr, b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads,
                      sh.num_kv_heads, sh.head_dim, page_size, paged, sh.q_dtype, sh.kv_dtype,
-                     sh.o_dtype, PlanTarget::kHost, n);
+                     sh.o_dtype, PlanTarget::kHost, n, sh.kv_format);
   if (!paged || !kv_indices) return nb::none();
   const int64_t nnz = kv_entries(b);
   const PageIdMax mx =
@@ -287,19 +287,22 @@ void bind_prefill(nb::module_& m) {
          const std::string& layout, const InArray& indptr, const InArray& indices,
          const InArray& last_page_len, const OutArray& out, const LseArg& lse, bool causal,
          float sm_scale, float k_scale, float v_scale, const OptionalIn& k_scale_tensor,
-         const OptionalIn& v_scale_tensor) {
+         const OptionalIn& v_scale_tensor, const std::string& kv_format,
+         const OptionalIn& k_group_scale, const OptionalIn& v_group_scale, const OptionalIn& k_zero,
+         const OptionalIn& v_zero) {
         const TensorView qv = view_of(q, "q"), qi = view_of(qo_indptr, "qo_indptr"),
                          ov = view_of(out, "out"), lv = view_of(lse, "lse");
-        const PagedKVCache kv =
-            paged_cache(k, v, layout, indptr, indices, last_page_len,
-                        kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor));
+        const PagedKVCache kv = paged_cache(
+            k, v, layout, indptr, indices, last_page_len,
+            with_group_scales(kv_scale_of(k_scale, v_scale, k_scale_tensor, v_scale_tensor),
+                              kv_format, k_group_scale, v_group_scale, k_zero, v_zero));
         without_gil([&] {
           reference::batch_prefill_paged(qv, qi, kv, ov, lv, attention_options(sm_scale, causal));
         });
       },
       arg("q"), arg("qo_indptr"), arg("k"), arg("v"), arg("layout"), arg("indptr"), arg("indices"),
       arg("last_page_len"), arg("out"), arg("lse").none(), arg("causal"), arg("sm_scale"),
-      FLASHKV_KV_SCALE_ARGS);
+      FLASHKV_KV_SCALE_ARGS, FLASHKV_KV_GROUP_ARGS);
   m.def(
       "reference_batch_prefill_ragged",
       [](const InArray& q, const InArray& qo_indptr, const InArray& k, const InArray& v,

@@ -49,6 +49,12 @@ quantize float16 / bfloat16 / float32 rows into an fp8 cache with the same keywo
 ``k_scale`` / ``v_scale`` (round to nearest even, saturating). A 16-bit cache takes only None or
 1.0 (``ValueError`` otherwise: fold the scale into ``sm_scale``); ``q_scale`` other than None or
 1.0 raises ``NotImplementedError``.
+
+Quantized KV formats beyond that (:mod:`flashkv.kv_quant`: ``"e4m3-per-token"``,
+``"int4-g64"``, ``"nvfp4"``, ...) are plan()'s ``kv_data_type`` values of the decode and paged
+prefill wrappers, with their group scales in run(); host wrappers read them through the CPU
+reference, GPU plans raise ``NotImplementedError`` until their kernels land (issue 42).
+:func:`quantize_kv` / :func:`dequantize_kv` are the host quantizers.
 """
 
 # The built extension may live in another directory than these sources (a CMake build dir on
@@ -74,6 +80,7 @@ from .page import (  # noqa: E402
     get_batch_indices_positions,
     get_seq_lens,
 )
+from .kv_quant import dequantize_kv, quantize_kv  # noqa: E402
 from .prefill import (  # noqa: E402
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -138,12 +145,14 @@ __all__ = [
     "apply_rope_with_cos_sin_cache_inplace",
     "check_device_errors",
     "cuda_available",
+    "dequantize_kv",
     "get_batch_indices_positions",
     "get_seq_lens",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
     "nvrtc_library",
+    "quantize_kv",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
     "token_pages",

@@ -29,8 +29,10 @@ _DTYPE_ALIASES = {
     "float32": "f32", "float": "f32", "f32": "f32", "fp32": "f32",
     "float8_e4m3fn": "e4m3", "e4m3": "e4m3", "fp8_e4m3": "e4m3",
     "float8_e5m2": "e5m2", "e5m2": "e5m2", "fp8_e5m2": "e5m2",
+    # Raw bytes: the packed 4-bit pairs of an INT4 / NVFP4 cache (flashkv.kv_quant).
+    "uint8": "u8", "u8": "u8",
 }
-_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "i32": np.int32}
+_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}
 FP8_DTYPES = ("e4m3", "e5m2")
 # The fp8 arrays dl() passes as a uint8 view and their dtype: torch's float8 tensors (by str() of
 # their dtype) and NumPy arrays of ml_dtypes' float8 types (by dtype name).
@@ -99,7 +101,7 @@ def framework_dtype(like, name: str):
             import torch
 
             _TORCH_DTYPES.update(f16=torch.float16, bf16=torch.bfloat16, f32=torch.float32,
-                                 i32=torch.int32)
+                                 i32=torch.int32, u8=torch.uint8)
         return _TORCH_DTYPES[name]
     if name != "i32" and name == array_dtype(like):
         return like.dtype

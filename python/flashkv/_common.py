@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _C
 from . import _array_core as A  # not _arrays, which loads _torch_ops (it imports this)
+from . import _kv_formats as KQ
 
 _BACKENDS = ("auto", "fa2")  # decode's kernels are FA2-style; "auto" picks CUDA or tensor cores
 # Prefill: "fa2" the mma.sync kernel, "fa3" the Hopper wgmma kernel (sm_90a, 128-row query
@@ -101,22 +102,34 @@ def check_run_extras(args, q_scale=None, window_left=None, q_scale_name="q_scale
 class KVScale(NamedTuple):
     """The C++ KVScale (flashkv/attention.h): the real key is the stored one times k (a float) times
     k_tensor (when given: float32 [1] or [num_kv_heads] on the cache's device, read by the kernel
-    when it runs, so a CUDA graph replays with its current value); the same for values."""
+    when it runs, so a CUDA graph replays with its current value); the same for values. A
+    quantized format (flashkv.kv_quant: "int4-g64", ...) adds its group-scale pools (and INT4's
+    zero points), which multiply with that factor."""
 
     k: float = 1.0
     v: float = 1.0
     k_tensor: object = None
     v_tensor: object = None
+    format: str = ""
+    k_group: object = None
+    v_group: object = None
+    k_zero: object = None
+    v_zero: object = None
 
     def kwargs(self) -> dict:
-        """The keyword arguments of flashkv._C's ops that read or write a KV cache."""
-        return dict(k_scale=self.k, v_scale=self.v, k_scale_tensor=self.k_tensor,
-                    v_scale_tensor=self.v_tensor)
+        """The keyword arguments of flashkv._C's ops that read or write a KV cache (the group
+        scales only with a format: only the CPU reference's ops take them)."""
+        kw = dict(k_scale=self.k, v_scale=self.v, k_scale_tensor=self.k_tensor,
+                  v_scale_tensor=self.v_tensor)
+        if self.format:
+            kw.update(kv_format=self.format, k_group_scale=self.k_group,
+                      v_group_scale=self.v_group, k_zero=self.k_zero, v_zero=self.v_zero)
+        return kw
 
     @property
     def is_identity(self) -> bool:
         return (self.k == 1.0 and self.v == 1.0 and self.k_tensor is None
-                and self.v_tensor is None)
+                and self.v_tensor is None and not self.format)
 
 
 NO_SCALE = KVScale()
@@ -135,20 +148,25 @@ def kv_heads(k, kv_layout, paged=True):
     return int(shape[1] if nhd else shape[0])
 
 
-def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale")) -> KVScale:
+def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale"),
+              group=None) -> KVScale:
     """FlashInfer's k_scale / v_scale for KV cache `cache` (the k array: its dtype and device) of
     `num_kv_heads` heads (None: not known here) as a KVScale. Each scale: None (1), a float > 0,
     or a float32 array of 1 or num_kv_heads elements (flashkv extension: per KV head; a 0-d array
     counts as [1]) on the cache's device. A 16-bit (or float32) cache takes only None or 1.0:
     the kernels dequantize fp8 caches only, and a scale of another cache belongs in sm_scale.
-    ValueError naming the argument otherwise."""
-    if k_scale is None and v_scale is None:
+    ValueError naming the argument otherwise.
+
+    `group`: a quantized format's part (flashkv.kv_quant.GroupScales: the plan's format and the
+    run()'s group-scale arrays), or None for a plan without one. With it the float / tensor
+    scales are the format's per-tensor factor (NVFP4's f32 scale), whatever the cache dtype."""
+    if group is None and (k_scale is None and v_scale is None):
         return NO_SCALE
     # Float (or None) scales: the checked KVScale is a function of the scales' types and values
     # and the cache's dtype, so it is kept (an engine passes the same scales on every layer).
     # Arrays are checked every call (their device and shape belong to the array).
     memo = None
-    if type(k_scale) in _SCALAR_SCALES and type(v_scale) in _SCALAR_SCALES:
+    if group is None and type(k_scale) in _SCALAR_SCALES and type(v_scale) in _SCALAR_SCALES:
         memo = (type(k_scale), k_scale, type(v_scale), v_scale, getattr(cache, "dtype", None),
                 names)
         try:
@@ -161,13 +179,16 @@ def kv_scales(k_scale, v_scale, cache, num_kv_heads, names=("k_scale", "v_scale"
         dtype = A.array_dtype(cache)
     except ValueError:  # a cache dtype flashkv does not take: the op says so
         dtype = str(getattr(cache, "dtype", "?"))
-    fp8 = dtype in A.FP8_DTYPES
+    fp8 = dtype in A.FP8_DTYPES or (group is not None and bool(group.format))
     kf, kt = _scale(names[0], k_scale, "k", fp8, dtype, cache, num_kv_heads)
     vf, vt = _scale(names[1], v_scale, "v", fp8, dtype, cache, num_kv_heads)
-    scale = KVScale(kf, vf, kt, vt)
-    if memo is not None and len(_SCALE_MEMO) < 256:
-        _SCALE_MEMO[memo] = scale
-    return scale
+    if group is None or not group.format:
+        scale = KVScale(kf, vf, kt, vt)
+        if memo is not None and len(_SCALE_MEMO) < 256:
+            _SCALE_MEMO[memo] = scale
+        return scale
+    return KVScale(kf, vf, kt, vt, group.format, group.k_group, group.v_group, group.k_zero,
+                   group.v_zero)
 
 
 _SCALAR_SCALES = (float, int, type(None))  # exact types (not bool, not NumPy scalars)
@@ -247,9 +268,11 @@ def page_table_names(qo_indptr="qo_indptr", kv_indptr="paged_kv_indptr",
 
 def attention_shape(plan) -> object:
     """The _C.AttentionShape of a decode or prefill plan (its heads, head_dim and dtypes)."""
+    kv = plan["kv_dtype"]
     return make(_C.AttentionShape, num_qo_heads=plan["num_qo_heads"],
                 num_kv_heads=plan["num_kv_heads"], head_dim=plan["head_dim"],
-                q_dtype=plan["q_dtype"], kv_dtype=plan["kv_dtype"], o_dtype=plan["o_dtype"])
+                q_dtype=plan["q_dtype"], kv_dtype=KQ.value_dtype(kv), o_dtype=plan["o_dtype"],
+                kv_format=kv if KQ.is_format(kv) else "")
 
 
 def plan_info(slot) -> dict:
@@ -274,7 +297,8 @@ def plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type=None):
         q_data_type = data_type if q_data_type is None else q_data_type
         kv_data_type = data_type if kv_data_type is None else kv_data_type
     q = A.dtype_name("float16" if q_data_type is None else q_data_type)
-    kv = q if kv_data_type is None else A.dtype_name(kv_data_type)
+    kv_format = KQ.format_name(kv_data_type)  # a quantized format ("int4-g64", ...) or None
+    kv = q if kv_data_type is None else kv_format or A.dtype_name(kv_data_type)
     o = q if o_data_type is None else A.dtype_name(o_data_type)
     if q in A.FP8_DTYPES:
         raise NotImplementedError(
@@ -337,8 +361,10 @@ def check_planned(q, k, plan, name_kv="paged_kv_cache"):
     if q_dt != plan["q_dtype"]:
         raise ValueError(f"q: expected dtype {plan['q_dtype']} (the plan's q_data_type), "
                          f"got {q_dt}")
-    if kv_dt != plan["kv_dtype"]:
-        raise ValueError(f"{name_kv}: expected dtype {plan['kv_dtype']} (the plan's "
+    want_kv = KQ.value_dtype(plan["kv_dtype"])  # a quantized format's element dtype
+    if kv_dt != want_kv:
+        of = f" of {plan['kv_dtype']}" if want_kv != plan["kv_dtype"] else ""
+        raise ValueError(f"{name_kv}: expected dtype {want_kv}{of} (the plan's "
                          f"kv_data_type), got {kv_dt}")
     if len(q.shape) != 3 or q.shape[1] != plan["num_qo_heads"] or q.shape[2] != plan["head_dim"]:
         raise ValueError(
@@ -352,8 +378,9 @@ def check_planned_paged(k, plan, kv_layout):
     if len(shape) != 4:
         raise ValueError(f"paged_kv_cache: expected 4-D k/v caches, got shape {shape}")
     nhd = kv_layout == "NHD"
+    packed = 2 if KQ.is_packed(plan["kv_dtype"]) else 1  # INT4 / NVFP4: two values a byte
     got = {"page_size": shape[1] if nhd else shape[2],
-           "num_kv_heads": shape[2] if nhd else shape[1], "head_dim": shape[3]}
+           "num_kv_heads": shape[2] if nhd else shape[1], "head_dim": shape[3] * packed}
     for name, value in got.items():
         if value != plan[name]:
             raise ValueError(f"paged_kv.{name}: expected {plan[name]} (the plan's), got {value} "

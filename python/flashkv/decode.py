@@ -7,6 +7,7 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _kv_formats as KQ
 from . import _multi_token
 from . import _single_plans
 from . import _workspace
@@ -338,6 +339,10 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
             old_context_len=old_context_len, sinks=sinks, alibi_slopes=alibi_slopes,
             sigmoid=sigmoid, sigmoid_bias=sigmoid_bias, variant=variant,
             variant_args=variant_args, device_only=self._use_cuda_graph, keep=keep)
+        if plan["variant"] is not None and KQ.is_format(kv_dt):
+            raise NotImplementedError(
+                f"kv_data_type={kv_dt!r}: attention variants over a quantized format's cache are "
+                f"not implemented yet (issue 42): plan plain attention")
         if self._use_cuda_graph:
             # A captured run() replays with the variant arrays of its capture's plan: keep every
             # array a plan pointed at while this wrapper lives (device arrays of the caller, so
@@ -407,7 +412,8 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
             lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
-            q_len_per_req=None):
+            q_len_per_req=None, k_group_scale=None, v_group_scale=None, k_zero=None,
+            v_zero=None):
         """Decode attention for the planned batch.
 
         Parameters
@@ -429,6 +435,9 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         sinks, q_len_per_req
             FlashInfer 0.6 takes them at run() too: flashkv takes sinks at plan() only
             (NotImplementedError here); q_len_per_req, if given, must be the plan's.
+        k_group_scale, v_group_scale, k_zero, v_zero : array, optional
+            A quantized ``kv_data_type``'s group scales and INT4's zero points
+            (:mod:`flashkv.kv_quant`; host wrappers only: no GPU kernel reads these yet).
 
         q ``[batch, num_qo_heads, head_dim]``; paged_kv_cache a ``(k_cache, v_cache)`` tuple of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or
@@ -465,7 +474,9 @@ class BatchDecodeWithPagedKVCacheWrapper(C.PagedRun):
         C.check_run_extras(args, q_scale)
         V.check_lse_wanted(self._plan["variant"], return_lse or lse is not None)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"])
+        group = KQ.group_scales(self._plan["kv_dtype"], k_group_scale, v_group_scale, k_zero,
+                                v_zero)
+        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"], group=group)
         return A.dispatch_run(self, "batch_decode_run", q, k, v, out, lse, return_lse, scale)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

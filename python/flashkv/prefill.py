@@ -46,6 +46,7 @@ import numpy as np
 from . import _C
 from . import _arrays as A
 from . import _common as C
+from . import _kv_formats as KQ
 from . import _single_plans
 from . import _workspace
 from . import variants as V
@@ -269,6 +270,10 @@ class _BatchPrefillBase:
             rope_theta=rope_theta, extras=_extras(extras), device_only=self._use_cuda_graph,
             mask_bufs=self._mask_bufs, keep=keep)
         plan["window_left"] = -1 if window_left is None else int(window_left)
+        if plan["variant"] is not None and KQ.is_format(plan["kv_dtype"]):
+            raise NotImplementedError(
+                f"kv_data_type={plan['kv_dtype']!r}: attention variants over a quantized format's "
+                f"cache are not implemented yet (issue 42): plan plain attention")
         if self._use_cuda_graph:
             self._graph_keep.update((id(x), x) for x in keep)
 
@@ -489,7 +494,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
     begin_forward = plan
 
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
-            lse=None, return_lse=False, enable_pdl=None, window_left=None):
+            lse=None, return_lse=False, enable_pdl=None, window_left=None, k_group_scale=None,
+            v_group_scale=None, k_zero=None, v_zero=None):
         """Prefill attention for the planned batch: q ``[nnz_qo, num_qo_heads, head_dim]``,
         paged_kv_cache a ``(k_cache, v_cache)`` tuple or one ``[num_pages, 2, ...]`` array
         (layouts as the decode wrapper's). Returns out ``[nnz_qo, num_qo_heads, head_dim]``, or
@@ -500,12 +506,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillBase, C.PagedRun):
         (``..._out`` with ``out``/``lse``), which torch.compile captures. A host page id not below
         the cache's page count raises ValueError naming the entry, before anything is written.
         ``k_scale`` / ``v_scale``: an fp8 cache's dequantization scales, as
-        :meth:`BatchDecodeWithPagedKVCacheWrapper.run`'s (module docstring).
+        :meth:`BatchDecodeWithPagedKVCacheWrapper.run`'s (module docstring), and so are a
+        quantized ``kv_data_type``'s ``k_group_scale`` / ``v_group_scale`` / ``k_zero`` /
+        ``v_zero`` (:mod:`flashkv.kv_quant`; host wrappers only).
         """
         self._check_run(return_lse, lse, window_left)
         C.check_run_extras(args, q_scale)
         k, v = C.unpack_paged_kv_cache(paged_kv_cache)
-        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"])
+        group = KQ.group_scales(self._plan["kv_dtype"], k_group_scale, v_group_scale, k_zero,
+                                v_zero)
+        scale = C.kv_scales(k_scale, v_scale, k, self._plan["num_kv_heads"], group=group)
         return A.dispatch_run(self, "batch_prefill_paged_run", q, k, v, out, lse, return_lse,
                               scale)
 

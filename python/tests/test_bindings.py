@@ -13,7 +13,9 @@ def test_shape_and_options_round_trip():
     shape = C.make(_C.AttentionShape, num_qo_heads=8, num_kv_heads=2, head_dim=64,
                    q_dtype="bfloat16", kv_dtype="e4m3", o_dtype="bf16")
     assert shape.to_dict() == dict(num_qo_heads=8, num_kv_heads=2, head_dim=64, q_dtype="bf16",
-                                   kv_dtype="e4m3", o_dtype="bf16")
+                                   kv_dtype="e4m3", o_dtype="bf16", kv_format="")
+    shape.kv_dtype, shape.kv_format = "u8", "int4-g64"  # a quantized format (flashkv.kv_quant)
+    assert (shape.kv_dtype, shape.kv_format) == ("u8", "int4-g64")
     o = C.make(_C.PrefillPlanOptions, causal=True, backend="fa3", tile_rows=64)
     assert (o.causal, o.backend, o.tile_rows, o.sm_scale) == (True, "fa3", 64, 0.0)
     assert C.make(_C.CascadePlanOptions, use="never").to_dict()["use"] == "never"

@@ -124,6 +124,7 @@ size_t dtype_size(DType t) {
       return 2;
     case DType::e4m3:
     case DType::e5m2:
+    case DType::u8:
       return 1;
   }
   fail("dtype_size: invalid DType value ", static_cast<int>(t));
@@ -143,6 +144,8 @@ const char* dtype_name(DType t) {
       return "e5m2";
     case DType::i32:
       return "i32";
+    case DType::u8:
+      return "u8";
   }
   return "invalid";
 }
@@ -160,6 +163,7 @@ DType parse_dtype(std::string_view name) {
       {"e4m3", DType::e4m3},
       {"e5m2", DType::e5m2},
       {"i32", DType::i32},
+      {"u8", DType::u8},
       {"float32", DType::f32},
       {"float", DType::f32},
       {"fp32", DType::f32},
@@ -172,17 +176,17 @@ DType parse_dtype(std::string_view name) {
       {"fp8_e5m2", DType::e5m2},
       {"float8_e4m3fn", DType::e4m3},
       {"float8_e5m2", DType::e5m2},
+      {"uint8", DType::u8},
   };
   for (const Alias& a : kAliases) {
     if (a.name == name) return a.dtype;
   }
-  fail(
-      "unknown dtype '", name,
-      "': expected one of f32, f16, bf16, e4m3, e5m2, i32 (or float32, float, fp32, float16, half, "
-      "fp16, bfloat16, int32, fp8_e4m3, fp8_e5m2, float8_e4m3fn, float8_e5m2)");
+  fail("unknown dtype '", name,
+       "': expected one of f32, f16, bf16, e4m3, e5m2, i32, u8 (or float32, float, fp32, float16, "
+       "half, fp16, bfloat16, int32, fp8_e4m3, fp8_e5m2, float8_e4m3fn, float8_e5m2, uint8)");
 }
 
-bool is_floating(DType t) { return t != DType::i32; }
+bool is_floating(DType t) { return t != DType::i32 && t != DType::u8; }
 
 uint16_t float_to_f16(float x) { return double_to_ieee16(x, kF16, 0x7c00); }
 
@@ -212,6 +216,29 @@ float e4m3_to_float(uint8_t bits) {
 
 uint8_t float_to_e5m2(float x, bool saturate) { return double_to_e5m2(x, saturate); }
 
+uint8_t float_to_e2m1(float x) {
+  // The 8 magnitudes, and the midpoints between neighbours: a tie goes to the even code (the
+  // one whose mantissa bit is 0), as round-to-nearest-even does in every wider format.
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const uint8_t sign = std::signbit(x) ? 0x8 : 0;
+  const float a = std::fabs(x);
+  uint8_t code = 7;  // saturate: everything past the last midpoint (5) is 6
+  for (uint8_t c = 0; c < 7; ++c) {
+    const float mid = 0.5f * (kMag[c] + kMag[c + 1]);  // exact in f32
+    if (a < mid || (a == mid && (c & 1) == 0)) {
+      code = c;
+      break;
+    }
+  }
+  return static_cast<uint8_t>(sign | code);
+}
+
+float e2m1_to_float(uint8_t nibble) {
+  static constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float mag = kMag[nibble & 0x7];
+  return (nibble & 0x8) ? -mag : mag;
+}
+
 float e5m2_to_float(uint8_t bits) {
   // e5m2 is the top byte of an f16, so the f16 decoder handles inf, NaN and subnormals.
   return f16_to_float(static_cast<uint16_t>(bits) << 8);
@@ -231,6 +258,8 @@ double load_as_double(const void* data, DType t, int64_t i) {
       return e5m2_to_float(load<uint8_t>(data, i));
     case DType::i32:
       return load<int32_t>(data, i);
+    case DType::u8:
+      return load<uint8_t>(data, i);
   }
   fail("load_as_double: invalid DType value ", static_cast<int>(t));
 }
@@ -259,6 +288,12 @@ void store_from_double(void* data, DType t, int64_t i, double x) {
       const double r =
           std::signbit(clamped) ? -round_half_even(-clamped) : round_half_even(clamped);
       store(data, i, static_cast<int32_t>(r));
+      return;
+    }
+    case DType::u8: {
+      check(!std::isnan(x), "store_from_double: cannot store NaN as u8 (element ", i, ")");
+      const double r = round_half_even(std::fmin(std::fmax(x, 0.0), 255.0));
+      store(data, i, static_cast<uint8_t>(r));
       return;
     }
   }

@@ -82,8 +82,16 @@ int64_t check_append_tensors(const TensorView& append_key, const TensorView& app
                              const TensorView& batch_indices, const TensorView& positions,
                              const PagedKVCache& paged_kv) {
   paged_kv.validate_shapes();
+  if (!paged_kv.scale.format.is_none()) {
+    // A quantized format (kv_quant.h) is always written from f16 / bf16 / f32 rows, quantized
+    // with the group scales computed per row (kv_quantize.h): stored bytes alone have no scales.
+    check_defined(append_key, "append_key");
+    check_dtype_in(append_key, "append_key", kValueDTypes);
+    check_defined(append_value, "append_value");
+    check_dtype(append_value, "append_value", append_key.dtype());
+  }
   check_dtype_in(paged_kv.k, "paged_kv.k",
-                 {DType::f16, DType::bf16, DType::f32, DType::e4m3, DType::e5m2});
+                 {DType::f16, DType::bf16, DType::f32, DType::e4m3, DType::e5m2, DType::u8});
   check_defined(append_key, "append_key");
   check_defined(append_value, "append_value");
   const int64_t heads = paged_kv.num_kv_heads(), dim = paged_kv.head_dim();
@@ -92,7 +100,9 @@ int64_t check_append_tensors(const TensorView& append_key, const TensorView& app
   check_shape(append_key, "append_key", {nnz, heads, dim});
   check_shape(append_value, "append_value", {nnz, heads, dim});
   // An fp8 cache also takes f16 / bf16 / f32 rows, which the append quantizes (kv_ops.h).
-  if (is_fp8_dtype(paged_kv.k.dtype()) && append_key.dtype() != paged_kv.k.dtype()) {
+  if (!paged_kv.scale.format.is_none()) {
+    // checked above
+  } else if (is_fp8_dtype(paged_kv.k.dtype()) && append_key.dtype() != paged_kv.k.dtype()) {
     check_dtype_in(append_key, "append_key", kValueDTypes);
     check_dtype(append_value, "append_value", append_key.dtype());
   } else {

@@ -1,5 +1,6 @@
 // KVScale's checks (attention.h): shared by every op that reads or writes a quantized cache.
 #include <cmath>
+#include <string>
 
 #include "flashkv/attention.h"
 #include "flashkv/error.h"
@@ -23,6 +24,15 @@ void check_scale_tensor(const TensorView& t, int num_kv_heads, Device device, co
 
 void check_kv_scale(const KVScale& s, DType kv_dtype, int num_kv_heads, Device device, bool gpu,
                     const char* name) {
+  if (s.has_group_scales()) {
+    const std::string fmt = kv_format_name(s.format, kv_dtype);
+    if (gpu) {
+      fail_not_implemented(name, ".format: ", fmt, " (group scales) has no GPU kernel yet ",
+                           "(issue 42); the CPU reference reads it from a PagedKVCache");
+    }
+    fail(name, ".format: ", fmt, " (group scales) is read from a PagedKVCache only (its ",
+         "scale pools share the page ids); contiguous k, v take per-tensor / per-head scales");
+  }
   check(std::isfinite(s.k) && s.k > 0.0f, name, ".k: expected a finite scale > 0, got ", s.k);
   check(std::isfinite(s.v) && s.v > 0.0f, name, ".v: expected a finite scale > 0, got ", s.v);
   check_scale_tensor(s.k_tensor, num_kv_heads, device, name, "k_tensor");

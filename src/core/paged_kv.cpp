@@ -75,7 +75,9 @@ int PagedKVCache::num_kv_heads() const {
   return static_cast<int>(layout == KVLayout::NHD ? k.size(2) : k.size(1));
 }
 
-int PagedKVCache::head_dim() const { return static_cast<int>(k.size(3)); }
+int PagedKVCache::head_dim() const {
+  return static_cast<int>(k.size(3)) * (scale.format.packed() ? 2 : 1);
+}
 
 void PagedKVCache::validate_shapes() const {
   check(layout == KVLayout::NHD || layout == KVLayout::HND, "paged_kv.layout: invalid value ",
@@ -83,7 +85,11 @@ void PagedKVCache::validate_shapes() const {
   check_defined(k, "paged_kv.k");
   check_defined(v, "paged_kv.v");
   check_ndim(k, "paged_kv.k", 4);
-  check_dtype_in(k, "paged_kv.k", {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2});
+  check_dtype_in(k, "paged_kv.k",
+                 {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2, DType::u8});
+  check(k.dtype() != DType::u8 || scale.format.packed(), "paged_kv.k: a u8 cache holds packed ",
+        "4-bit values: expected paged_kv.scale.format int4 or nvfp4 (kv_quant.h), got ",
+        kv_format_name(scale.format, k.dtype()));
   check(v.dtype() == k.dtype(), "paged_kv.v: expected dtype ", dtype_name(k.dtype()),
         " (same as paged_kv.k), got ", dtype_name(v.dtype()));
   if (!(v.ndim() == 4 && v.size(0) == k.size(0) && v.size(1) == k.size(1) &&
@@ -109,7 +115,9 @@ void PagedKVCache::validate_shapes() const {
     fail("paged_kv.k: num_kv_heads must be >= 1, got ", num_kv_heads(), " (shape ", k.shape_str(),
          ", layout ", kv_layout_name(layout), ")");
   }
-  check_kv_scale(scale, k.dtype(), num_kv_heads(), k.device(), k.device().is_cuda(),
+  // Group scales first: on the GPU they are the NotImplementedError, whatever else is wrong.
+  if (scale.has_group_scales()) check_kv_group_scales(*this, "paged_kv.scale");
+  check_kv_scale(scale.base(), k.dtype(), num_kv_heads(), k.device(), k.device().is_cuda(),
                  "paged_kv.scale");
   check(head_dim() >= 1, "paged_kv.k: head_dim must be >= 1, got ", head_dim());
   check_last_dim_contiguous(k, "paged_kv.k");

@@ -10,14 +10,18 @@ namespace flashkv {
 namespace {
 
 void check_plan_dtypes(DType q, DType kv, DType o, PlanTarget target, const char* q_name,
-                       const char* kv_name, const char* o_name) {
+                       const char* kv_name, const char* o_name, const KVQuantFormat& kv_format = {},
+                       int head_dim = 0) {
   const bool gpu = target == PlanTarget::kGpu;
   check(q == DType::f16 || q == DType::bf16 || (!gpu && q == DType::f32), q_name,
         gpu ? ": expected f16 or bf16, got "
             : ": expected f16, bf16 or f32 (f32: CPU reference only), got ",
         dtype_name(q));
-  // KV in q's dtype, or an fp8 cache (widened to q's dtype in the kernels; attention.h: KVScale).
-  if (is_fp8_dtype(kv)) {
+  // KV in q's dtype, or an fp8 cache (widened to q's dtype in the kernels; attention.h: KVScale),
+  // or a quantized format (kv_quant.h), whose element dtype is the format's.
+  if (!kv_format.is_none()) {
+    check_kv_quant_plan(kv_format, kv, head_dim, target);
+  } else if (is_fp8_dtype(kv)) {
     check(q != DType::f32, kv_name, ": an fp8 cache (", dtype_name(kv), ") takes f16 or bf16 ",
           "queries, got ", q_name, " ", dtype_name(q));
   } else {
@@ -66,10 +70,11 @@ void check_page_table(const int32_t* kv_indptr, const int32_t* kv_last_page_len,
 void check_decode_plan(const int32_t* kv_indptr, const int32_t* kv_last_page_len, int batch_size,
                        int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
                        DType q_dtype, DType kv_dtype, DType o_dtype, PlanTarget target,
-                       const PageTableNames& names) {
+                       const PageTableNames& names, const KVQuantFormat& kv_format) {
   check(batch_size >= 0, "batch_size: expected >= 0, got ", batch_size);
   check_shape_args(num_qo_heads, num_kv_heads, head_dim, kMaxDecodeGroup);
-  check_plan_dtypes(q_dtype, kv_dtype, o_dtype, target, "q_dtype", "kv_dtype", "o_dtype");
+  check_plan_dtypes(q_dtype, kv_dtype, o_dtype, target, "q_dtype", "kv_dtype", "o_dtype", kv_format,
+                    head_dim);
   check_page_table(kv_indptr, kv_last_page_len, batch_size, page_size, names);
 }
 
@@ -77,15 +82,31 @@ void check_prefill_plan(const int32_t* qo_indptr, const int32_t* kv_indptr,
                         const int32_t* kv_last_page_len, int batch_size, int num_qo_heads,
                         int num_kv_heads, int head_dim, int page_size, bool paged, DType q_dtype,
                         DType kv_dtype, DType o_dtype, PlanTarget target,
-                        const PageTableNames& names) {
+                        const PageTableNames& names, const KVQuantFormat& kv_format) {
   check(batch_size >= 0, "batch_size: expected >= 0, got ", batch_size);
   check_shape_args(num_qo_heads, num_kv_heads, head_dim, kMaxPrefillGroup);
-  check_plan_dtypes(q_dtype, kv_dtype, o_dtype, target, "q_dtype", "kv_dtype", "o_dtype");
+  check(paged || kv_format.is_none(), "kv_format: ", kv_format_name(kv_format, kv_dtype),
+        " is read from a paged cache only (its scale pools share the page ids); ragged KV takes ",
+        "f16 / bf16 or fp8 with per-tensor / per-head scales");
+  check_plan_dtypes(q_dtype, kv_dtype, o_dtype, target, "q_dtype", "kv_dtype", "o_dtype", kv_format,
+                    head_dim);
   check_indptr(qo_indptr, batch_size, names.qo_indptr);
   if (paged) {
     check_page_table(kv_indptr, kv_last_page_len, batch_size, page_size, names);
   } else {
     check_indptr(kv_indptr, batch_size, names.kv_indptr);
+  }
+}
+
+void check_kv_quant_plan(const KVQuantFormat& kv_format, DType kv_dtype, int head_dim,
+                         PlanTarget target, const char* name) {
+  if (kv_format.is_none()) return;
+  check_kv_format(kv_format, kv_dtype, head_dim, name);
+  if (target == PlanTarget::kGpu) {
+    fail_not_implemented(name, ": ", kv_format_name(kv_format, kv_dtype),
+                         " has no GPU kernel yet (issue 42): the GPU ops read f16 / bf16 caches ",
+                         "and fp8 with per-tensor / per-head scales; the host path (CPU ",
+                         "reference) reads this format");
   }
 }
 
@@ -134,6 +155,8 @@ PageIdMax check_cascade_plan(const CascadeBatch& b, const CascadeShape& shape, P
                    b.qo_indptr == nullptr ? kMaxDecodeGroup : kMaxPrefillGroup);
   check_plan_dtypes(shape.dtype, shape.dtype, shape.dtype, target, "CascadeShape.dtype",
                     "CascadeShape.dtype", "CascadeShape.dtype");
+  check_kv_quant_plan(shape.kv_format, shape.cache_dtype(), shape.head_dim, target,
+                      "CascadeShape.kv_format");
   if (b.qo_indptr != nullptr) check_indptr(b.qo_indptr, b.batch_size, names.qo_indptr);
   check_page_table(b.kv_indptr, b.kv_last_page_len, b.batch_size, b.page_size, names);
   if (b.kv_indices == nullptr) return {};  // the caller checks them (check_page_ids)

@@ -39,6 +39,14 @@ struct KVRows {
 // Attends q[D] over the first `num_keys` rows of `kv` (num_keys <= kv.len; <= 0 gives (0, -inf)).
 RowState attend_row(std::span<const double> q, const KVRows& kv, int64_t num_keys, double sm_scale);
 
+// Where one request's rows of a quantized format's scale or zero-point pool live (kv_quant.h):
+// undefined `t` when the format has no such pool.
+struct GroupPool {
+  TensorView t;
+  std::vector<int64_t> token;  // [kv_len] element offset of token t's head-0 entries
+  int64_t head_stride = 0, group_stride = 0;
+};
+
 // Where one request's K/V rows live in (possibly paged, strided) storage. K and V keep their own
 // offsets and strides: separate k and v views need not share a layout in memory.
 struct KVSource {
@@ -47,6 +55,9 @@ struct KVSource {
   int64_t k_head_stride = 0, v_head_stride = 0;
   int64_t k_dim_stride = 0, v_dim_stride = 0;
   KVScale scale;  // dequantization scales (host tensors): gather() multiplies by them
+  // A quantized format's pools (scale.format not kNone; paged caches only): gather() dequantizes
+  // each row through them (core/kv_quant_rows.h).
+  GroupPool k_scales, v_scales, k_zeros, v_zeros;
   int64_t len() const { return static_cast<int64_t>(k_token.size()); }
 };
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/kv_quant_rows.h"
 #include "core/parallel.h"
 #include "flashkv/error.h"
 #include "flashkv/plan_checks.h"
@@ -133,7 +134,47 @@ float head_scale(float factor, const TensorView& t, int head) {
   return factor * entry;  // in f32, as the kernels form it
 }
 
+namespace {
+
+// Token t's group entries of `pool` for kv head `head`.
+flashkv::detail::GroupEntries pool_entries(const GroupPool& pool, int64_t t, int head) {
+  if (!pool.t.defined()) return {};
+  const int64_t offset = pool.token[t] + head * pool.head_stride;
+  auto* p =
+      static_cast<char*>(pool.t.data()) + offset * static_cast<int64_t>(dtype_size(pool.t.dtype()));
+  return {p, pool.t.dtype(), pool.group_stride};
+}
+
+// gather() over a quantized format: each row dequantized exactly (kv_quant.h) by the one copy of
+// the formats' arithmetic the host quantizers use.
+KVRows gather_quantized(const KVSource& src, int head, int dim) {
+  KVRows rows;
+  rows.len = src.len();
+  rows.dim = dim;
+  rows.k.resize(rows.len * dim);
+  rows.v.resize(rows.len * dim);
+  const KVQuantFormat& f = src.scale.format;
+  const float k_g = head_scale(src.scale.k, src.scale.k_tensor, head);
+  const float v_g = head_scale(src.scale.v, src.scale.v_tensor, head);
+  const auto* k_bytes = static_cast<const char*>(src.k.data());  // 1-byte elements
+  const auto* v_bytes = static_cast<const char*>(src.v.data());
+  for (int64_t t = 0; t < rows.len; ++t) {
+    flashkv::detail::dequantize_row(f, src.k.dtype(),
+                                    k_bytes + src.k_token[t] + head * src.k_head_stride, dim, k_g,
+                                    pool_entries(src.k_scales, t, head),
+                                    pool_entries(src.k_zeros, t, head), rows.k.data() + t * dim);
+    flashkv::detail::dequantize_row(f, src.v.dtype(),
+                                    v_bytes + src.v_token[t] + head * src.v_head_stride, dim, v_g,
+                                    pool_entries(src.v_scales, t, head),
+                                    pool_entries(src.v_zeros, t, head), rows.v.data() + t * dim);
+  }
+  return rows;
+}
+
+}  // namespace
+
 KVRows gather(const KVSource& src, int head, int dim) {
+  if (!src.scale.format.is_none()) return gather_quantized(src, head, dim);
   KVRows rows;
   rows.len = src.len();
   rows.dim = dim;

@@ -31,9 +31,11 @@ PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   detail::check_cpu(kv.indptr, "paged_kv.indptr");
   detail::check_cpu(kv.indices, "paged_kv.indices");
   detail::check_cpu(kv.last_page_len, "paged_kv.last_page_len");
-  kv.validate();
-  detail::check_floating(kv.k, "paged_kv.k");
-  detail::check_floating(kv.v, "paged_kv.v");
+  kv.validate();  // a quantized format's pools too (check_kv_group_scales)
+  if (kv.scale.format.is_none()) {
+    detail::check_floating(kv.k, "paged_kv.k");
+    detail::check_floating(kv.v, "paged_kv.v");
+  }
   if (!(kv.head_dim() == qo.head_dim)) {
     fail("paged_kv.k: head_dim ", kv.head_dim(), " (shape ", kv.k.shape_str(),
          ") does not match q's head_dim ", qo.head_dim);
@@ -45,6 +47,28 @@ PageTable check_paged(const PagedKVCache& kv, const QOShape& qo) {
   for (int i = 0; i < kv.batch_size(); ++i) table.kv_len.push_back(kv.kv_len(i));
   return table;
 }
+
+namespace {
+
+// Request i's rows of a scale or zero-point pool laid out as the cache (kv_quant.h).
+GroupPool paged_pool(const TensorView& t, const PagedKVCache& kv, const PageTable& table, int i) {
+  GroupPool pool;
+  if (!t.defined()) return pool;
+  const bool nhd = kv.layout == KVLayout::NHD;
+  const int64_t page_size = kv.page_size(), len = table.kv_len[i];
+  const int64_t page_stride = t.stride(0), slot_stride = t.stride(nhd ? 1 : 2);
+  pool.t = t;
+  pool.token.resize(len);
+  for (int64_t tok = 0; tok < len; ++tok) {
+    const int64_t page = table.indices[table.indptr[i] + tok / page_size];
+    pool.token[tok] = page * page_stride + (tok % page_size) * slot_stride;
+  }
+  pool.head_stride = t.stride(nhd ? 2 : 1);
+  pool.group_stride = t.stride(3);
+  return pool;
+}
+
+}  // namespace
 
 KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   const bool nhd = kv.layout == KVLayout::NHD;
@@ -70,6 +94,12 @@ KVSource paged_source(const PagedKVCache& kv, const PageTable& table, int i) {
   src.k_dim_stride = kv.k.stride(3);
   src.v_dim_stride = kv.v.stride(3);
   src.scale = kv.scale;
+  if (!kv.scale.format.is_none()) {
+    src.k_scales = paged_pool(kv.scale.k_group_scale, kv, table, i);
+    src.v_scales = paged_pool(kv.scale.v_group_scale, kv, table, i);
+    src.k_zeros = paged_pool(kv.scale.k_zero, kv, table, i);
+    src.v_zeros = paged_pool(kv.scale.v_zero, kv, table, i);
+  }
   return src;
 }
 

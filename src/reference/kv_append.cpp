@@ -1,13 +1,16 @@
 // CPU reference of the KV-cache append (kv_ops.h): checks every destination before writing any,
 // then copies each new token's k and v rows into its page slot. Elements are copied bit for bit
 // when the new rows have the cache's dtype, and quantized with the cache's scales when f16 / bf16
-// / f32 rows go into an fp8 cache.
+// / f32 rows go into an fp8 cache; a quantized format (kv_quant.h) gets each row quantized with
+// the group scales it computes (kv_quantize.h), written beside it in the scale pools.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "core/kv_ops_checks.h"
+#include "core/kv_quant_rows.h"
 #include "core/parallel.h"
 #include "flashkv/error.h"
 #include "flashkv/reference_kv_ops.h"
@@ -89,6 +92,65 @@ void quantize_row(const TensorView& src, int64_t t, int64_t h, const TensorView&
   }
 }
 
+// Entry (page, slot, head) of a group pool laid out as the cache (kv_quant.h).
+flashkv::detail::GroupEntries pool_at(const TensorView& t, KVLayout layout, const Destination& d,
+                                      int64_t head) {
+  if (!t.defined()) return {};
+  const bool nhd = layout == KVLayout::NHD;
+  const int64_t offset =
+      d.page * t.stride(0) + d.slot * t.stride(nhd ? 1 : 2) + head * t.stride(nhd ? 2 : 1);
+  auto* p = static_cast<char*>(t.data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+  return {p, t.dtype(), t.stride(3)};
+}
+
+// Row (t, h) of `src` [nnz, H, D] as f32, refused (naming it) when an element is not finite.
+std::vector<float> finite_row(const TensorView& src, const char* name, int64_t t, int64_t h,
+                              int64_t dim) {
+  std::vector<float> row(dim);
+  const int64_t first = t * src.stride(0) + h * src.stride(1);
+  for (int64_t d = 0; d < dim; ++d) {
+    row[d] = static_cast<float>(load_as_double(src.data(), src.dtype(), first + d));
+    check(std::isfinite(row[d]), name, "[", t, ", ", h, ", ", d, "] = ", row[d],
+          ": expected finite values (a quantized cache format has no NaN / inf code)");
+  }
+  return row;
+}
+
+// The quantizing append into a quantized format: every new row is read and checked first, then
+// each (token, head) row is quantized with its own group scales into its slot and the pools.
+void append_quantized(const TensorView& append_key, const TensorView& append_value,
+                      const std::vector<Destination>& dst, const PagedKVCache& kv) {
+  const int64_t nnz = static_cast<int64_t>(dst.size());
+  const int64_t heads = kv.num_kv_heads(), dim = kv.head_dim();
+  std::vector<std::vector<float>> k_rows(nnz * heads), v_rows(nnz * heads);
+  for (int64_t t = 0; t < nnz; ++t) {
+    if (dst[t].page < 0) continue;  // padding: never read (it may hold anything)
+    for (int64_t h = 0; h < heads; ++h) {
+      k_rows[t * heads + h] = finite_row(append_key, "append_key", t, h, dim);
+      v_rows[t * heads + h] = finite_row(append_value, "append_value", t, h, dim);
+    }
+  }
+  const KVScale& s = kv.scale;
+  auto* k_bytes = static_cast<char*>(kv.k.data());  // 1-byte elements
+  auto* v_bytes = static_cast<char*>(kv.v.data());
+  flashkv::detail::parallel_for(nnz, [&](int64_t t) {
+    if (dst[t].page < 0) return;  // padding
+    const int64_t slot_offset = dst[t].page * kv.page_stride() + dst[t].slot * kv.token_stride();
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t offset = slot_offset + h * kv.head_stride();
+      const int hh = static_cast<int>(h);
+      flashkv::detail::quantize_row(
+          s.format, kv.k.dtype(), k_rows[t * heads + h].data(), static_cast<int>(dim),
+          detail::head_scale(s.k, s.k_tensor, hh), k_bytes + offset,
+          pool_at(s.k_group_scale, kv.layout, dst[t], h), pool_at(s.k_zero, kv.layout, dst[t], h));
+      flashkv::detail::quantize_row(
+          s.format, kv.v.dtype(), v_rows[t * heads + h].data(), static_cast<int>(dim),
+          detail::head_scale(s.v, s.v_tensor, hh), v_bytes + offset,
+          pool_at(s.v_group_scale, kv.layout, dst[t], h), pool_at(s.v_zero, kv.layout, dst[t], h));
+    }
+  });
+}
+
 }  // namespace
 
 void append_paged_kv_cache(const TensorView& append_key, const TensorView& append_value,
@@ -104,6 +166,10 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   detail::check_cpu(paged_kv.v, "paged_kv.v");
   paged_kv.validate();
   const std::vector<Destination> dst = destinations(batch_indices, positions, paged_kv, nnz);
+  if (!paged_kv.scale.format.is_none()) {
+    append_quantized(append_key, append_value, dst, paged_kv);
+    return;
+  }
 
   const int64_t heads = paged_kv.num_kv_heads(), dim = paged_kv.head_dim();
   // Rows of another dtype than the cache's go into an fp8 cache, quantized (kv_ops.h).

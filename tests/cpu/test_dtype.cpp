@@ -434,5 +434,24 @@ TEST(DtypeLoadStore, SpecialValues) {
   EXPECT_EQ(load_as_double(buf, DType::f16, 0), 0.0);
 }
 
+TEST(DtypeU8, RawBytesOfPackedFormats) {
+  // u8: the packed 4-bit pairs of INT4 / NVFP4 caches (kv_quant.h), not a floating dtype.
+  EXPECT_EQ(dtype_size(DType::u8), 1u);
+  EXPECT_STREQ(dtype_name(DType::u8), "u8");
+  EXPECT_EQ(parse_dtype("uint8"), DType::u8);
+  EXPECT_EQ(parse_dtype("u8"), DType::u8);
+  EXPECT_FALSE(is_floating(DType::u8));
+  EXPECT_FALSE(is_fp8_dtype(DType::u8));
+  alignas(8) uint8_t buf[2] = {};
+  store_from_double(buf, DType::u8, 1, 171.5);  // rounds to even, 172
+  EXPECT_EQ(buf[1], 172);
+  EXPECT_EQ(load_as_double(buf, DType::u8, 1), 172.0);
+  store_from_double(buf, DType::u8, 0, -3.0);  // saturates
+  EXPECT_EQ(buf[0], 0);
+  store_from_double(buf, DType::u8, 0, 1e9);
+  EXPECT_EQ(buf[0], 255);
+  EXPECT_THROW(store_from_double(buf, DType::u8, 0, std::nan("")), Error);
+}
+
 }  // namespace
 }  // namespace flashkv

@@ -249,7 +249,7 @@ void BatchDecode::Impl::check_arguments(const DecodeBatch& b, const AttentionSha
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_decode_plan(b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads, sh.num_kv_heads,
                     sh.head_dim, b.page_size, sh.q_dtype, sh.kv_dtype, sh.o_dtype, PlanTarget::kGpu,
-                    o.names);
+                    o.names, sh.kv_format);
   check(sh.num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchDecodeConfig.num_qo_heads), got ", sh.num_qo_heads);
   check(sh.head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,

@@ -169,7 +169,7 @@ void PrefillCore::check_arguments(const PrefillBatch& b, const AttentionShape& s
   // The checks the host path of the Python wrappers runs too (plan_checks.h).
   check_prefill_plan(b.qo_indptr, b.kv_indptr, b.kv_last_page_len, b.batch_size, sh.num_qo_heads,
                      sh.num_kv_heads, sh.head_dim, b.page_size, paged, sh.q_dtype, sh.kv_dtype,
-                     sh.o_dtype, PlanTarget::kGpu, o.names);
+                     sh.o_dtype, PlanTarget::kGpu, o.names, sh.kv_format);
   check(sh.num_qo_heads <= cfg.num_qo_heads, "num_qo_heads: expected at most ", cfg.num_qo_heads,
         " (BatchPrefillConfig.num_qo_heads), got ", sh.num_qo_heads);
   check(sh.head_dim <= cfg.head_dim, "head_dim: expected at most ", cfg.head_dim,
