@@ -124,7 +124,6 @@ void append_quantized(const TensorView& append_key, const TensorView& append_val
   const int64_t heads = kv.num_kv_heads(), dim = kv.head_dim();
   std::vector<std::vector<float>> k_rows(nnz * heads), v_rows(nnz * heads);
   for (int64_t t = 0; t < nnz; ++t) {
-    if (dst[t].page < 0) continue;  // padding: never read (it may hold anything)
     for (int64_t h = 0; h < heads; ++h) {
       k_rows[t * heads + h] = finite_row(append_key, "append_key", t, h, dim);
       v_rows[t * heads + h] = finite_row(append_value, "append_value", t, h, dim);
@@ -134,7 +133,6 @@ void append_quantized(const TensorView& append_key, const TensorView& append_val
   auto* k_bytes = static_cast<char*>(kv.k.data());  // 1-byte elements
   auto* v_bytes = static_cast<char*>(kv.v.data());
   flashkv::detail::parallel_for(nnz, [&](int64_t t) {
-    if (dst[t].page < 0) return;  // padding
     const int64_t slot_offset = dst[t].page * kv.page_stride() + dst[t].slot * kv.token_stride();
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = slot_offset + h * kv.head_stride();
