@@ -15,10 +15,8 @@
 // allocated the pages and set last_page_len so that kv_len(b) counts the new tokens. A token with
 // p >= kv_len(b) (it would write past the request's pages, or past its counted tokens) is an error
 // and is not written (host: nothing at all is; GPU: that token is skipped, see Devices); so are b
-// outside [0, batch), p < 0, and (host only) two tokens that would write the same slot. A token
-// with b == -1 is CUDA-graph padding (what get_batch_indices_positions gives rows past the real
-// tokens): skipped without an error, whatever its position. Slots no token names are left as
-// they were. NHD/HND, separate or interleaved k/v
+// outside [0, batch), p < 0, and (host only) two tokens that would write the same slot. Slots no
+// token names are left as they were. NHD/HND, separate or interleaved k/v
 // (PagedKVCache::interleaved), as paged_kv.h describes.
 //
 // Batch indices and positions (FlashInfer semantics). append_indptr i32 [batch + 1] splits the
@@ -26,10 +24,6 @@
 // lengths after the append (seq_lens[i] >= append_len(i) = append_indptr[i+1] - append_indptr[i]).
 // Token j of request i (row append_indptr[i] + j) gets
 //   batch_indices = i,   positions = seq_lens[i] - append_len(i) + j.
-// nnz may exceed append_indptr[batch] (FlashInfer 0.6's CUDA-graph padding: a graph captured for
-// nnz tokens replayed with fewer real ones): rows append_indptr[batch] .. nnz - 1 get
-// batch_indices = -1 and positions = -1, which the append skips. append_indptr[batch] > nnz is an
-// error.
 //
 // Devices: host tensors (page table included) run on the CPU reference (reference_kv_ops.h),
 // which checks everything before writing anything. CUDA tensors (all on one device, page table
@@ -44,8 +38,8 @@
 // check_device_errors() (at once with FLASHKV_CHECK_DEVICE_ERRORS=1). The GPU path does NOT
 // detect two tokens that write the same slot (which one wins is unspecified); the CPU reference
 // does. get_batch_indices_positions on the GPU likewise reports an append_indptr that is not
-// non-decreasing from 0 to at most nnz, or a seq_len shorter than its append, and leaves those
-// rows unwritten.
+// non-decreasing from 0 to nnz, or a seq_len shorter than its append, and leaves those rows
+// unwritten.
 #pragma once
 
 #include "flashkv/host_tensor.h"

@@ -22,7 +22,6 @@ namespace flashkv {
 __device__ __forceinline__ i64 append_slot_offset(const AppendParams& p, i64 t, bool reporter) {
   const int op = kDeviceOpAppendPagedKV;
   const long long b = p.batch_indices[t], pos = p.positions[t];
-  if (b == -1) return -1;  // CUDA-graph padding (kv_ops.h): not written, not an error
   if (b < 0 || b >= p.batch) {
     if (reporter) report_device_error(p.error, kDeviceErrorBatchIndex, op, t, b, p.batch, -1, b);
     return -1;
@@ -137,10 +136,9 @@ __global__ void __launch_bounds__(kAppendThreads)
 }
 
 // get_batch_indices_positions: token t of request i (row append_indptr[i] + j) gets batch index i
-// and position seq_lens[i] - append_len(i) + j; rows past append_indptr[batch] (CUDA-graph
-// padding) get -1 and -1. One thread per token; the request is found by binary search. A token
-// of a malformed append_indptr, or of a request whose seq_len is shorter than its append, is
-// reported and left unwritten.
+// and position seq_lens[i] - append_len(i) + j. One thread per token; the request is found by
+// binary search. A token no request covers, or of a request whose seq_len is shorter than its
+// append, is reported and left unwritten.
 __global__ void batch_indices_positions_kernel(const int* __restrict__ append_indptr,
                                                const int* __restrict__ seq_lens, int batch,
                                                int* __restrict__ batch_indices,
@@ -151,16 +149,11 @@ __global__ void batch_indices_positions_kernel(const int* __restrict__ append_in
   if (t == 0) {  // the ends of append_indptr, checked once
     if (append_indptr[0] != 0) {
       report_device_error(error, kDeviceErrorIndptr, op, -1, append_indptr[0], 0, 0);
-    } else if (append_indptr[batch] > nnz) {
+    } else if (append_indptr[batch] != nnz) {
       report_device_error(error, kDeviceErrorIndptr, op, -1, append_indptr[batch], nnz, batch);
     }
   }
   if (t >= nnz) return;
-  if (t >= append_indptr[batch]) {  // padding rows
-    batch_indices[t] = -1;
-    positions[t] = -1;
-    return;
-  }
   int lo = 0, hi = batch;  // the last i in [0, batch] with append_indptr[i] <= t
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;

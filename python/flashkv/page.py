@@ -29,10 +29,8 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz, batch_indices=None
     ``append_indptr[i] + j``) gets ``batch_indices = i`` and
     ``positions = seq_lens[i] - (append_indptr[i+1] - append_indptr[i]) + j``. Returns
     (batch_indices, positions), int32 ``[nnz]``, in append_indptr's framework and on its device.
-    ``nnz`` may exceed ``append_indptr[-1]`` (FlashInfer 0.6's CUDA-graph padding): the rows past
-    it get batch index -1 and position -1, which :func:`append_paged_kv_cache` skips. On the
-    host, ``append_indptr[-1] > nnz`` is a ValueError; on the GPU it, a malformed append_indptr
-    or a seq_len shorter than its append is reported by
+    On the host, ``nnz`` must equal ``append_indptr[-1]`` (ValueError otherwise); on the GPU a
+    malformed append_indptr or a seq_len shorter than its append is reported by
     :func:`check_device_errors` (those rows are left unwritten). ``batch_indices`` /
     ``positions`` (FlashInfer 0.6): int32 ``[nnz]`` arrays to write into (beside
     append_indptr), else allocated.
@@ -92,9 +90,8 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     the kernel runs, so a CUDA graph appends with its current value). Pass the scales attention
     will read the cache with. A 16-bit cache takes only None or 1.0 (ValueError otherwise).
 
-    A token with batch index -1 is CUDA-graph padding (what :func:`get_batch_indices_positions`
-    gives rows past the real tokens) and is skipped. A token whose position is outside its
-    request's KV length (or whose batch index is otherwise out of range) is an error: on the host a ValueError naming it, raised before anything is written
+    A token whose position is outside its request's KV length (or whose batch index is out of
+    range) is an error: on the host a ValueError naming it, raised before anything is written
     (two tokens writing one slot are an error too); on the GPU that token is skipped and the next
     :func:`check_device_errors` raises. Returns None. On torch CUDA tensors (without ``stream``)
     this is the torch custom op ``flashkv::append_paged_kv_cache`` (mutating the cache; pass an

@@ -52,18 +52,6 @@ def test_get_batch_indices_positions_flashinfer_example(fw):
     np.testing.assert_array_equal(to_np(pos), [4, 3, 4, 2, 3, 4, 1, 2, 3, 4])
 
 
-def test_get_batch_indices_positions_cuda_graph_padding(fw):
-    """nnz past append_indptr[-1] (FlashInfer 0.6): padding rows get -1 / -1, which the append
-    skips (the cache keeps what it held at those tokens' would-be slots)."""
-    append_indptr = to_fw(np.array([0, 1, 1, 3], np.int32), fw)
-    seq_lens = to_fw(np.array([4, 2, 6], np.int32), fw)
-    bi, pos = flashkv.get_batch_indices_positions(append_indptr, seq_lens, 6)
-    np.testing.assert_array_equal(to_np(bi), [0, 2, 2, -1, -1, -1])
-    np.testing.assert_array_equal(to_np(pos), [3, 4, 5, -1, -1, -1])
-    with pytest.raises(ValueError, match="at most nnz"):
-        flashkv.get_batch_indices_positions(append_indptr, seq_lens, 2)
-
-
 def test_get_batch_indices_positions_random(fw):
     rng = np.random.default_rng(200)
     append_lens = rng.integers(0, 40, size=17)

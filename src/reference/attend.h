@@ -116,8 +116,7 @@ void run_requests(const TensorView& q, const std::vector<Request>& requests, con
                   const TensorView& lse, int num_kv_heads, double sm_scale, bool causal);
 
 // Reads a host i32[batch + 1] prefix-sum array named `name`: starts at 0, non-decreasing, ends
-// at `total` (the number of rows it splits, named `total_name` in the error message); a negative
-// `total` leaves the last value to the caller's own check.
+// at `total` (the number of rows it splits, named `total_name` in the error message).
 std::vector<int64_t> read_indptr(const TensorView& t, const char* name, int64_t total,
                                  const char* total_name);
 

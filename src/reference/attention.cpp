@@ -291,10 +291,8 @@ std::vector<int64_t> read_indptr(const TensorView& t, const char* name, int64_t 
     check(vals[i] >= vals[i - 1], name, " must be non-decreasing, but ", name, "[", i,
           "] = ", vals[i], " < ", name, "[", i - 1, "] = ", vals[i - 1]);
   }
-  if (total >= 0) {  // total < 0: the caller checks the end itself
-    check(vals.back() == total, name, "[batch] = ", vals.back(), " must equal ", total_name, " = ",
-          total);
-  }
+  check(vals.back() == total, name, "[batch] = ", vals.back(), " must equal ", total_name, " = ",
+        total);
   return vals;
 }
 

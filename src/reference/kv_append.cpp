@@ -25,7 +25,7 @@ int64_t i32_at(const TensorView& t, int64_t i) {
 
 // Where token t of the append goes: page id and slot within the page.
 struct Destination {
-  int64_t page = 0;  // -1: a padding token (batch index -1), not written
+  int64_t page = 0;
   int64_t slot = 0;
 };
 
@@ -38,10 +38,6 @@ std::vector<Destination> destinations(const TensorView& batch_indices, const Ten
   std::vector<Destination> dst(nnz);
   for (int64_t t = 0; t < nnz; ++t) {
     const int64_t b = i32_at(batch_indices, t), p = i32_at(positions, t);
-    if (b == -1) {  // CUDA-graph padding (kv_ops.h): skipped
-      dst[t] = {-1, 0};
-      continue;
-    }
     check(b >= 0 && b < batch, "batch_indices[", t, "] = ", b,
           " is out of range: expected 0 <= index < ", batch, " (paged_kv batch)");
     check(p >= 0, "positions[", t, "] = ", p, ": expected >= 0");
@@ -52,13 +48,10 @@ std::vector<Destination> destinations(const TensorView& batch_indices, const Ten
     const int64_t entry = i32_at(kv.indptr, b) + p / page_size;
     dst[t] = {i32_at(kv.indices, entry), p % page_size};
   }
-  std::vector<std::pair<int64_t, int64_t>> by_slot;  // (global slot, token), padding left out
-  by_slot.reserve(nnz);
-  for (int64_t t = 0; t < nnz; ++t) {
-    if (dst[t].page >= 0) by_slot.emplace_back(dst[t].page * page_size + dst[t].slot, t);
-  }
+  std::vector<std::pair<int64_t, int64_t>> by_slot(nnz);  // (global slot, token)
+  for (int64_t t = 0; t < nnz; ++t) by_slot[t] = {dst[t].page * page_size + dst[t].slot, t};
   std::sort(by_slot.begin(), by_slot.end());
-  for (size_t i = 1; i < by_slot.size(); ++i) {
+  for (int64_t i = 1; i < nnz; ++i) {
     if (by_slot[i].first != by_slot[i - 1].first) continue;
     const int64_t t0 = by_slot[i - 1].second, t1 = by_slot[i].second;
     fail("batch_indices/positions: tokens ", t0, " (request ", i32_at(batch_indices, t0),
@@ -174,7 +167,6 @@ void append_paged_kv_cache(const TensorView& append_key, const TensorView& appen
   const bool quantize = append_key.dtype() != paged_kv.k.dtype();
   // Destinations are distinct, so tokens write disjoint slots and run in parallel.
   flashkv::detail::parallel_for(nnz, [&](int64_t t) {
-    if (dst[t].page < 0) return;  // padding
     const int64_t slot_offset =
         dst[t].page * paged_kv.page_stride() + dst[t].slot * paged_kv.token_stride();
     for (int64_t h = 0; h < heads; ++h) {
@@ -202,14 +194,8 @@ void get_batch_indices_positions(const TensorView& append_indptr, const TensorVi
   flashkv::detail::check_i32_vector(batch_indices, "batch_indices", -1);
   const int64_t nnz = batch_indices.size(0);
   flashkv::detail::check_i32_vector(positions, "positions", nnz);
-  // append_indptr[batch] <= nnz: the rows past it are CUDA-graph padding (kv_ops.h).
-  const std::vector<int64_t> ptr = detail::read_indptr(append_indptr, "append_indptr", -1, "");
-  check(ptr.back() <= nnz, "append_indptr[batch] = ", ptr.back(),
-        " must be at most nnz (batch_indices.size(0)) = ", nnz);
-  for (int64_t t = ptr.back(); t < nnz; ++t) {
-    batch_indices.data_as<int32_t>()[t * batch_indices.stride(0)] = -1;
-    positions.data_as<int32_t>()[t * positions.stride(0)] = -1;
-  }
+  const std::vector<int64_t> ptr =
+      detail::read_indptr(append_indptr, "append_indptr", nnz, "nnz (batch_indices.size(0))");
   for (int64_t i = 0; i < batch; ++i) {
     const int64_t append_len = ptr[i + 1] - ptr[i], seq_len = i32_at(seq_lens, i);
     check(seq_len >= append_len, "seq_lens[", i, "] = ", seq_len, " is less than request ", i,

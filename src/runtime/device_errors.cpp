@@ -155,10 +155,6 @@ std::string message(const DeviceErrorRecord& r) {
       if (r.token < 0 && r.index == 0) {
         return detail::concat(name, "[0] = ", r.value, ": expected 0");
       }
-      if (r.token < 0 && r.op == kDeviceOpBatchIndicesPositions) {  // padding rows allowed
-        return detail::concat(name, "[", r.index, "] = ", r.value,
-                              ": expected at most nnz = ", r.limit, " (the number of rows)");
-      }
       if (r.token < 0) {
         return detail::concat(name, "[", r.index, "] = ", r.value, ": expected nnz = ", r.limit,
                               " (the number of rows); rows no request covers were not written");

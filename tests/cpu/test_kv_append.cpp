@@ -171,18 +171,6 @@ TEST(BatchIndicesPositions, FlashInferSemantics) {
   EXPECT_EQ(r.positions.to_doubles(), (std::vector<double>{3, 4, 0, 1, 2}));
 }
 
-TEST(BatchIndicesPositions, RowsPastTheRealTokensArePadding) {
-  // FlashInfer 0.6's CUDA-graph padding: 3 real tokens of 2 requests in a graph of nnz = 6.
-  const HostTensor indptr = make_i32({0, 2, 3}), seq_lens = make_i32({7, 1});
-  const BatchIndicesPositions r = get_batch_indices_positions(indptr.view(), seq_lens.view(), 6);
-  EXPECT_EQ(r.batch_indices.to_doubles(), (std::vector<double>{0, 0, 1, -1, -1, -1}));
-  EXPECT_EQ(r.positions.to_doubles(), (std::vector<double>{5, 6, 0, -1, -1, -1}));
-  const std::string msg = error_of([&] {
-    get_batch_indices_positions(make_i32({0, 2, 7}).view(), make_i32({7, 5}).view(), 6);
-  });
-  EXPECT_NE(msg.find("append_indptr[batch] = 7 must be at most nnz"), std::string::npos) << msg;
-}
-
 TEST(BatchIndicesPositions, RejectsBadInput) {
   const HostTensor indptr = make_i32({0, 2, 5});
   EXPECT_NE(error_of([&] {
@@ -228,22 +216,6 @@ TEST(AppendErrors, PositionPastTheRequestsPagesWritesNothing) {
   EXPECT_NE(msg.find("kv_len = 5"), std::string::npos) << msg;
   EXPECT_EQ(a.c.k.to_doubles(), before_k);
   EXPECT_EQ(a.c.v.to_doubles(), before_v);
-}
-
-TEST(AppendPadding, BatchIndexMinusOneIsSkippedWithoutAnError) {
-  SmallAppend a;
-  // Token 1 is padding: its position (even one out of range) is never read.
-  a.batch_indices = make_i32({0, -1});
-  a.positions = make_i32({3, 99});
-  std::vector<double> want_k = a.c.k.to_doubles();
-  const TestCache& c = a.c;
-  for (int64_t h = 0; h < 2; ++h) {  // position 3 = slot 3 of the request's first page (id 2)
-    for (int64_t d = 0; d < 8; ++d) want_k[c.index(2, false, 3, h, d)] = a.new_k.get(h * 8 + d);
-  }
-  EXPECT_NO_THROW(a.run());
-  EXPECT_EQ(a.c.k.to_doubles(), want_k);
-  a.batch_indices = make_i32({0, -2});  // other negative indices stay errors
-  EXPECT_NE(a.error().find("batch_indices[1] = -2"), std::string::npos);
 }
 
 TEST(AppendErrors, NamesTheBadArgument) {

@@ -144,29 +144,6 @@ TEST_F(DeviceErrorsGpu, AppendBadInputWritesNothingForThatTokenAndRaises) {
   }
 }
 
-TEST_F(DeviceErrorsGpu, AppendSkipsPaddingTokensWithoutAnError) {
-  // CUDA-graph padding (batch index -1, any position) is skipped, the other tokens written.
-  AppendCase c;
-  c.old_lens = {3, 0, 30, 16};
-  c.append_lens = {4, 20, 1, 5};
-  c.num_kv_heads = 4;
-  AppendInputs in = make_append_inputs(c);
-  AppendDevice d = to_device(in, c);
-  HostTensor bi = with_entry(with_entry(in.batch_indices, 10, -1), 24, -1);
-  upload(d.batch_indices, bi);
-  upload(d.positions, with_entry(in.positions, 24, 1 << 30));
-  append_paged_kv_cache(d.key, d.value, d.batch_indices.view, d.positions.view, d.cache);
-  synchronize();
-  EXPECT_NO_THROW(check_device_errors());
-  reference_append_subset(in, c, [](int64_t t) { return t != 10 && t != 24; });
-  const std::vector<HostTensor> got = cache_to_host(d, in);
-  const std::vector<const HostTensor*> want = cache_storage(in);
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(std::memcmp(got[i].data(), want[i]->data(), got[i].nbytes()), 0)
-        << c.str() << ": a padding token was written, or a real one was not (tensor " << i << ")";
-  }
-}
-
 TEST_F(DeviceErrorsGpu, FirstErrorWinsUntilChecked) {
   AppendCase c;
   c.old_lens = {0};

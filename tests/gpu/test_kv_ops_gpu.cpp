@@ -126,28 +126,26 @@ TEST_F(KvAppendGpu, GetBatchIndicesPositionsMatchesReference) {
       {}, {0}, {1}, {5, 0, 17, 1, 0, 9}, std::vector<int64_t>(300, 1), {4096, 3}};
   uint64_t seed = 500;
   for (const auto& append_lens : appends) {
-    for (const int64_t padding : {0, 5}) {  // rows past the real tokens: CUDA-graph padding
-      std::vector<int64_t> ptr = {0}, seq;
-      SplitMix64 rng(seed++);
-      for (int64_t n : append_lens) {
-        ptr.push_back(ptr.back() + n);
-        seq.push_back(n + static_cast<int64_t>(rng.next() % 1000));  // cached before the append
-      }
-      const int64_t nnz = ptr.back() + padding;
-      const HostTensor indptr = make_i32(ptr), seq_lens = make_i32(seq);
-      const BatchIndicesPositions want =
-          get_batch_indices_positions(indptr.view(), seq_lens.view(), nnz);
-      HostTensor got_b(DType::i32, {nnz}), got_p(DType::i32, {nnz});
-      const DeviceTensor d_indptr = to_device(indptr), d_seq = to_device(seq_lens);
-      DeviceTensor d_b = poisoned_like(got_b), d_p = poisoned_like(got_p);
-      get_batch_indices_positions(d_indptr.view, d_seq.view, d_b.view, d_p.view);
-      synchronize();
-      EXPECT_NO_THROW(check_device_errors());
-      to_host(d_b, got_b);
-      to_host(d_p, got_p);
-      EXPECT_EQ(got_b.to_doubles(), want.batch_indices.to_doubles()) << "nnz " << nnz;
-      EXPECT_EQ(got_p.to_doubles(), want.positions.to_doubles()) << "nnz " << nnz;
+    std::vector<int64_t> ptr = {0}, seq;
+    SplitMix64 rng(seed++);
+    for (int64_t n : append_lens) {
+      ptr.push_back(ptr.back() + n);
+      seq.push_back(n + static_cast<int64_t>(rng.next() % 1000));  // cached before the append
     }
+    const int64_t nnz = ptr.back();
+    const HostTensor indptr = make_i32(ptr), seq_lens = make_i32(seq);
+    const BatchIndicesPositions want =
+        get_batch_indices_positions(indptr.view(), seq_lens.view(), nnz);
+    HostTensor got_b(DType::i32, {nnz}), got_p(DType::i32, {nnz});
+    const DeviceTensor d_indptr = to_device(indptr), d_seq = to_device(seq_lens);
+    DeviceTensor d_b = poisoned_like(got_b), d_p = poisoned_like(got_p);
+    get_batch_indices_positions(d_indptr.view, d_seq.view, d_b.view, d_p.view);
+    synchronize();
+    EXPECT_NO_THROW(check_device_errors());
+    to_host(d_b, got_b);
+    to_host(d_p, got_p);
+    EXPECT_EQ(got_b.to_doubles(), want.batch_indices.to_doubles()) << "nnz " << nnz;
+    EXPECT_EQ(got_p.to_doubles(), want.positions.to_doubles()) << "nnz " << nnz;
   }
 }
 
