@@ -63,23 +63,33 @@ TEST_F(KvQuantGpu, EveryGpuPlanRefusesEveryFormat) {
     const std::string fmt = kv_format_name(fm.f, fm.value);
     AttentionShape sh{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128, .kv_dtype = fm.value};
     sh.kv_format = fm.f;
-    const DecodeBatch db{.kv_indptr = indptr.data(), .kv_last_page_len = last.data(),
-                         .batch_size = 1, .page_size = 16};
+    const DecodeBatch db{.kv_indptr = indptr.data(),
+                         .kv_last_page_len = last.data(),
+                         .batch_size = 1,
+                         .page_size = 16};
     EXPECT_NE(not_implemented([&] { decode.plan(db, sh); }).find(fmt + " has no GPU kernel yet"),
               std::string::npos);
-    const PrefillBatch pb{.qo_indptr = qo.data(), .kv_indptr = indptr.data(),
-                          .kv_last_page_len = last.data(), .batch_size = 1, .page_size = 16};
+    const PrefillBatch pb{.qo_indptr = qo.data(),
+                          .kv_indptr = indptr.data(),
+                          .kv_last_page_len = last.data(),
+                          .batch_size = 1,
+                          .page_size = 16};
     EXPECT_NE(not_implemented([&] { prefill.plan(pb, sh); }).find("issue 42"), std::string::npos);
     CascadeShape cs{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128, .kv_dtype = fm.value};
     cs.kv_format = fm.f;
-    const CascadeBatch cb{.kv_indptr = indptr.data(), .kv_indices = ids.data(),
-                          .kv_last_page_len = last.data(), .batch_size = 1, .page_size = 16};
+    const CascadeBatch cb{.kv_indptr = indptr.data(),
+                          .kv_indices = ids.data(),
+                          .kv_last_page_len = last.data(),
+                          .batch_size = 1,
+                          .page_size = 16};
     EXPECT_NE(not_implemented([&] { cascade.plan(cb, cs); }).find(fmt), std::string::npos);
   }
   // Refused plans leave the ops usable: a plain plan goes through.
   AttentionShape plain{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim = 128};
-  EXPECT_NO_THROW(decode.plan({.kv_indptr = indptr.data(), .kv_last_page_len = last.data(),
-                               .batch_size = 1, .page_size = 16},
+  EXPECT_NO_THROW(decode.plan({.kv_indptr = indptr.data(),
+                               .kv_last_page_len = last.data(),
+                               .batch_size = 1,
+                               .page_size = 16},
                               plain));
 }
 
