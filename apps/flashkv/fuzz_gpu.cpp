@@ -21,24 +21,13 @@
 #include "fuzz_inputs.h"
 #include "fuzz_ops.h"
 #include "runtime/driver.h"
+#include "runtime/scoped_stream.h"
 
 namespace flashkv::cli {
 namespace {
 
 using runtime::check_cu;
 using runtime::driver;
-
-class ScopedStream {
- public:
-  ScopedStream() : s_(create_stream()) {}
-  ~ScopedStream() { destroy_stream(s_); }
-  ScopedStream(const ScopedStream&) = delete;
-  ScopedStream& operator=(const ScopedStream&) = delete;
-  operator Stream() const { return s_; }
-
- private:
-  Stream s_;
-};
 
 // Runs `fn` on `s`, or captures it into a CUDA graph and replays that once (the outputs were
 // poisoned before: the capture itself runs nothing), then waits for the stream.
@@ -148,6 +137,29 @@ DecodePlanOptions decode_options(const FuzzConfig& c, const AttentionVariant* dv
   return o;
 }
 
+// A BatchDecode for c (its workspace per c.workspace_pct), planned on its own stream: what the
+// decode, sparse-decode and step runners run.
+struct PlannedDecode {
+  BatchDecodeConfig cfg;
+  DeviceBuffer ws;
+  BatchDecode dec;
+  ScopedStream s;
+
+  // r: the page table to plan (the cache's, or a selection's); kv_tokens: the batch's KV total.
+  PlannedDecode(const FuzzConfig& c, const DecodeRun& r, int64_t kv_tokens,
+                const AttentionVariant* dv)
+      : cfg(decode_config(c, kv_tokens)),
+        ws(workspace_size(c, BatchDecode::min_workspace_bytes(cfg),
+                          BatchDecode::workspace_bytes(cfg))),
+        dec(cfg, ws.data(), ws.size()) {
+    dec.plan({.kv_indptr = r.indptr.data(),
+              .kv_last_page_len = r.last.data(),
+              .batch_size = static_cast<int>(c.batch()),
+              .page_size = r.page_size},
+             shape_of(c), decode_options(c, dv, r), s);
+  }
+};
+
 FuzzOutcome gpu_decode(const FuzzConfig& c) {
   AttentionInputs in = make_attention_inputs(c);
   const int64_t B = c.batch(), Hq = c.num_qo_heads(), D = c.head_dim;
@@ -161,17 +173,9 @@ FuzzOutcome gpu_decode(const FuzzConfig& c) {
   HostTensor out(c.dtype, {B, Hq, D}), lse(DType::f32, {B, Hq});
   const DeviceOut dout = poisoned(out, keep), dlse = poisoned(lse, keep);
   const RandomPagedCache& p = *in.cache;
-  const DecodeRun r{p.indptr, p.last, p.idx, c.page_size, p.num_pages()};
-  const BatchDecodeConfig cfg = decode_config(c, total(c.kv_lens));
-  DeviceBuffer ws(
-      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
-  BatchDecode dec(cfg, ws.data(), ws.size());
-  ScopedStream s;
-  dec.plan({.kv_indptr = p.indptr.data(),
-            .kv_last_page_len = p.last.data(),
-            .batch_size = static_cast<int>(B),
-            .page_size = c.page_size},
-           shape_of(c), decode_options(c, &dv, r), s);
+  PlannedDecode pd(c, {p.indptr, p.last, p.idx, c.page_size, p.num_pages()}, total(c.kv_lens), &dv);
+  BatchDecode& dec = pd.dec;
+  const ScopedStream& s = pd.s;
   run_maybe_captured(c.cuda_graph, s,
                      [&] { dec.run(dq, dc, dout.view, c.with_lse ? dlse.view : TensorView(), s); });
   check_device_errors(0, s);  // valid page ids: the kernel's check (check_page_ids) is silent
@@ -207,17 +211,10 @@ FuzzOutcome gpu_sparse_decode(const FuzzConfig& c) {
   const TensorView dq = to_gpu(in.q, keep);
   HostTensor out(c.dtype, {B, Hq, D}), lse(DType::f32, {B, Hq});
   const DeviceOut dout = poisoned(out, keep), dlse = poisoned(lse, keep);
-  const DecodeRun r{sel.indptr, sel.last, sel.ids, 1, sel.host.num_pages()};
-  const BatchDecodeConfig cfg = decode_config(c, total(c.qo_lens));
-  DeviceBuffer ws(
-      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
-  BatchDecode dec(cfg, ws.data(), ws.size());
-  ScopedStream s;
-  dec.plan({.kv_indptr = sel.indptr.data(),
-            .kv_last_page_len = sel.last.data(),
-            .batch_size = static_cast<int>(B),
-            .page_size = 1},
-           shape_of(c), decode_options(c, nullptr, r), s);
+  PlannedDecode pd(c, {sel.indptr, sel.last, sel.ids, 1, sel.host.num_pages()}, total(c.qo_lens),
+                   nullptr);
+  BatchDecode& dec = pd.dec;
+  const ScopedStream& s = pd.s;
   run_maybe_captured(c.cuda_graph, s, [&] {
     dec.run(dq, dsel, dout.view, c.with_lse ? dlse.view : TensorView(), s);
   });
@@ -247,17 +244,10 @@ FuzzOutcome gpu_decode_step(const FuzzConfig& c) {
   HostTensor out(c.dtype, {B, Hq, D}), lse(DType::f32, {B, Hq});
   const DeviceOut dout = poisoned(out, keep), dlse = poisoned(lse, keep);
   const RandomPagedCache& p = *in.cache;
-  const DecodeRun r{p.indptr, p.last, p.idx, c.page_size, p.num_pages()};
-  const BatchDecodeConfig cfg = decode_config(c, total(c.kv_lens));
-  DeviceBuffer ws(
-      workspace_size(c, BatchDecode::min_workspace_bytes(cfg), BatchDecode::workspace_bytes(cfg)));
-  BatchDecode dec(cfg, ws.data(), ws.size());
-  ScopedStream s;
-  dec.plan({.kv_indptr = p.indptr.data(),
-            .kv_last_page_len = p.last.data(),
-            .batch_size = static_cast<int>(B),
-            .page_size = c.page_size},
-           shape_of(c), decode_options(c, nullptr, r), s);
+  PlannedDecode pd(c, {p.indptr, p.last, p.idx, c.page_size, p.num_pages()}, total(c.kv_lens),
+                   nullptr);
+  BatchDecode& dec = pd.dec;
+  const ScopedStream& s = pd.s;
   DecodeStepOptions so;
   so.rope = c.step_rope == RopeMode::llama     ? DecodeStepOptions::Rope::kLlama
             : c.step_rope == RopeMode::llama31 ? DecodeStepOptions::Rope::kLlama31

@@ -91,6 +91,14 @@ std::string error_of(Fn&& fn) {
   return "";
 }
 
+// EXPECT that `stmt` throws flashkv::Error whose message contains `text` (a macro so that the
+// failure points at the test's line and `stmt` can be any statement).
+#define EXPECT_ERROR_HAS(stmt, text)                                      \
+  do {                                                                    \
+    const std::string msg_ = ::flashkv::test::error_of([&] { stmt; });    \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
+  } while (0)
+
 // `s` with one member replaced: a plan() argument struct (DecodeBatch, PrefillBatch,
 // AttentionShape) that is valid but for the field a bad-input test names, e.g.
 //   dec.plan(with(batch, &DecodeBatch::batch_size, -1), shape);

@@ -28,12 +28,6 @@ namespace {
 using test::error_of;
 using test::make_i32;
 
-#define EXPECT_ERROR_HAS(stmt, text)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
-
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 constexpr float kNaNF = std::numeric_limits<float>::quiet_NaN();
 

@@ -19,12 +19,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(stmt, text)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
-
 constexpr KVQuantFormat kFp8Tok{KVQuant::kFp8PerTokenHead, 0};
 constexpr KVQuantFormat kInt4G32{KVQuant::kInt4, 32};
 constexpr KVQuantFormat kInt4G64{KVQuant::kInt4, 64};

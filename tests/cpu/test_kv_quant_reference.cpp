@@ -25,12 +25,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(stmt, text)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
-
 struct FormatCase {
   const char* name;
   KVQuantFormat f;

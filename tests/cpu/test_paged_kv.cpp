@@ -15,12 +15,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(stmt, text)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
-
 // A valid page table for 3 requests over 10 pages of 16 tokens: 37, 0 and 64 tokens.
 // K/V carry no data: shape checks and index checks never read them.
 struct Table {

@@ -18,12 +18,6 @@ namespace {
 
 using test::error_of;
 
-#define EXPECT_ERROR_HAS(stmt, text)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
-
 constexpr DType kF16 = DType::f16;
 
 // Two requests over pages of 16 tokens: 40 tokens (3 pages) and none.

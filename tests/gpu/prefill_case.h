@@ -17,6 +17,7 @@
 
 #include "common/gpu_util.h"
 #include "flashkv/prefill.h"
+#include "runtime/scoped_stream.h"
 
 namespace flashkv::test {
 
@@ -102,19 +103,6 @@ void expect_prefill_ok(const PrefillInputs& in, const PrefillOutcome& o,
 
 // Builds, runs the paged wrapper with the case's options, checks, and returns the outcome.
 PrefillOutcome check_prefill_case(const PrefillCase& c);
-
-// A stream destroyed at scope exit (also when a plan() or run() under test throws).
-class ScopedStream {
- public:
-  ScopedStream() : s_(create_stream()) {}
-  ~ScopedStream() { destroy_stream(s_); }
-  ScopedStream(const ScopedStream&) = delete;
-  ScopedStream& operator=(const ScopedStream&) = delete;
-  operator Stream() const { return s_; }
-
- private:
-  Stream s_;
-};
 
 // --- helpers for tests that build their own batches (graph tests, sampled long prompts) ---
 
