@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Summarizes `flashkv bench decode --decode-timeline FILE`: per configuration, the spread over CTAs
-(p0/p50/p90/max, microseconds) of each phase of the decode kernel (kernels/attention/decode/decode_timeline.cuh):
+(p0/p50/p90/max, microseconds) of each phase of the decode kernel (kernels/attention/work_timeline.cuh):
 CTA start and end, start -> first item read, item read -> first KV tile in shared memory (the ramp),
 the tile loop, the epilogue (warps merged, output or partial state written), the arrival of a split
 tile's partial state (fence + atomic) and the merge run by the tile's last CTA."""
 import json
 import sys
 
-EVENTS = 6  # per work item (decode_timeline.cuh); a CTA row is 1 + EVENTS * items long
+EVENTS = 6  # per work item (work_timeline.cuh); a CTA row is 1 + EVENTS * items long
 
 
 def pct(xs, q):

@@ -298,10 +298,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode-warps", a->decode.warps,
                   "decode sweep: tensor-core kernel warps per CTA (0: default, 2, 4, 8)")
       ->capture_default_str();
-  cmd->add_option(
-         "--decode-timeline", a->decode.timeline_file,
-         "profiling build of the decode kernels: per-CTA phase timestamps of every "
-         "configuration into this JSON file (kernels/attention/decode/decode_timeline.cuh)")
+  cmd->add_option("--decode-timeline", a->decode.timeline_file,
+                  "profiling build of the decode kernels: per-CTA phase timestamps of every "
+                  "configuration into this JSON file (kernels/attention/work_timeline.cuh)")
       ->check(writable_file());
   cmd->add_option("--step-batches", a->step.batches, "bench step: batch sizes")
       ->check(int_in_range(1))

@@ -12,7 +12,7 @@
 
 namespace flashkv::cli {
 namespace {
-constexpr int kEvents = 61;  // kDecodeTimelineEvents in decode_timeline.cuh
+constexpr int kEvents = 61;  // kWorkTimelineEvents in kernels/attention/work_timeline.cuh
 }
 
 void enable_decode_timeline() { runtime::add_process_nvrtc_option("-DFLASHKV_DECODE_TIMELINE"); }

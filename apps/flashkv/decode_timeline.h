@@ -1,5 +1,5 @@
 // `flashkv bench decode --decode-timeline FILE`: per-CTA timestamps of one decode run, from a
-// profiling build of the decode kernels (kernels/attention/decode/decode_timeline.cuh), to see
+// profiling build of the decode kernels (kernels/attention/work_timeline.cuh), to see
 // where a kernel's time goes: ramp to the first KV tile, streaming, the tail of split tiles.
 #pragma once
 

@@ -17,10 +17,10 @@
 #include "attention/decode/decode_prologue.cuh"
 #include "attention/decode/decode_cuda_core_shape.cuh"
 #include "attention/decode/decode_step.cuh"
-#include "attention/decode/decode_timeline.cuh"
 #include "attention/state.cuh"
+#include "attention/work_loop.cuh"
+#include "attention/work_timeline.cuh"
 #include "primitives/cp_async.cuh"
-#include "primitives/pdl.cuh"
 #include "primitives/types.cuh"
 #include "variants/variant_smem.cuh"
 
@@ -109,7 +109,7 @@ __device__ __forceinline__ void decode_store_cols(const DecodeParams& p, const D
 
 // Runs one work item: attention of the group's query heads over the item's KV range.
 // C: a DecodeWithVariant<DecodeConfig, V> (decode_common.cuh). timeline: the item's first event
-// in a profiling build (decode_timeline.cuh), else unused.
+// in a profiling build (work_timeline.cuh), else unused.
 template <class C>
 __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                  typename C::kv_t* k_smem, typename C::kv_t* v_smem,
@@ -201,7 +201,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
-    if (tile == 0 && timeline >= 0) decode_timeline_stamp(timeline + 1);
+    if (tile == 0 && timeline >= 0) work_timeline_stamp(timeline + 1);
     if constexpr (Tr::kKVTransform) {
       const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
       variant_transform_kv_rows<Var, kv_t, C::kHeadDim, C::kThreads>(
@@ -261,7 +261,7 @@ __device__ __forceinline__ void decode_work_item(const DecodeParams& p, const De
     __syncthreads();
   }
   decode_check_pages<C>(p, w, bad_pages);
-  if (timeline >= 0) decode_timeline_stamp(timeline + 2);
+  if (timeline >= 0) work_timeline_stamp(timeline + 2);
 
   // Merge the kBdz token lanes of each head through shared memory (the pipeline is drained).
   float* o_sm = reinterpret_cast<float*>(k_smem);           // [kBdz][kGroup][kHeadDim]
@@ -327,22 +327,12 @@ __global__ void __launch_bounds__(Config::kThreads)
   extern __shared__ __align__(16) unsigned char smem[];
   typename C::kv_t* k_smem = reinterpret_cast<typename C::kv_t*>(smem);
   typename C::kv_t* v_smem = k_smem + C::kStages * C::kStageElems;
-  decode_timeline_stamp(0);
-  int begin, end;
-  decode_unit_items(p.plan, blockIdx.x, begin, end);
-  pdl_launch_dependents();
-  for (int wi = begin; wi < end; ++wi) {
-    const DecodeWorkItem w = decode_load_work_item(p.plan, wi, blockIdx.x);
-    // The plan is this call's own (uploaded before the previous kernel ran); q, KV, page ids,
-    // outputs and split state are not: under PDL they wait for the previous kernel here.
-    if (wi == begin) pdl_wait();
-    const int timeline = decode_timeline_item(wi - begin);
-    decode_timeline_stamp(timeline);
-    decode_work_item<C>(p, w, k_smem, v_smem, timeline);
-    if (timeline >= 0) decode_timeline_stamp(timeline + 3);
-    if (w.slot >= 0) decode_arrive<C>(p, w, smem, timeline);
-    if (timeline >= 0) decode_timeline_stamp(timeline + 5);
-  }
+  work_loop(
+      DecodeWorkList{p.plan},
+      [&](const DecodeWorkItem& w, int timeline) {
+        decode_work_item<C>(p, w, k_smem, v_smem, timeline);
+      },
+      [&](const DecodeWorkItem& w, int timeline) { decode_arrive<C>(p, w, smem, timeline); });
 }
 
 }  // namespace flashkv

@@ -4,9 +4,10 @@
 #pragma once
 
 #include "attention/decode/decode_params.cuh"
-#include "attention/decode/decode_timeline.cuh"
 #include "attention/merge/split_merge.cuh"
 #include "attention/state.cuh"
+#include "attention/work_loop.cuh"
+#include "attention/work_timeline.cuh"
 #include "kv/kv_chunk_copy.cuh"
 #include "primitives/cp_async.cuh"
 #include "primitives/l2_hint.cuh"
@@ -77,25 +78,30 @@ __device__ __forceinline__ void decode_tile_pages(const DecodeParams& p, const D
   }
 }
 
-// The work items [begin, end) of CTA `cta`'s unit, and item wi of them (decode_plan.cuh), read with
-// the L2 evict_last hint: they are the first dependent round trips of every CTA, and the KV stream
-// of the previous run would otherwise have evicted them.
-__device__ __forceinline__ void decode_unit_items(const DecodePlanPtrs& plan, int cta, int& begin,
-                                                  int& end) {
-  const u64 policy = l2_evict_last_policy();
-  const int unit = cta / plan.ctas_per_unit;
-  begin = ld_evict_last(plan.unit_work_indptr + unit, policy);
-  end = ld_evict_last(plan.unit_work_indptr + unit + 1, policy);
-}
-__device__ __forceinline__ DecodeWorkItem decode_load_work_item(const DecodePlanPtrs& plan, int wi,
-                                                                int cta) {
-  static_assert(sizeof(DecodeWorkItem) == 32, "two 16-byte loads (items are 16-byte aligned)");
-  const u64 policy = l2_evict_last_policy();
-  const int4* src = reinterpret_cast<const int4*>(plan.work + wi);
-  const int4 a = ld_evict_last(src, policy), b = ld_evict_last(src + 1, policy);
-  return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, cta,
-                              plan.ctas_per_unit);
-}
+// The decode plan as the work loop reads it (attention/work_loop.cuh): this CTA's unit's items
+// [begin, end) and item wi of them (decode_plan.cuh), read with the L2 evict_last hint: they are
+// the first dependent round trips of every CTA, and the KV stream of the previous run would
+// otherwise have evicted them.
+struct DecodeWorkList {
+  const DecodePlanPtrs& plan;
+
+  __device__ __forceinline__ WorkRange cta_items() const {
+    const u64 policy = l2_evict_last_policy();
+    const int unit = (int)blockIdx.x / plan.ctas_per_unit;
+    WorkRange r;
+    r.begin = ld_evict_last(plan.unit_work_indptr + unit, policy);
+    r.end = ld_evict_last(plan.unit_work_indptr + unit + 1, policy);
+    return r;
+  }
+  __device__ __forceinline__ DecodeWorkItem item(int wi) const {
+    static_assert(sizeof(DecodeWorkItem) == 32, "two 16-byte loads (items are 16-byte aligned)");
+    const u64 policy = l2_evict_last_policy();
+    const int4* src = reinterpret_cast<const int4*>(plan.work + wi);
+    const int4 a = ld_evict_last(src, policy), b = ld_evict_last(src + 1, policy);
+    return decode_cta_work_item(DecodeWorkItem{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, blockIdx.x,
+                                plan.ctas_per_unit);
+  }
+};
 
 // Page ids outside [0, num_pages) are always read as zeros (never outside the cache). Reporting
 // them is compiled in only where asked (DecodePlanOptions::check_page_ids, or the debug mode
@@ -349,7 +355,7 @@ __device__ __forceinline__ void decode_prefetch_merge_item(const DecodeParams& p
 
 // After a CTA wrote a partial state of a split tile: count it, and if it was the tile's last,
 // merge the tile here (one launch for decode and merge; no CTA ever waits for another).
-// timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
+// timeline: the item's first event in a profiling build (work_timeline.cuh), else unused.
 // smem: the kernel's dynamic shared memory (free between work items), the merge's scratch.
 template <class C>
 __device__ __forceinline__ void decode_arrive(const DecodeParams& p, const DecodeWorkItem& w,
@@ -363,7 +369,7 @@ __device__ __forceinline__ void decode_arrive(const DecodeParams& p, const Decod
     is_last = arrived == num_slots;
   }
   __syncthreads();  // after thread 0's acquire: the other CTAs' partial states are visible to all
-  if (timeline >= 0) decode_timeline_stamp(timeline + 4);
+  if (timeline >= 0) work_timeline_stamp(timeline + 4);
   if (is_last) {
     const DecodeMergeItem item = decode_merge_item_smem();
     decode_merge_tile<C>(p, item, reinterpret_cast<float*>(smem));

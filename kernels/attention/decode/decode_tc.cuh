@@ -15,11 +15,11 @@
 #include "attention/decode/decode_prologue.cuh"
 #include "attention/decode/decode_shape.cuh"
 #include "attention/decode/decode_step.cuh"
-#include "attention/decode/decode_timeline.cuh"
 #include "attention/fp8_fragments.cuh"
 #include "attention/state.cuh"
+#include "attention/work_loop.cuh"
+#include "attention/work_timeline.cuh"
 #include "primitives/cp_async.cuh"
-#include "primitives/pdl.cuh"
 #include "primitives/mma.cuh"
 #include "primitives/types.cuh"
 #include "variants/variant_smem.cuh"
@@ -154,7 +154,7 @@ __device__ __forceinline__ void decode_tc_pv_fp8(float (&o)[C::kRowTiles][C::kDT
 
 // C: a DecodeWithVariant<DecodeTCConfig, V> (decode_common.cuh).
 template <class C>
-// timeline: the item's first event in a profiling build (decode_timeline.cuh), else unused.
+// timeline: the item's first event in a profiling build (work_timeline.cuh), else unused.
 __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const DecodeWorkItem& w,
                                                     unsigned char* smem, int timeline = -1) {
   typedef typename C::kv_t kv_t;
@@ -259,7 +259,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     if (next + 1 < num_tiles) decode_tile_pages<C>(p, w, next + 1, pages);
     cp_async_wait<C::kStages - 1>();
     __syncthreads();
-    if (tile == 0 && timeline >= 0) decode_timeline_stamp(timeline + 1);
+    if (tile == 0 && timeline >= 0) work_timeline_stamp(timeline + 1);
     const int st = tile % C::kStages;
     if constexpr (Tr::kKVTransform) {
       const VariantKey key{w.request, 0, w.kv_len, w.kv_head};
@@ -364,7 +364,7 @@ __device__ __forceinline__ void decode_tc_work_item(const DecodeParams& p, const
     __syncthreads();  // this stage is refilled by a later iteration
   }
   decode_check_pages<C>(p, w, bad_pages);
-  if (timeline >= 0) decode_timeline_stamp(timeline + 2);
+  if (timeline >= 0) work_timeline_stamp(timeline + 2);
 
   // Merge the warps' states (⊕) through shared memory, then write rows < kGroup. Only real rows
   // (< kGroup) are staged: padding rows are zeros no one reads, and staging them was most of the
@@ -454,22 +454,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinCtas)
     batch_decode_tc_kernel(const __grid_constant__ DecodeParams p) {
   typedef DecodeWithVariant<Config, V> C;
   extern __shared__ __align__(128) unsigned char smem[];
-  decode_timeline_stamp(0);
-  int begin, end;
-  decode_unit_items(p.plan, blockIdx.x, begin, end);
-  pdl_launch_dependents();
-  for (int wi = begin; wi < end; ++wi) {
-    const DecodeWorkItem w = decode_load_work_item(p.plan, wi, blockIdx.x);
-    // The plan is this call's own (uploaded before the previous kernel ran); q, KV, page ids,
-    // outputs and split state are not: under PDL they wait for the previous kernel here.
-    if (wi == begin) pdl_wait();
-    const int timeline = decode_timeline_item(wi - begin);
-    decode_timeline_stamp(timeline);
-    decode_tc_work_item<C>(p, w, smem, timeline);
-    if (timeline >= 0) decode_timeline_stamp(timeline + 3);
-    if (w.slot >= 0) decode_arrive<C>(p, w, smem, timeline);
-    if (timeline >= 0) decode_timeline_stamp(timeline + 5);
-  }
+  work_loop(
+      DecodeWorkList{p.plan},
+      [&](const DecodeWorkItem& w, int timeline) { decode_tc_work_item<C>(p, w, smem, timeline); },
+      [&](const DecodeWorkItem& w, int timeline) { decode_arrive<C>(p, w, smem, timeline); });
 }
 
 }  // namespace flashkv
